@@ -1,0 +1,63 @@
+# Two commands matter: `make run` and `make test`. Both create .venv and install on first use,
+# and skip installing later unless pyproject.toml or this Makefile changed.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PARLAI := parlai==1.7.2
+PYTEST_ARGS ?=
+
+.PHONY: install run chat train test test-all lint format bench bench-quick soak clean
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@# ParlAI's declared pins (torchtext, numpy~=1.23, ...) cannot be resolved on a current
+	@# stack; its real runtime dependencies are declared in pyproject.toml instead.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps $(PARLAI)
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(PY) -m bot run
+
+chat: install
+	$(PY) -m bot chat
+
+train: install
+	$(PY) -m bot train
+
+lint: install
+	$(PY) -m ruff check bot tests bench migrations
+	$(PY) -m ruff format --check bot tests bench migrations
+	$(PY) -m mypy bot
+
+format: install
+	$(PY) -m ruff check --fix bot tests bench migrations
+	$(PY) -m ruff format bot tests bench migrations
+
+test: install lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Slow tests too (soak-like end-to-end runs); not part of `make test`.
+test-all: install
+	$(PY) -m pytest -m "" $(PYTEST_ARGS)
+
+bench: install
+	$(PY) -m bench.memory --sessions 10000
+	$(PY) -m bench.rehydrate
+	$(PY) -m bench.throughput --users 1,4,8,16,32,64
+	$(PY) -m bench.e2e --users 50 --messages 5
+
+bench-quick: install
+	$(PY) -m bench.memory --quick
+	$(PY) -m bench.rehydrate --quick
+	$(PY) -m bench.throughput --quick
+	$(PY) -m bench.e2e --quick
+
+soak: install
+	$(PY) -m tests.soak
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

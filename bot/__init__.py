@@ -1,0 +1,1 @@
+"""Telegram service for a shared ParlAI model."""

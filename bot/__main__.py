@@ -1,0 +1,107 @@
+"""Command line: `python -m bot {run,chat,train,db,admin}`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from bot.config import ConfigError, Settings, get_settings
+
+DESCRIPTION = """\
+A Telegram bot that serves one shared ParlAI dialogue model (BlenderBot or the locally
+trained default) to many chats, each with its own persona and persisted history.
+
+Configuration comes from the environment and .env (see .env.example)."""
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bot",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    sub.add_parser("run", help="serve Telegram (polling, or webhook when WEBHOOK_URL is set)")
+
+    chat = sub.add_parser("chat", help="talk to the bot in this terminal, on the same pipeline")
+    chat.add_argument("--chat-id", type=int, default=1, help="conversation to use (default 1)")
+
+    train = sub.add_parser("train", help="train the embedded default model on chitchat-dataset")
+    train.add_argument(
+        "--minutes", type=float, default=None, help="time budget (default TRAIN_MINUTES, max 15)"
+    )
+    train.add_argument(
+        "--if-missing", action="store_true", help="do nothing if the default model exists"
+    )
+    train.add_argument("--out", default=None, help="model file to write (default: data dir)")
+
+    db = sub.add_parser("db", help="database schema (Alembic migrations)")
+    db_sub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
+    up = db_sub.add_parser("upgrade", help="apply migrations (default: to head)")
+    up.add_argument("revision", nargs="?", default="head")
+    down = db_sub.add_parser("downgrade", help="revert migrations, e.g. `downgrade base`")
+    down.add_argument("revision")
+    db_sub.add_parser("current", help="show the current revision")
+
+    from bot.admin.cli import add_admin_parser
+
+    add_admin_parser(sub)
+    return parser
+
+
+def _db(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.db import migrate
+    from bot.db.engine import ensure_sqlite_dir, safe_url
+
+    url = settings.db_url
+    ensure_sqlite_dir(url)
+    if args.db_command == "upgrade":
+        migrate.upgrade(url, args.revision)
+        print(f"database {safe_url(url)} is at {args.revision}")
+    elif args.db_command == "downgrade":
+        migrate.downgrade(url, args.revision)
+        print(f"database {safe_url(url)} is at {args.revision}")
+    else:
+        migrate.current(url)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    args = _build_parser().parse_args(argv)
+    try:
+        settings = get_settings()
+        if args.command == "run":
+            settings.require_token()  # fail fast, before loading anything heavy
+            from bot.service.app import run_service
+
+            return run_service(settings)
+        if args.command == "chat":
+            from bot.terminal import run_terminal
+
+            return asyncio.run(run_terminal(settings, chat_id=args.chat_id))
+        if args.command == "train":
+            from bot.agents.training import train_cli
+
+            return train_cli(
+                settings, minutes=args.minutes, if_missing=args.if_missing, out=args.out
+            )
+        if args.command == "db":
+            return _db(settings, args)
+        if args.command == "admin":
+            from bot.admin.cli import run_admin
+
+            return run_admin(settings, args)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Admin tools: queries over the conversation database and the `admin` CLI."""

@@ -1,0 +1,1 @@
+"""The engine: one shared ParlAI model, cloned agents per conversation, batched generation."""

@@ -1,0 +1,124 @@
+"""Settings: the only place that reads the environment (and `.env`)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_DATA_DIR = Path("data")
+
+
+class ConfigError(Exception):
+    """A setting is missing or wrong; the message says what to set."""
+
+
+class Settings(BaseSettings):
+    """Every knob of the service. Field names map to upper-case environment variables."""
+
+    model_config = SettingsConfigDict(
+        env_file=".env", env_file_encoding="utf-8", extra="ignore", validate_default=True
+    )
+
+    # --- Telegram -------------------------------------------------------------------------
+    telegram_bot_token: SecretStr | None = None
+    telegram_base_url: str = "https://api.telegram.org/bot"
+    webhook_url: str | None = None
+    webhook_secret: SecretStr | None = None
+    webhook_listen: str = "0.0.0.0"
+    webhook_port: int = Field(default=8443, ge=1, le=65535)
+    admin_user_ids: Annotated[list[int], NoDecode] = Field(default_factory=list)
+    group_policy: Literal["mention", "all", "ignore"] = "mention"
+
+    # --- storage --------------------------------------------------------------------------
+    data_dir: Path = DEFAULT_DATA_DIR
+    database_url: SecretStr | None = None
+
+    # --- model and engine -----------------------------------------------------------------
+    bot_model: str | None = None
+    model_device: Literal["auto", "cpu", "cuda"] = "auto"
+    torch_threads: int | None = Field(default=None, ge=1)
+    agent_cache_size: int = Field(default=1000, ge=1)
+    batch_max_size: int = Field(default=16, ge=1)
+    batch_max_wait_ms: int = Field(default=20, ge=0)
+    # Generation overrides; None keeps what the model file says.
+    inference: Literal["beam", "greedy", "topk", "nucleus"] | None = None
+    beam_size: int | None = Field(default=None, ge=1)
+    beam_min_length: int | None = Field(default=None, ge=0)
+    beam_block_ngram: int | None = None
+    beam_context_block_ngram: int | None = None
+    train_minutes: float = Field(default=12.0, gt=0, le=15)
+
+    # --- limits ---------------------------------------------------------------------------
+    persona_max_chars: int = Field(default=1000, ge=1)
+    message_max_chars: int = Field(default=2000, ge=1)
+    flood_max_messages: int = Field(default=12, ge=1)
+    flood_window_s: float = Field(default=10.0, gt=0)
+    max_concurrent_chats: int = Field(default=64, ge=1)
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+
+    log_level: str = "INFO"
+
+    @field_validator("admin_user_ids", mode="before")
+    @classmethod
+    def _split_ids(cls, value: object) -> object:
+        if isinstance(value, str):
+            parts = [p.strip() for p in value.replace(";", ",").split(",")]
+            try:
+                return [int(p) for p in parts if p]
+            except ValueError as err:
+                raise ValueError(
+                    "ADMIN_USER_IDS must be numeric Telegram user ids separated by commas"
+                ) from err
+        if isinstance(value, int):
+            return [value]
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _upper(cls, value: str) -> str:
+        return value.upper()
+
+    @property
+    def db_url(self) -> str:
+        """The SQLAlchemy URL; the default is an SQLite file under the data directory."""
+        if self.database_url is not None and self.database_url.get_secret_value():
+            return self.database_url.get_secret_value()
+        return f"sqlite+aiosqlite:///{self.data_dir / 'bot.sqlite3'}"
+
+    @property
+    def default_model_file(self) -> Path:
+        """Where `python -m bot train` writes the embedded default model."""
+        return self.data_dir / "models" / "chitchat" / "model"
+
+    @property
+    def model_file(self) -> str:
+        """The model to serve: BOT_MODEL, or the locally trained default."""
+        return self.bot_model or str(self.default_model_file)
+
+    def require_token(self) -> str:
+        """Return the bot token or raise ConfigError with what to do."""
+        token = self.telegram_bot_token.get_secret_value() if self.telegram_bot_token else ""
+        if not token.strip():
+            raise ConfigError(
+                "TELEGRAM_BOT_TOKEN is not set: put the token from @BotFather into .env "
+                "(see .env.example) or the environment. To try the bot without Telegram, "
+                "run `make chat`."
+            )
+        if self.webhook_url and not (
+            self.webhook_secret and self.webhook_secret.get_secret_value().strip()
+        ):
+            raise ConfigError(
+                "WEBHOOK_URL is set but WEBHOOK_SECRET is not: set WEBHOOK_SECRET to 1-256 "
+                "characters of A-Z, a-z, 0-9, _ and - so that only Telegram can post updates."
+            )
+        return token
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once."""
+    return Settings()

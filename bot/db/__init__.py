@@ -1,0 +1,1 @@
+"""Database layer: tables, engines and queries."""

@@ -1,0 +1,66 @@
+"""Engines and session factories; SQLite gets WAL, a busy timeout and foreign keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+
+SQLITE_BUSY_TIMEOUT_MS = 15_000
+
+
+def safe_url(url: str | URL) -> str:
+    """The URL with its password masked, for logs and messages."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def is_sqlite(url: str | URL) -> bool:
+    """True for any SQLite URL."""
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def ensure_sqlite_dir(url: str | URL) -> None:
+    """Create the folder of an SQLite file so a fresh checkout just works."""
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
+        Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    """An async engine for SQLite (aiosqlite) or PostgreSQL (asyncpg)."""
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite":
+        if u.drivername == "sqlite":
+            u = u.set(drivername="sqlite+aiosqlite")
+        ensure_sqlite_dir(u)
+        kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+    elif u.get_backend_name() == "postgresql":
+        if u.drivername in ("postgresql", "postgres"):
+            u = u.set(drivername="postgresql+asyncpg")
+        kwargs.setdefault("pool_pre_ping", True)
+    engine = create_async_engine(u, **kwargs)
+    if u.get_backend_name() == "sqlite":
+        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    """Sessions that keep loaded values after commit (we never cache ORM objects anyway)."""
+    return async_sessionmaker(engine, expire_on_commit=False)

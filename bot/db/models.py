@@ -1,0 +1,169 @@
+"""Tables. Alembic (migrations/) is the only thing that creates or changes them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+# Names for every constraint, so migrations can refer to them on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets BIGINT identities.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC timestamps on every backend (SQLite stores them naive)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: object) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime; use bot.db.models.utcnow()")
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: object) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base with the naming convention."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Session(Base):
+    """One conversation of one chat: a persona and the messages that belong to it."""
+
+    __tablename__ = "sessions"
+    __table_args__ = (
+        CheckConstraint("status IN ('active', 'done')", name="status"),
+        # At most one active conversation per chat.
+        Index(
+            "uq_sessions_active_chat_id",
+            "chat_id",
+            unique=True,
+            sqlite_where=text("status = 'active'"),
+            postgresql_where=text("status = 'active'"),
+        ),
+        Index("ix_sessions_chat_id_id", "chat_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    chat_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    user_id: Mapped[int | None] = mapped_column(BigInteger)
+    persona: Mapped[str] = mapped_column(Text, nullable=False, default="", server_default="")
+    status: Mapped[str] = mapped_column(
+        String(16), nullable=False, default="active", server_default="active"
+    )
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(
+        UtcDateTime, nullable=False, default=utcnow, onupdate=utcnow
+    )
+    ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class Message(Base):
+    """One utterance, append-only, ordered by id within its session."""
+
+    __tablename__ = "messages"
+    __table_args__ = (
+        CheckConstraint("role IN ('user', 'bot')", name="role"),
+        Index("ix_messages_session_id_id", "session_id", "id"),
+        Index("ix_messages_chat_id", "chat_id"),
+        Index("ix_messages_created_at", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    session_id: Mapped[int] = mapped_column(
+        ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False
+    )
+    chat_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    role: Mapped[str] = mapped_column(String(8), nullable=False)
+    text: Mapped[str] = mapped_column(Text, nullable=False)
+    # Telegram ids: the update that carried a user message, and the message id on either side.
+    update_id: Mapped[int | None] = mapped_column(BigInteger)
+    telegram_message_id: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    # Bot replies only: when Telegram accepted it, and how long the model took.
+    delivered_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    latency_ms: Mapped[float | None] = mapped_column()
+
+
+class Outbox(Base):
+    """Every text the bot must send, replies and notices alike, until Telegram accepts it."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (
+        CheckConstraint("kind IN ('reply', 'notice')", name="kind"),
+        Index("ix_outbox_pending", "sent_at", "failed_at", "id"),
+        Index("ix_outbox_chat_id", "chat_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    chat_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    kind: Mapped[str] = mapped_column(String(8), nullable=False)
+    text: Mapped[str] = mapped_column(Text, nullable=False)
+    message_id: Mapped[int | None] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"))
+    update_id: Mapped[int | None] = mapped_column(BigInteger)
+    reply_to_message_id: Mapped[int | None] = mapped_column(BigInteger)
+    # A long text goes out as several Telegram messages; parts_sent survives a crash.
+    parts_sent: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    sent_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    failed_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class Inbox(Base):
+    """One row per Telegram update, committed before the update is acknowledged."""
+
+    __tablename__ = "inbox"
+    __table_args__ = (
+        CheckConstraint("status IN ('pending', 'done', 'failed', 'ignored')", name="status"),
+        Index("ix_inbox_status_update_id", "status", "update_id"),
+        Index("ix_inbox_chat_id", "chat_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    update_id: Mapped[int] = mapped_column(BigInteger, nullable=False, unique=True)
+    chat_id: Mapped[int | None] = mapped_column(BigInteger)
+    user_id: Mapped[int | None] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(String(32), nullable=False, default="unknown")
+    payload: Mapped[str] = mapped_column(Text, nullable=False)
+    status: Mapped[str] = mapped_column(
+        String(16), nullable=False, default="pending", server_default="pending"
+    )
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
+    error: Mapped[str | None] = mapped_column(Text)
+    received_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    processed_at: Mapped[datetime | None] = mapped_column(UtcDateTime)

@@ -1,0 +1,72 @@
+"""Logging set-up with a filter that keeps secrets out of every log line."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+
+# `bot<digits>:<secret>` in URLs (httpx logs every request URL) and bare tokens.
+_TOKEN_RE = re.compile(r"(bot)?\d{5,}:[A-Za-z0-9_-]{20,}")
+
+
+class RedactingFilter(logging.Filter):
+    """Replace bot tokens and registered secret values in every record with `[REDACTED]`."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+
+    def redact(self, text: str) -> str:
+        """The text with every secret masked."""
+        for secret in self.secrets:
+            text = text.replace(secret, "[REDACTED]")
+        return _TOKEN_RE.sub("[REDACTED]", text)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = self.redact(message)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redact(record.exc_text)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+def setup_logging(level: str = "INFO", secrets: Iterable[str] = ()) -> RedactingFilter:
+    """Configure the root logger once; every handler gets the redacting filter."""
+    redactor = RedactingFilter(secrets)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler.addFilter(redactor)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    # httpx logs each request URL (which holds the token) at INFO; keep it quiet anyway.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
+    logging.getLogger("httpcore").setLevel(max(logging.WARNING, root.level))
+    return redactor
+
+
+def settings_secrets(settings: object) -> list[str]:
+    """Secret values of the settings that must never appear in logs."""
+    from sqlalchemy.engine import make_url
+
+    out: list[str] = []
+    for name in ("telegram_bot_token", "webhook_secret"):
+        value = getattr(settings, name, None)
+        if value is not None:
+            out.append(value.get_secret_value())
+    url = getattr(settings, "db_url", None)
+    if url:
+        try:
+            password = make_url(url).password
+        except Exception:  # noqa: BLE001 - a malformed URL has no password to hide
+            password = None
+        if password:
+            out.append(str(password))
+    return out

@@ -1,0 +1,1 @@
+"""The Telegram layer: ingest, per-chat sequencing, handlers and delivery."""

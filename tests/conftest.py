@@ -1,0 +1,53 @@
+"""Shared fixtures: databases on both backends, migrated and ready."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from bot.db import migrate
+from bot.db.engine import make_engine, make_sessionmaker
+from bot.sessions import SessionStore
+from tests.dbutil import create_pg_database, drop_pg_database
+
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def _fresh_url(backend: str, tmp_path: Path) -> str:
+    if backend == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'test.sqlite3'}"
+    return create_pg_database()
+
+
+@pytest.fixture(params=BACKENDS)
+def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database (no tables) on each backend."""
+    url = _fresh_url(request.param, tmp_path)
+    yield url
+    if request.param == "postgres":
+        drop_pg_database(url)
+
+
+@pytest.fixture
+def db_url(empty_db_url: str) -> str:
+    """A database on each backend, migrated to head."""
+    migrate.upgrade(empty_db_url)
+    return empty_db_url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A migrated SQLite database only (for tests that are about SQLite itself)."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'test.sqlite3'}"
+    migrate.upgrade(url)
+    return url
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[SessionStore]:
+    """A SessionStore over a migrated database."""
+    engine = make_engine(db_url)
+    yield SessionStore(make_sessionmaker(engine))
+    await engine.dispose()

@@ -1,0 +1,75 @@
+"""Throw-away databases for tests: SQLite files, and fresh databases on the real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import uuid
+
+import pytest
+from sqlalchemy.engine import make_url
+
+PG_URL = os.environ.get("TEST_DATABASE_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
+
+
+def _asyncpg_dsn(url: str, database: str | None = None) -> str:
+    u = make_url(url).set(drivername="postgresql")
+    if database is not None:
+        u = u.set(database=database)
+    return u.render_as_string(hide_password=False)
+
+
+async def _probe() -> str | None:
+    import asyncpg
+
+    try:
+        conn = await asyncio.wait_for(asyncpg.connect(_asyncpg_dsn(PG_URL)), timeout=3)
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+    await conn.close()
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def postgres_unavailable() -> str | None:
+    """None if PostgreSQL answers at TEST_DATABASE_URL, else why not."""
+    return asyncio.run(_probe())
+
+
+def require_postgres() -> None:
+    """Skip (or, under CI=true, fail) when no PostgreSQL server answers."""
+    why = postgres_unavailable()
+    if why is None:
+        return
+    message = (
+        f"PostgreSQL not reachable at {make_url(PG_URL).render_as_string(hide_password=True)} "
+        f"({why}); set TEST_DATABASE_URL to run these tests"
+    )
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message + " -- required under CI=true")
+    pytest.skip(message)
+
+
+async def _admin(sql: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(_asyncpg_dsn(PG_URL))
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def create_pg_database() -> str:
+    """Create an empty database next to TEST_DATABASE_URL's; returns its URL."""
+    require_postgres()
+    name = f"bot_test_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    return make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_pg_database(url: str) -> None:
+    """Drop a database made by create_pg_database."""
+    name = make_url(url).database
+    asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

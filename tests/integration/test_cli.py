@@ -1,0 +1,67 @@
+"""The command line, as an operator runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEGRAM_", "DATABASE_"))}
+    env.update({"DATA_DIR": str(tmp_path / "data"), **extra})
+    return env
+
+
+def test_run_without_token_exits_fast_with_advice(tmp_path: Path) -> None:
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "bot", "run"],
+        cwd=tmp_path,  # no .env there
+        env=_env(tmp_path, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert time.monotonic() - started < 20
+    assert "TELEGRAM_BOT_TOKEN" in proc.stderr
+    assert "make chat" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_help_lists_subcommands() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bot", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0
+    for word in ("run", "chat", "train", "db", "admin"):
+        assert word in proc.stdout
+
+
+def test_db_upgrade_and_downgrade_on_sqlite_file(tmp_path: Path) -> None:
+    db_file = tmp_path / "fresh.sqlite3"
+    env = _env(tmp_path, DATABASE_URL=f"sqlite+aiosqlite:///{db_file}", PYTHONPATH=str(ROOT))
+    up = subprocess.run(
+        [sys.executable, "-m", "bot", "db", "upgrade"], env=env, capture_output=True, text=True
+    )
+    assert up.returncode == 0, up.stderr
+    import sqlite3
+
+    with sqlite3.connect(db_file) as conn:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"sessions", "messages", "inbox", "outbox"} <= names
+    down = subprocess.run(
+        [sys.executable, "-m", "bot", "db", "downgrade", "base"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert down.returncode == 0, down.stderr
+    with sqlite3.connect(db_file) as conn:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert names <= {"alembic_version"}

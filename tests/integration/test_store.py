@@ -1,0 +1,109 @@
+"""The session store's use cases, on SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+
+from bot.db import repository as repo
+from bot.db.models import Inbox, Message, Outbox, Session
+from bot.sessions import SessionStore
+
+
+async def _count(store: SessionStore, model: type, **where: object) -> int:
+    async with store.sessionmaker() as db:
+        stmt = select(func.count()).select_from(model)
+        for key, value in where.items():
+            stmt = stmt.where(getattr(model, key) == value)
+        return int(await db.scalar(stmt) or 0)
+
+
+async def test_ingest_is_idempotent_per_update_id(store: SessionStore) -> None:
+    first = await store.ingest(update_id=10, chat_id=1, user_id=2, kind="message", payload="{}")
+    again = await store.ingest(update_id=10, chat_id=1, user_id=2, kind="message", payload="{}")
+    assert (first, again) == (True, False)
+    assert await _count(store, Inbox) == 1
+
+
+async def test_at_most_one_active_session_per_chat(store: SessionStore) -> None:
+    a = await store.active_session(100, 7)
+    b = await store.active_session(100, 7)
+    assert a.id == b.id
+    with pytest.raises(IntegrityError):
+        async with store.sessionmaker.begin() as db:
+            await repo.create_session(db, 100, 7, "")
+
+
+async def test_persona_carries_over_after_done(store: SessionStore) -> None:
+    await store.set_persona(5, 5, "My name is Sarah.", notice="ok")
+    ended = await store.end_session(5, notice="bye")
+    assert ended is not None
+    assert await store.current_persona(5) == "My name is Sarah."
+    new = await store.active_session(5, 5)
+    assert new.id != ended.id
+    assert new.persona == "My name is Sarah."
+    assert await _count(store, Session, chat_id=5, status="done") == 1
+
+
+async def test_record_turn_is_one_transaction_and_closes_update(store: SessionStore) -> None:
+    await store.ingest(update_id=1, chat_id=9, user_id=9, kind="message", payload="{}")
+    session = await store.active_session(9, 9)
+    await store.record_turn(session.id, 9, "hi", "hello!", latency_ms=12.5, update_id=1)
+    ctx = await store.load_context(session.id, tail=None)
+    assert [(m.role, m.text) for m in ctx.messages] == [("user", "hi"), ("bot", "hello!")]
+    async with store.sessionmaker() as db:
+        assert await repo.get_inbox_status(db, 1) == "done"
+        pending = await repo.pending_outbox(db, 9)
+    assert [p.text for p in pending] == ["hello!"]
+
+
+async def test_failed_turn_leaves_nothing_behind(store: SessionStore) -> None:
+    session = await store.active_session(3, 3)
+    with pytest.raises(IntegrityError):
+        # role 'robot' violates the check constraint after the user row was added
+        async with store.sessionmaker.begin() as db:
+            await repo.add_message(db, session_id=session.id, chat_id=3, role="user", text="a")
+            await repo.add_message(db, session_id=session.id, chat_id=3, role="robot", text="b")
+    assert await _count(store, Message) == 0
+
+
+async def test_tail_messages_keeps_order(store: SessionStore) -> None:
+    session = await store.active_session(4, 4)
+    for i in range(10):
+        await store.record_turn(session.id, 4, f"u{i}", f"b{i}")
+    ctx = await store.load_context(session.id, tail=3)
+    assert [m.text for m in ctx.messages] == ["b8", "u9", "b9"]
+
+
+async def test_outbox_delivery_marks_message(store: SessionStore) -> None:
+    session = await store.active_session(6, 6)
+    outbox_id = await store.record_turn(session.id, 6, "hi", "yo")
+    async with store.sessionmaker.begin() as db:
+        await repo.outbox_sent(db, outbox_id, telegram_message_id=77)
+    async with store.sessionmaker() as db:
+        assert await repo.pending_outbox(db) == []
+        delivered = await db.scalar(select(Message.delivered_at).where(Message.role == "bot"))
+    assert delivered is not None
+
+
+async def test_forget_removes_every_row_of_the_chat(store: SessionStore) -> None:
+    await store.ingest(update_id=1, chat_id=8, user_id=8, kind="message", payload='{"x": 1}')
+    session = await store.active_session(8, 8)
+    await store.record_turn(session.id, 8, "secret", "ok", update_id=1)
+    other = await store.active_session(99, 99)
+    await store.record_turn(other.id, 99, "keep", "me")
+    await store.forget_chat(8)
+    for model in (Session, Message, Outbox, Inbox):
+        assert await _count(store, model, chat_id=8) == 0
+    assert await _count(store, Message, chat_id=99) == 2
+    # idempotent
+    assert await store.forget_chat(8) == 0
+
+
+async def test_forget_keeps_update_deduplicated(store: SessionStore) -> None:
+    await store.ingest(update_id=5, chat_id=8, user_id=8, kind="message", payload="{}")
+    await store.forget_chat(8, notice="forgotten", update_id=5)
+    again = await store.ingest(update_id=5, chat_id=8, user_id=8, kind="message", payload="{}")
+    assert again is False
+    assert await _count(store, Inbox, chat_id=8) == 0

@@ -1,0 +1,46 @@
+"""Settings read the environment the way operators expect."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.config import ConfigError, Settings
+
+
+def test_defaults_use_sqlite_under_data_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    s = Settings(_env_file=None, data_dir="somewhere")  # type: ignore[call-arg]
+    assert s.db_url == "sqlite+aiosqlite:///somewhere/bot.sqlite3"
+
+
+def test_admin_ids_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ADMIN_USER_IDS", "1, 22,333")
+    assert Settings(_env_file=None).admin_user_ids == [1, 22, 333]  # type: ignore[call-arg]
+
+
+def test_admin_ids_must_be_numeric(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ADMIN_USER_IDS", "alice")
+    with pytest.raises(ValueError, match="numeric"):
+        Settings(_env_file=None)  # type: ignore[call-arg]
+
+
+def test_secrets_do_not_show_in_repr(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "123456:ABCdefGHIjklMNOpqrSTUvwxYZ012345678")
+    monkeypatch.setenv("DATABASE_URL", "postgresql+asyncpg://u:hunter2@db/x")
+    s = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert "ABCdef" not in repr(s)
+    assert "hunter2" not in repr(s)
+
+
+def test_missing_token_says_what_to_do() -> None:
+    s = Settings(_env_file=None, telegram_bot_token=None)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match="make chat"):
+        s.require_token()
+
+
+def test_webhook_requires_secret() -> None:
+    s = Settings(  # type: ignore[call-arg]
+        _env_file=None, telegram_bot_token="1:x", webhook_url="https://example.org/hook"
+    )
+    with pytest.raises(ConfigError, match="WEBHOOK_SECRET"):
+        s.require_token()

@@ -1,0 +1,32 @@
+"""Secrets never reach a log line."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from bot.logs import RedactingFilter
+
+TOKEN = "1234567890:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw1"
+
+
+def test_token_in_url_is_redacted(caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger("test.redact")
+    logger.addFilter(RedactingFilter([TOKEN, "webhook-secret-value"]))
+    with caplog.at_level(logging.DEBUG, logger="test.redact"):
+        logger.info("POST https://api.telegram.org/bot%s/getMe", TOKEN)
+        logger.info("secret=%s", "webhook-secret-value")
+        try:
+            raise RuntimeError(f"boom {TOKEN}")
+        except RuntimeError:
+            logger.exception("failed")
+    text = caplog.text + "".join(r.exc_text or "" for r in caplog.records)
+    assert TOKEN not in text
+    assert "webhook-secret-value" not in text
+    assert "[REDACTED]" in text
+
+
+def test_unregistered_token_shape_is_redacted() -> None:
+    other = "987654321:ZZZdqTcvCH1vGWJxfSeofSAs0K5PALDsaw9"
+    assert other not in RedactingFilter().redact(f"url=/bot{other}/sendMessage")
