@@ -64,6 +64,12 @@ class SessionStore:
         async with self.sessionmaker.begin() as db:
             return await self._active_or_new(db, chat_id, user_id)
 
+    async def active_session_id(self, chat_id: int) -> int | None:
+        """The id of the chat's active conversation, without starting one."""
+        async with self.sessionmaker() as db:
+            active = await repo.get_active_session(db, chat_id)
+            return active.id if active else None
+
     async def current_persona(self, chat_id: int) -> str:
         """The persona the next reply of this chat will use."""
         async with self.sessionmaker() as db:

@@ -1,0 +1,215 @@
+"""The conversation use cases every front end shares (Telegram handlers, terminal chat).
+
+Every outcome is written to the outbox in the same transaction that changes the conversation;
+front ends only deliver what the outbox holds.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from bot.config import Settings
+from bot.db.repository import SessionRow
+from bot.sessions import SessionStore
+
+log = logging.getLogger(__name__)
+
+PERSONA_CLEAR_WORDS = {"-", "clear", "none", "off", "reset"}
+
+HELP_TEXT = (
+    "I'm a chat bot with a persona of your choosing.\n\n"
+    "Just write to me to chat.\n"
+    "/persona - show my current persona\n"
+    "/persona My name is Sarah. I love hiking. - set who I am (one or more sentences)\n"
+    "/persona clear - remove the persona\n"
+    "/done - end this conversation and start afresh (the persona stays)\n"
+    "/forget - delete everything stored about this chat\n"
+    "/help - this message"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What the engine produced for one turn."""
+
+    text: str
+    latency_ms: float
+
+
+class EngineError(Exception):
+    """Generation failed for this request; the message is safe to log."""
+
+
+class EngineProtocol(Protocol):
+    """What the conversation layer needs from the model engine."""
+
+    async def respond(self, session: SessionRow, user_text: str) -> Reply:
+        """Generate the bot's reply to `user_text` in `session`'s context."""
+        ...
+
+    def set_persona(self, session_id: int, persona: str) -> None:
+        """Make a cached conversation use a new persona from its next turn."""
+        ...
+
+    def evict(self, session_id: int) -> None:
+        """Drop a conversation's cached agent (it is rebuilt from the database on demand)."""
+        ...
+
+
+def clean_text(text: str) -> str:
+    """Strip surrounding whitespace; inner text is kept verbatim."""
+    return text.strip()
+
+
+class ChatService:
+    """User actions of one chat, each ending in exactly one transaction."""
+
+    def __init__(self, store: SessionStore, engine: EngineProtocol, settings: Settings) -> None:
+        self.store = store
+        self.engine = engine
+        self.settings = settings
+
+    async def notice(self, chat_id: int, text: str, *, update_id: int | None = None) -> None:
+        """Send a short message that is not part of the conversation, and close the update."""
+        await self.store.notice(chat_id, text, update_id=update_id)
+
+    async def help(
+        self, chat_id: int, *, update_id: int | None = None, start: bool = False
+    ) -> None:
+        """/start and /help."""
+        greeting = "Hi! " if start else ""
+        await self.notice(chat_id, greeting + HELP_TEXT, update_id=update_id)
+
+    async def show_persona(self, chat_id: int, *, update_id: int | None = None) -> None:
+        """/persona without text."""
+        persona = await self.store.current_persona(chat_id)
+        if persona:
+            text = f"My persona: {persona}\n\nChange it with /persona <text>, remove it with /persona clear."
+        else:
+            text = (
+                "I have no persona yet. Give me one, e.g. /persona My name is Sarah. I love hiking."
+            )
+        await self.notice(chat_id, text, update_id=update_id)
+
+    async def set_persona(
+        self, chat_id: int, user_id: int | None, text: str, *, update_id: int | None = None
+    ) -> None:
+        """/persona <text>: set it (or clear it with a clear word)."""
+        persona = clean_text(text)
+        if persona.lower() in PERSONA_CLEAR_WORDS:
+            persona = ""
+        limit = self.settings.persona_max_chars
+        if len(persona) > limit:
+            await self.notice(
+                chat_id,
+                f"That persona is {len(persona)} characters long; the limit is {limit}. "
+                "Please send a shorter one. Your current persona is unchanged.",
+                update_id=update_id,
+            )
+            return
+        notice = (
+            f"Got it. From now on: {persona}" if persona else "Persona cleared. I'm just me now."
+        )
+        session = await self.store.set_persona(
+            chat_id, user_id, persona, notice=notice, update_id=update_id
+        )
+        self.engine.set_persona(session.id, persona)
+
+    async def done(self, chat_id: int, *, update_id: int | None = None) -> None:
+        """/done: end the conversation; history stays for admins, the persona carries over."""
+        session = await self.store.end_session(
+            chat_id,
+            notice="Conversation ended. Say something to start a new one; my persona stays.",
+            update_id=update_id,
+        )
+        if session is not None:
+            self.engine.evict(session.id)
+
+    async def forget(self, chat_id: int, *, update_id: int | None = None) -> None:
+        """/forget: delete everything stored for this chat."""
+        active = await self.store.active_session_id(chat_id)
+        await self.store.forget_chat(
+            chat_id,
+            notice="Done: I deleted everything I had stored about this chat.",
+            update_id=update_id,
+        )
+        if active is not None:
+            self.engine.evict(active)
+
+    async def unanswered(
+        self,
+        chat_id: int,
+        user_id: int | None,
+        text: str,
+        *,
+        notice: str | None,
+        update_id: int | None = None,
+        telegram_message_id: int | None = None,
+    ) -> None:
+        """Keep a user message without a model reply (flood limit); it joins the next turn."""
+        session = await self.store.active_session(chat_id, user_id)
+        await self.store.record_user_message(
+            session.id,
+            chat_id,
+            text,
+            update_id=update_id,
+            telegram_message_id=telegram_message_id,
+            notice=notice,
+        )
+        # The cached clone has not seen this message; rebuilding it from the database will.
+        self.engine.evict(session.id)
+
+    async def text(
+        self,
+        chat_id: int,
+        user_id: int | None,
+        text: str,
+        *,
+        update_id: int | None = None,
+        telegram_message_id: int | None = None,
+    ) -> None:
+        """A plain message: one model turn, stored with its reply in one transaction."""
+        text = clean_text(text)
+        if not text:
+            await self.notice(chat_id, "Say something and I'll answer.", update_id=update_id)
+            return
+        limit = self.settings.message_max_chars
+        if len(text) > limit:
+            await self.notice(
+                chat_id,
+                f"Your message is {len(text)} characters long; I read at most {limit}. "
+                "Please send a shorter one.",
+                update_id=update_id,
+            )
+            return
+        session = await self.store.active_session(chat_id, user_id)
+        try:
+            reply = await self.engine.respond(session, text)
+        except EngineError as err:
+            log.warning("generation failed for chat %s: %s", chat_id, err)
+            self.engine.evict(session.id)
+            await self.unanswered(
+                chat_id,
+                user_id,
+                text,
+                notice="Sorry, I couldn't come up with a reply just now. Please try again.",
+                update_id=update_id,
+                telegram_message_id=telegram_message_id,
+            )
+            return
+        try:
+            await self.store.record_turn(
+                session.id,
+                chat_id,
+                text,
+                reply.text,
+                latency_ms=reply.latency_ms,
+                update_id=update_id,
+                telegram_message_id=telegram_message_id,
+            )
+        except BaseException:
+            # The clone already heard this turn but the database did not keep it.
+            self.engine.evict(session.id)
+            raise
