@@ -51,3 +51,11 @@ async def store(db_url: str) -> AsyncIterator[SessionStore]:
     engine = make_engine(db_url)
     yield SessionStore(make_sessionmaker(engine))
     await engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny real ParlAI model, built once per test run."""
+    from tests.tinymodel import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.getbasetemp() / "tinymodel")

@@ -1,0 +1,177 @@
+"""Micro-batching: many chats' turns answered by one batch_act on the shared model.
+
+Requests are grouped up to `max_size`, waiting at most `max_wait_ms` for companions; while a batch
+runs on the single inference thread, newcomers queue for the next one. The event loop only awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class BatchError(Exception):
+    """A batch failed; every request in it gets this error."""
+
+
+def chat_reply(text: str) -> str:
+    """Tokenizer output to chat text: `what ' s up ?` becomes `What's up?`."""
+    from parlai.utils.strings import normalize_reply
+
+    cleaned: str = normalize_reply(text).strip()
+    return cleaned or "..."
+
+
+@dataclass
+class Generated:
+    """One request's result."""
+
+    text: str
+    model_input: list[int]
+    batch_size: int
+    model_ms: float
+
+
+@dataclass
+class _Job:
+    clone: Any
+    text: str
+    future: asyncio.Future[Generated]
+
+
+@dataclass
+class BatchStats:
+    """How batches were formed."""
+
+    batches: int = 0
+    requests: int = 0
+    failures: int = 0
+    sizes: Counter[int] = field(default_factory=Counter)
+
+
+class Batcher:
+    """Owns the inference thread; `generate()` is the only entry point."""
+
+    def __init__(
+        self,
+        shared_agent: Any,
+        *,
+        max_size: int,
+        max_wait_ms: float,
+        delay_ms: float = 0.0,
+        postprocess: Callable[[str], str] = chat_reply,
+    ) -> None:
+        self.shared_agent = shared_agent
+        self.max_size = max_size
+        self.max_wait = max_wait_ms / 1000.0
+        self.delay = delay_ms / 1000.0
+        self.postprocess = postprocess
+        self.stats = BatchStats()
+        self._queue: asyncio.Queue[_Job] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
+        self._thread_ident: int | None = None
+
+    async def start(self) -> None:
+        """Start forming batches on the running loop."""
+        self._queue = asyncio.Queue()
+        self._task = asyncio.create_task(self._loop(), name="batcher")
+
+    async def close(self) -> None:
+        """Stop; queued requests fail, a running batch finishes."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._queue is not None:
+            while not self._queue.empty():
+                job = self._queue.get_nowait()
+                if not job.future.done():
+                    job.future.set_exception(BatchError("the engine is shutting down"))
+        self._executor.shutdown(wait=True)
+
+    async def generate(self, clone: Any, text: str) -> Generated:
+        """Observe `text` in `clone`'s context and return the reply, batched with others."""
+        if self._queue is None:
+            raise RuntimeError("Batcher.start() was not called")
+        future: asyncio.Future[Generated] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Job(clone, text, future))
+        return await future
+
+    async def _collect(self) -> list[_Job]:
+        assert self._queue is not None
+        batch = [await self._queue.get()]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_wait
+        while len(batch) < self.max_size:
+            try:
+                batch.append(self._queue.get_nowait())
+                continue
+            except asyncio.QueueEmpty:
+                pass
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+            except TimeoutError:
+                break
+        return batch
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [job for job in await self._collect() if not job.future.cancelled()]
+            if not batch:
+                continue
+            self.stats.batches += 1
+            self.stats.requests += len(batch)
+            self.stats.sizes[len(batch)] += 1
+            try:
+                results = await loop.run_in_executor(self._executor, self._run_batch, batch)
+            except Exception as err:
+                self.stats.failures += 1
+                log.exception("batch of %d failed", len(batch))
+                error = BatchError(f"generation failed: {type(err).__name__}: {err}")
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(error)
+                continue
+            for job, result in zip(batch, results, strict=True):
+                if not job.future.done():
+                    job.future.set_result(result)
+
+    def _run_batch(self, batch: list[_Job]) -> list[Generated]:
+        """Runs on the inference thread: observe each clone, one batch_act, self_observe each."""
+        from parlai.core.message import Message
+
+        self._thread_ident = threading.get_ident()
+        started = time.perf_counter()
+        observations = [
+            job.clone.observe(Message({"text": job.text, "episode_done": False})) for job in batch
+        ]
+        if self.delay:
+            time.sleep(self.delay)  # fault-injection knob (GENERATION_DELAY_MS), 0 in production
+        replies = self.shared_agent.batch_act(observations)
+        model_ms = (time.perf_counter() - started) * 1000.0
+        results = []
+        for job, obs, reply in zip(batch, observations, replies, strict=True):
+            text = self.postprocess(str(reply.get("text", "")))
+            # The clone remembers exactly the text that is stored and sent, so a clone rebuilt
+            # from the database sees the same model input as this one.
+            job.clone.self_observe(Message({"text": text, "episode_done": False}))
+            vec = obs.get("text_vec")
+            model_input = vec.tolist() if vec is not None else []
+            results.append(Generated(text, model_input, len(batch), model_ms))
+        return results

@@ -1,0 +1,111 @@
+"""LRU cache of cloned agents, one per conversation; a miss rebuilds the clone from storage."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.agents.persona import PersonaHistory, join_turns
+
+
+@dataclass
+class CacheStats:
+    """Counters for the admin and the benchmarks."""
+
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+@dataclass
+class Conversation:
+    """A cached clone and what it was built for."""
+
+    session_id: int
+    clone: Any
+    persona: str
+    busy: bool = field(default=False)
+
+
+def new_clone(shared_agent: Any, persona: str) -> Any:
+    """A clone of the shared agent (weights shared) whose history pins `persona`."""
+    clone = shared_agent.clone()
+    history = clone.history
+    pinned = PersonaHistory(
+        clone.opt,
+        maxlen=history.max_len,
+        size=history.size,
+        p1_token=history.p1_token,
+        p2_token=history.p2_token,
+        dict_agent=clone.dict,
+    )
+    pinned.set_persona(persona)
+    clone.history = pinned
+    return clone
+
+
+class AgentCache:
+    """Clones keyed by session id, least recently used evicted beyond `capacity`."""
+
+    def __init__(self, shared_agent: Any, capacity: int) -> None:
+        self.shared_agent = shared_agent
+        self.capacity = capacity
+        self.stats = CacheStats()
+        self._entries: OrderedDict[int, Conversation] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._entries
+
+    @property
+    def tail_limit(self) -> int | None:
+        """How many stored messages can reach the model at most (each is at least one token)."""
+        budget = getattr(self.shared_agent, "text_truncate", None)
+        return None if budget is None else int(budget) + 1
+
+    def get(self, session_id: int) -> Conversation | None:
+        """The cached conversation, marked most recently used; None on a miss."""
+        entry = self._entries.get(session_id)
+        if entry is None:
+            self.stats.misses += 1
+            return None
+        self.stats.hits += 1
+        self._entries.move_to_end(session_id)
+        return entry
+
+    def rebuild(
+        self, session_id: int, persona: str, messages: Iterable[tuple[str, str]]
+    ) -> Conversation:
+        """Build a clone from stored `(role, text)` messages and cache it."""
+        clone = new_clone(self.shared_agent, persona)
+        clone.history.fill(join_turns(messages))
+        entry = Conversation(session_id, clone, persona)
+        self._entries[session_id] = entry
+        self._entries.move_to_end(session_id)
+        self._shrink()
+        return entry
+
+    def set_persona(self, session_id: int, persona: str) -> None:
+        """Switch a cached conversation's persona (takes effect on its next turn)."""
+        entry = self._entries.get(session_id)
+        if entry is not None:
+            entry.clone.history.set_persona(persona)
+            entry.persona = persona
+
+    def evict(self, session_id: int) -> None:
+        """Drop a conversation; it is rebuilt from storage when next needed."""
+        if self._entries.pop(session_id, None) is not None:
+            self.stats.evictions += 1
+
+    def _shrink(self) -> None:
+        # A conversation with a request in flight is skipped; it goes on a later call.
+        for session_id in list(self._entries):
+            if len(self._entries) <= self.capacity:
+                break
+            if not self._entries[session_id].busy:
+                del self._entries[session_id]
+                self.stats.evictions += 1

@@ -1,0 +1,78 @@
+"""Load the one shared ParlAI agent every conversation is cloned from."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from bot.agents import compat
+from bot.config import ConfigError, Settings
+
+log = logging.getLogger(__name__)
+
+
+def generation_overrides(settings: Settings) -> dict[str, Any]:
+    """ParlAI options the settings override (None keeps the model file's own)."""
+    pairs = {
+        "inference": settings.inference,
+        "beam_size": settings.beam_size,
+        "beam_min_length": settings.beam_min_length,
+        "beam_block_ngram": settings.beam_block_ngram,
+        "beam_context_block_ngram": settings.beam_context_block_ngram,
+    }
+    return {k: v for k, v in pairs.items() if v is not None}
+
+
+def resolve_device(settings: Settings) -> str:
+    """cpu or cuda, from MODEL_DEVICE and what this machine has."""
+    import torch
+
+    if settings.model_device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("MODEL_DEVICE=cuda but no CUDA device is available; use auto or cpu.")
+    if settings.model_device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return settings.model_device
+
+
+def load_shared_agent(settings: Settings, extra_overrides: dict[str, Any] | None = None) -> Any:
+    """Build the shared agent from BOT_MODEL (a model file or a `zoo:` path) for serving."""
+    compat.apply()
+    import torch
+    from parlai.core.agents import create_agent_from_model_file
+    from parlai.core.build_data import modelzoo_path
+
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    device = resolve_device(settings)
+    datapath = str((settings.data_dir / "parlai").resolve())
+    model_file = settings.model_file
+    # zoo: paths are downloaded here, into the data directory, on first use.
+    resolved = modelzoo_path(datapath, model_file)
+    if not Path(str(resolved) + ".opt").exists():
+        raise ConfigError(
+            f"no ParlAI model at {model_file}: run `python -m bot train` to build the default "
+            "model, or set BOT_MODEL to a model file or a zoo path such as "
+            "zoo:blender/blender_90M/model."
+        )
+    overrides: dict[str, Any] = {
+        "interactive_mode": True,
+        "skip_generation": False,
+        "datapath": datapath,
+        "no_cuda": device == "cpu",
+        **generation_overrides(settings),
+        **(extra_overrides or {}),
+    }
+    log.info("loading model %s on %s", model_file, device)
+    agent = create_agent_from_model_file(str(resolved), overrides)
+    if agent is None:  # pragma: no cover - guarded by the .opt check above
+        raise ConfigError(f"could not load a ParlAI model from {model_file}")
+    agent.model.eval()
+    log.info(
+        "model ready: %s, inference=%s beam=%s text_truncate=%s",
+        type(agent).__name__,
+        agent.opt.get("inference"),
+        agent.opt.get("beam_size"),
+        getattr(agent, "text_truncate", None),
+    )
+    return agent

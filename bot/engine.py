@@ -1,0 +1,90 @@
+"""The engine facade: shared model, agent cache and batcher behind bot.chat.EngineProtocol."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from bot.agents.batcher import Batcher, BatchError, Generated
+from bot.agents.cache import AgentCache, Conversation
+from bot.chat import EngineError, Reply
+from bot.config import Settings
+from bot.db.repository import SessionRow
+from bot.sessions import SessionStore
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    """One shared ParlAI agent serving every conversation."""
+
+    def __init__(self, shared_agent: Any, store: SessionStore, settings: Settings) -> None:
+        self.shared_agent = shared_agent
+        self.store = store
+        self.settings = settings
+        self.cache = AgentCache(shared_agent, settings.agent_cache_size)
+        self.batcher = Batcher(
+            shared_agent,
+            max_size=settings.batch_max_size,
+            max_wait_ms=settings.batch_max_wait_ms,
+            delay_ms=settings.generation_delay_ms,
+        )
+
+    @classmethod
+    async def start(cls, settings: Settings, store: SessionStore) -> Engine:
+        """Load the model off the event loop and start the batcher."""
+        from bot.agents.model import load_shared_agent
+
+        agent = await asyncio.to_thread(load_shared_agent, settings)
+        engine = cls(agent, store, settings)
+        await engine.batcher.start()
+        return engine
+
+    async def close(self) -> None:
+        """Stop the batcher (a running batch finishes first)."""
+        await self.batcher.close()
+
+    async def conversation(self, session: SessionRow) -> Conversation:
+        """The cached clone for a session, rebuilt from the database on a miss."""
+        entry = self.cache.get(session.id)
+        if entry is None:
+            ctx = await self.store.load_context(session.id, tail=self.cache.tail_limit)
+            entry = self.cache.rebuild(
+                session.id, ctx.persona, [(m.role, m.text) for m in ctx.messages]
+            )
+        elif entry.persona != session.persona:
+            # Changed elsewhere (another replica, the admin CLI): the database wins.
+            self.cache.set_persona(session.id, session.persona)
+        return entry
+
+    async def generate(self, session: SessionRow, user_text: str) -> Generated:
+        """One turn with everything the batcher reports (model input included)."""
+        entry = await self.conversation(session)
+        # The model cannot take two user turns in a row: an unanswered message joins this one.
+        unanswered = entry.clone.history.pop_user_turn()
+        if unanswered is not None:
+            user_text = f"{unanswered}\n{user_text}"
+        entry.busy = True
+        try:
+            return await self.batcher.generate(entry.clone, user_text)
+        except BatchError as err:
+            self.cache.evict(session.id)
+            raise EngineError(str(err)) from err
+        finally:
+            entry.busy = False
+
+    async def respond(self, session: SessionRow, user_text: str) -> Reply:
+        """The bot's reply to `user_text` in `session`'s context."""
+        started = time.perf_counter()
+        result = await self.generate(session, user_text)
+        return Reply(result.text, (time.perf_counter() - started) * 1000.0)
+
+    def set_persona(self, session_id: int, persona: str) -> None:
+        """Use a new persona for a cached conversation from its next turn."""
+        self.cache.set_persona(session_id, persona)
+
+    def evict(self, session_id: int) -> None:
+        """Forget a conversation's clone."""
+        self.cache.evict(session_id)

@@ -1,0 +1,229 @@
+"""The engine on a real (tiny) ParlAI model: isolation, invisible eviction, pinned persona,
+batching. "Model input" below is the token vector the model actually receives."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.agents.batcher import Batcher, BatchError
+from bot.agents.cache import AgentCache
+from bot.agents.model import load_shared_agent
+from bot.agents.persona import persona_lines
+from bot.chat import ChatService, EngineError
+from bot.config import Settings
+from bot.engine import Engine
+from bot.sessions import SessionStore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _settings(model_file: str, tmp_path: Path, **kw: Any) -> Settings:
+    return Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        bot_model=model_file,
+        data_dir=tmp_path / "data",
+        batch_max_wait_ms=kw.pop("batch_max_wait_ms", 30),
+        **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def shared_agent(tiny_model_file: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    tmp = tmp_path_factory.mktemp("agent")
+    return load_shared_agent(_settings(tiny_model_file, tmp))
+
+
+def _decode(agent: Any, vec: list[int]) -> str:
+    return str(agent.dict.vec2txt(vec))
+
+
+def _expected(persona: str, turns: list[str]) -> str:
+    lines = persona_lines(persona) + turns
+    return "\n".join(lines).lower()
+
+
+def _normalize(text: str) -> str:
+    # vec2txt joins tokens with spaces; compare on tokens, not spacing
+    return " ".join(text.replace("\n", " \n ").split())
+
+
+@pytest.fixture
+async def engine(
+    shared_agent: Any, store: SessionStore, tmp_path: Path, tiny_model_file: str
+) -> AsyncIterator[Engine]:
+    eng = Engine(shared_agent, store, _settings(tiny_model_file, tmp_path, agent_cache_size=50))
+    await eng.batcher.start()
+    yield eng
+    await eng.close()
+
+
+async def test_isolation_inside_one_batch(shared_agent: Any, tmp_path: Path) -> None:
+    cache = AgentCache(shared_agent, capacity=100)
+    batcher = Batcher(shared_agent, max_size=16, max_wait_ms=200)
+    await batcher.start()
+    names = ["sarah", "jessica", "tom", "dogs", "cats", "pizza"]
+    chats = []
+    for i, name in enumerate(names):
+        persona = f"My name is {name}. I love {names[(i + 1) % len(names)]}."
+        history = [("user", f"hello {name}"), ("bot", f"hi {names[i - 1]} {name}")]
+        entry = cache.rebuild(i, persona, history)
+        chats.append((entry, persona, [t for _, t in history], f"what do you like {name}"))
+    try:
+        results = await asyncio.gather(
+            *(batcher.generate(entry.clone, text) for entry, _, _, text in chats)
+        )
+    finally:
+        await batcher.close()
+    assert batcher.stats.batches == 1 and results[0].batch_size == len(names)
+    for (_, persona, turns, text), result in zip(chats, results, strict=True):
+        expected = shared_agent.dict.txt2vec(_expected(persona, [*turns, text]))
+        assert result.model_input == expected, _decode(shared_agent, result.model_input)
+
+
+async def test_eviction_and_restart_are_invisible(
+    engine: Engine, store: SessionStore, db_url: str, tiny_model_file: str, tmp_path: Path
+) -> None:
+    chat = ChatService(store, engine, engine.settings)
+    await chat.set_persona(7, 7, "My name is Sarah. I love hiking.")
+    for text in ["hello", "how are you", "what do you like"]:
+        await chat.text(7, 7, text)
+    session = await store.active_session(7)
+    probe = "tell me about your family"
+    cached = await engine.generate(session, probe)
+    engine.evict(session.id)
+    assert session.id not in engine.cache
+    rebuilt = await engine.generate(session, probe)
+    assert rebuilt.model_input == cached.model_input
+    assert engine.cache.stats.misses >= 1
+
+    # A fresh process rebuilding from the same database sees the same input too.
+    # The cached turn above advanced the clone; the database still ends before the probe.
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.rebuild_probe",
+        tiny_model_file,
+        db_url,
+        str(tmp_path / "d"),
+        "7",
+        probe,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    stdout = out.decode()
+    line = next(x for x in stdout.splitlines() if x.startswith("INPUT="))
+    assert json.loads(line.removeprefix("INPUT=")) == cached.model_input
+
+
+async def test_persona_stays_at_head_after_200_turns(engine: Engine, store: SessionStore) -> None:
+    chat = ChatService(store, engine, engine.settings)
+    persona = "My name is Jessica. I love cats."
+    await chat.set_persona(9, 9, persona)
+    for i in range(200):
+        await chat.text(9, 9, f"turn {['one', 'two', 'three'][i % 3]} do you like dogs")
+    session = await store.active_session(9)
+    result = await engine.generate(session, "what is your name")
+    agent = engine.shared_agent
+    head = agent.dict.txt2vec(_expected(persona, []) + "\n")
+    tail = agent.dict.txt2vec("what is your name")
+    assert result.model_input[: len(head)] == head, _decode(agent, result.model_input)
+    assert result.model_input[-len(tail) :] == tail
+    assert len(result.model_input) <= engine.shared_agent.text_truncate
+    # the live clone kept only what can reach the model, not 400 turns
+    assert len(engine.cache.get(session.id).clone.history.history_vecs) < 40  # type: ignore[union-attr]
+
+
+async def test_persona_change_takes_effect_next_turn(engine: Engine, store: SessionStore) -> None:
+    chat = ChatService(store, engine, engine.settings)
+    await chat.set_persona(11, 11, "I love dogs.")
+    await chat.text(11, 11, "hello")
+    await chat.set_persona(11, 11, "I love cats.")
+    session = await store.active_session(11)
+    result = await engine.generate(session, "hello again")
+    text = _normalize(_decode(engine.shared_agent, result.model_input))
+    assert "love cats" in text and "love dogs" not in text
+
+
+async def test_two_user_messages_in_a_row_become_one_turn(
+    engine: Engine, store: SessionStore
+) -> None:
+    chat = ChatService(store, engine, engine.settings)
+    await chat.text(12, 12, "hello")
+    await chat.unanswered(12, 12, "are you there", notice=None)
+    session = await store.active_session(12)
+    await engine.generate(session, "please talk to me")
+    history = engine.cache.get(session.id).clone.history  # type: ignore[union-attr]
+    # one user turn holding both messages, then the bot's reply
+    assert history.history_raw_strings[-2] == "are you there\nplease talk to me"
+    assert history.history_raw_strings[-3] != "are you there"
+
+
+async def test_batches_form_under_concurrency_and_errors_stay_in_their_batch(
+    shared_agent: Any,
+) -> None:
+    cache = AgentCache(shared_agent, capacity=100)
+    batcher = Batcher(shared_agent, max_size=8, max_wait_ms=100)
+    await batcher.start()
+    try:
+        entries = [cache.rebuild(i, "", []) for i in range(16)]
+        texts = [f"hello {n}" for n in ["one", "two", "three", "four"] * 4]
+        results = await asyncio.gather(
+            *(batcher.generate(e.clone, t) for e, t in zip(entries, texts, strict=True))
+        )
+        assert max(batcher.stats.sizes) > 1
+        for text, result in zip(texts, results, strict=True):
+            assert _decode(shared_agent, result.model_input).endswith(text)
+
+        original = shared_agent.batch_act
+        calls = {"n": 0}
+
+        def failing_once(observations: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("CUDA out of memory (injected)")
+            return original(observations)
+
+        shared_agent.batch_act = failing_once
+        try:
+            first = [cache.rebuild(100 + i, "", []) for i in range(3)]
+            failed = await asyncio.gather(
+                *(batcher.generate(e.clone, "hello") for e in first), return_exceptions=True
+            )
+            assert all(isinstance(r, BatchError) for r in failed)
+            assert "out of memory" in str(failed[0])
+            second = [cache.rebuild(200 + i, "", []) for i in range(3)]
+            ok = await asyncio.gather(*(batcher.generate(e.clone, "hello") for e in second))
+            assert all(r.text for r in ok)
+        finally:
+            shared_agent.batch_act = original
+    finally:
+        await batcher.close()
+
+
+async def test_engine_error_is_reported_and_message_kept(
+    engine: Engine, store: SessionStore
+) -> None:
+    chat = ChatService(store, engine, engine.settings)
+    original = engine.shared_agent.batch_act
+    engine.shared_agent.batch_act = lambda obs: (_ for _ in ()).throw(RuntimeError("boom"))
+    try:
+        session = await store.active_session(13)
+        with pytest.raises(EngineError):
+            await engine.respond(session, "hello")
+        await chat.text(13, 13, "hello")
+    finally:
+        engine.shared_agent.batch_act = original
+    ctx = await store.load_context(session.id, tail=None)
+    assert [(m.role, m.text) for m in ctx.messages] == [("user", "hello")]

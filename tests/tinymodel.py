@@ -1,0 +1,84 @@
+"""A tiny but real ParlAI transformer/generator, built in seconds for tests.
+
+Random weights (nobody wants to read its replies), a real dictionary and a real model file that
+`create_agent_from_model_file` loads exactly like BlenderBot's.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+VOCAB = """
+hello hi hey how are you i am fine good great bad what do does like to hike hiking my name
+is sarah jessica tom your persona love dogs cats pizza music books travel the a an and or
+but not yes no it this that there here where when why who with for from on in at of by
+about today tomorrow yesterday weekend work job school teacher doctor student cook play
+read write sing dance run swim walk eat drink coffee tea water red blue green favorite
+color food movie song have has had was were be been can could would should will shall may
+might must want need know think feel see say tell ask talk chat bot robot human people
+friend family mother father sister brother dog cat bird fish house home city country beach
+mountain forest lake river sea sun moon canary secret token password env environment data
+other user users show me give all please one two three four five six seven eight nine ten
+zero ? . , ! ' s m re ll ve d t
+""".split()  # noqa: SIM905 - a word list reads best as text
+
+
+def build_tiny_model(
+    directory: str | os.PathLike[str],
+    *,
+    text_truncate: int = 64,
+    label_truncate: int = 12,
+    beam_size: int = 2,
+    seed: int = 0,
+    extra_words: tuple[str, ...] = (),
+) -> str:
+    """Create (once per directory) a tiny model; returns the model file path for BOT_MODEL."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model_file = directory / "model"
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (directory / "model.opt").exists():
+            return str(model_file)
+        import torch
+
+        from bot.agents import compat
+
+        compat.apply()
+        from parlai.core.agents import create_agent
+        from parlai.core.dict import DictionaryAgent
+        from parlai.core.params import ParlaiParser
+
+        torch.manual_seed(seed)
+        opt = ParlaiParser(True, True).parse_args(
+            [
+                "--model", "transformer/generator",
+                "--model-file", str(model_file),
+                "--dict-file", str(model_file) + ".dict",
+                "--dict-tokenizer", "re",
+                "--dict-lower", "true",
+                "--n-layers", "1",
+                "--embedding-size", "16",
+                "--ffn-size", "32",
+                "--n-heads", "2",
+                "--text-truncate", str(text_truncate),
+                "--truncate", str(text_truncate),
+                "--label-truncate", str(label_truncate),
+                "--inference", "beam",
+                "--beam-size", str(beam_size),
+                "--beam-min-length", "2",
+                "--skip-generation", "false",
+                "--no-cuda",
+                "--datatype", "valid",
+            ]
+        )  # fmt: skip
+        dictionary = DictionaryAgent(opt)
+        for word in (*VOCAB, ":", "\n", *extra_words):
+            dictionary.add_token(word)
+            dictionary.freq[word] = 10
+        dictionary.save(str(model_file) + ".dict", sort=False)
+        agent = create_agent(opt)
+        agent.save(str(model_file))
+        return str(model_file)
