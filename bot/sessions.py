@@ -159,6 +159,16 @@ class SessionStore:
                 await repo.finish_inbox(db, update_id, status=inbox_status)
             return outbox_id
 
+    async def pending_outbox(self, chat_id: int | None = None) -> list[repo.OutboxRow]:
+        """Texts waiting to be sent, oldest first."""
+        async with self.sessionmaker() as db:
+            return await repo.pending_outbox(db, chat_id)
+
+    async def mark_sent(self, outbox_id: int, telegram_message_id: int | None = None) -> None:
+        """Record that a queued text went out (and its bot message was delivered)."""
+        async with self.sessionmaker.begin() as db:
+            await repo.outbox_sent(db, outbox_id, telegram_message_id)
+
     async def finish_update(
         self, update_id: int, status: str = "done", error: str | None = None
     ) -> None:

@@ -1,13 +1,99 @@
-"""`python -m bot chat` (filled in by the Engine issue)."""
+"""`python -m bot chat`: the same store, agent cache and batcher, driven from a terminal.
+
+Lines starting with `/` are commands (/persona, /done, /forget, /help, /quit); anything else is a
+turn. Replies go through the outbox like on Telegram, so the database ends up the same.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import sys
+from typing import TextIO
 
+from bot.chat import ChatService
 from bot.config import Settings
+from bot.db.engine import make_engine, make_sessionmaker
+from bot.logs import settings_secrets, setup_logging
+from bot.sessions import SessionStore
+
+log = logging.getLogger(__name__)
 
 
-async def run_terminal(settings: Settings, *, chat_id: int) -> int:
-    """Chat in the terminal; returns the exit status."""
-    print("chat: not implemented yet", file=sys.stderr)
-    return 2
+async def dispatch(chat: ChatService, chat_id: int, line: str) -> bool:
+    """Act on one input line; False when the user asked to quit."""
+    text = line.strip()
+    if not text:
+        return True
+    if text.startswith("/"):
+        command, _, argument = text[1:].partition(" ")
+        command = command.lower()
+        if command in ("quit", "exit"):
+            return False
+        if command in ("start", "help"):
+            await chat.help(chat_id, start=command == "start")
+        elif command == "persona":
+            if argument.strip():
+                await chat.set_persona(chat_id, chat_id, argument)
+            else:
+                await chat.show_persona(chat_id)
+        elif command == "done":
+            await chat.done(chat_id)
+        elif command == "forget":
+            await chat.forget(chat_id)
+        else:
+            await chat.notice(chat_id, f"Unknown command /{command}. Try /help.")
+        return True
+    await chat.text(chat_id, chat_id, text)
+    return True
+
+
+async def deliver(store: SessionStore, chat_id: int, out: TextIO) -> None:
+    """Print what the outbox holds for this chat and mark it sent."""
+    for row in await store.pending_outbox(chat_id):
+        prefix = "bot> " if row.kind == "reply" else "** "
+        out.write(prefix + row.text.replace("\n", "\n" + " " * len(prefix)) + "\n")
+        out.flush()
+        await store.mark_sent(row.id)
+
+
+async def run_terminal(
+    settings: Settings, *, chat_id: int, stdin: TextIO | None = None, stdout: TextIO | None = None
+) -> int:
+    """Chat until EOF or /quit; returns the exit status."""
+    stdin = stdin or sys.stdin
+    stdout = stdout or sys.stdout
+    setup_logging(
+        "WARNING" if settings.log_level == "INFO" else settings.log_level,
+        settings_secrets(settings),
+    )
+    from bot.agents.model import ensure_model, route_parlai_logging
+    from bot.db import migrate
+    from bot.engine import Engine
+
+    route_parlai_logging(logging.WARNING)
+    await asyncio.to_thread(migrate.upgrade, settings.db_url)
+    await asyncio.to_thread(ensure_model, settings)
+    db = make_engine(settings.db_url)
+    store = SessionStore(make_sessionmaker(db))
+    engine = await Engine.start(settings, store)
+    chat = ChatService(store, engine, settings)
+    interactive = stdin.isatty()
+    try:
+        if interactive:
+            stdout.write(f"Chat {chat_id}. Commands: /persona, /done, /forget, /help, /quit.\n")
+        await deliver(store, chat_id, stdout)  # anything left from an earlier run
+        while True:
+            if interactive:
+                stdout.write("you> ")
+                stdout.flush()
+            line = await asyncio.to_thread(stdin.readline)
+            if not line:
+                break
+            if not await dispatch(chat, chat_id, line):
+                break
+            await deliver(store, chat_id, stdout)
+    finally:
+        await engine.close()
+        await db.dispose()
+    return 0

@@ -12,6 +12,21 @@ from bot.config import ConfigError, Settings
 log = logging.getLogger(__name__)
 
 
+def route_parlai_logging(level: int | str = logging.WARNING) -> None:
+    """Send ParlAI's log lines through our handlers (and redaction) instead of its own stdout.
+
+    ParlAI builds its logger outside the logging registry, with a stdout handler of its own.
+    """
+    from parlai.utils import logging as parlai_logging
+
+    plog = parlai_logging.logger
+    handler = getattr(plog, "streamHandler", None)
+    if handler is not None:
+        plog.removeHandler(handler)
+    plog.parent = logging.getLogger("parlai")
+    plog.setLevel(level)
+
+
 def generation_overrides(settings: Settings) -> dict[str, Any]:
     """ParlAI options the settings override (None keeps the model file's own)."""
     pairs = {
@@ -76,3 +91,22 @@ def load_shared_agent(settings: Settings, extra_overrides: dict[str, Any] | None
         getattr(agent, "text_truncate", None),
     )
     return agent
+
+
+def ensure_model(settings: Settings) -> None:
+    """Train the default model once when BOT_MODEL is unset and none exists yet."""
+    if settings.bot_model or Path(str(settings.default_model_file) + ".opt").exists():
+        return
+    from bot.agents.training import train_cli
+
+    log.warning(
+        "BOT_MODEL is not set and no default model exists yet: training one now "
+        "(at most %.0f minutes; set BOT_MODEL to skip)",
+        settings.train_minutes,
+    )
+    status = train_cli(settings, minutes=None, if_missing=True, out=None)
+    if status != 0:
+        raise ConfigError(
+            "training the default model failed; run `python -m bot train` to see why, "
+            "or set BOT_MODEL to an existing ParlAI model."
+        )

@@ -1,0 +1,68 @@
+"""`python -m bot chat` driven by a script on stdin, against a real SQLite file."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = """\
+/persona My name is Sarah. I love hiking.
+hello how are you
+what do you like
+/persona
+/done
+hello again
+/bogus
+"""
+
+
+def test_terminal_chat_persists_everything(tmp_path: Path, tiny_model_file: str) -> None:
+    db_file = tmp_path / "chat.sqlite3"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEGRAM_", "DATABASE_"))}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        BOT_MODEL=tiny_model_file,
+        DATABASE_URL=f"sqlite+aiosqlite:///{db_file}",
+        DATA_DIR=str(tmp_path / "data"),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "bot", "chat", "--chat-id", "42"],
+        input=SCRIPT,
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert out.count("bot> ") == 3, out
+    assert "From now on: My name is Sarah. I love hiking." in out
+    assert "My persona: My name is Sarah. I love hiking." in out
+    assert "Conversation ended" in out
+    assert "Unknown command /bogus" in out
+    assert "Traceback" not in proc.stderr
+
+    with sqlite3.connect(db_file) as conn:
+        sessions = conn.execute(
+            "SELECT id, status, persona FROM sessions WHERE chat_id = 42 ORDER BY id"
+        ).fetchall()
+        assert [(s[1], s[2]) for s in sessions] == [
+            ("done", "My name is Sarah. I love hiking."),
+            ("active", "My name is Sarah. I love hiking."),
+        ]
+        first = conn.execute(
+            "SELECT role, text FROM messages WHERE session_id = ? ORDER BY id", (sessions[0][0],)
+        ).fetchall()
+        assert [r[0] for r in first] == ["user", "bot", "user", "bot"]
+        assert first[0][1] == "hello how are you"
+        undelivered = conn.execute(
+            "SELECT count(*) FROM messages WHERE role = 'bot' AND delivered_at IS NULL"
+        ).fetchone()[0]
+        assert undelivered == 0
+        assert conn.execute("SELECT count(*) FROM outbox WHERE sent_at IS NULL").fetchone()[0] == 0
