@@ -44,3 +44,18 @@ def test_webhook_requires_secret() -> None:
     )
     with pytest.raises(ConfigError, match="WEBHOOK_SECRET"):
         s.require_token()
+
+
+def test_every_setting_is_documented() -> None:
+    """Every field is mirrored in .env.example (with a comment) and in the README table."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    example = (root / ".env.example").read_text().splitlines()
+    readme = (root / "README.md").read_text()
+    for name in Settings.model_fields:
+        env = name.upper()
+        index = next((i for i, line in enumerate(example) if line.startswith(env + "=")), None)
+        assert index is not None, f"{env} missing from .env.example"
+        assert example[index - 1].startswith("#"), f"{env} has no comment in .env.example"
+        assert f"`{env}`" in readme, f"{env} missing from the README configuration table"
