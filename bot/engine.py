@@ -49,10 +49,17 @@ class Engine:
     async def conversation(self, session: SessionRow) -> Conversation:
         """The cached clone for a session, rebuilt from the database on a miss."""
         entry = self.cache.get(session.id)
+        if entry is not None and entry.chat_id != session.chat_id:
+            # Never serve one chat another chat's clone, whatever happened to the ids.
+            self.cache.evict(session.id)
+            entry = None
         if entry is None:
             ctx = await self.store.load_context(session.id, tail=self.cache.tail_limit)
             entry = self.cache.rebuild(
-                session.id, ctx.persona, [(m.role, m.text) for m in ctx.messages]
+                session.id,
+                ctx.persona,
+                [(m.role, m.text) for m in ctx.messages],
+                chat_id=session.chat_id,
             )
         elif entry.persona != session.persona:
             # Changed elsewhere (another replica, the admin CLI): the database wins.

@@ -1,19 +1,376 @@
-"""`python -m bot admin ...` (filled in by the Admin issue)."""
+"""`python -m bot admin ...`: look at conversations and service health from a terminal.
+
+Every subcommand prints a readable table by default and JSON with `--json`. All of them read the
+database named by the settings (DATABASE_URL, or the SQLite file under DATA_DIR).
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import asyncio
+import csv
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, is_dataclass
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, TextIO
 
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from bot.admin import queries
+from bot.admin.queries import AdminError
 from bot.config import Settings
+from bot.db.engine import make_engine, make_sessionmaker, safe_url
+
+MAX_CELL = 60
+
+# --- output helpers ----------------------------------------------------------------------------
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    return str(value)
+
+
+def dump_json(value: Any) -> str:
+    """JSON with timestamps as ISO 8601 strings."""
+    return json.dumps(value, default=_json_default, ensure_ascii=False, indent=2)
+
+
+def _when(value: datetime | None) -> str:
+    if value is None:
+        return ""
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC)
+    return f"{value:%Y-%m-%d %H:%M:%S}"
+
+
+def _cell(value: Any, max_width: int = MAX_CELL) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return _when(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        text = "\\x" + bytes(value).hex()
+    else:
+        text = str(value)
+    # One line per row: newlines would break the table apart.
+    text = text.replace("\r\n", "\n").replace("\n", " ↵ ").replace("\t", " ")
+    if len(text) > max_width:
+        text = text[: max_width - 1] + "…"
+    return text
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float | Decimal) and not isinstance(value, bool)
+
+
+def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain-text table: numbers right-aligned, long or multi-line cells shortened."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [len(c) for c in columns]
+    for row in cells:
+        for i, text in enumerate(row):
+            widths[i] = max(widths[i], len(text))
+    numeric = [
+        bool(rows) and all(_is_number(r[i]) or r[i] is None for r in rows)
+        for i in range(len(columns))
+    ]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(w) if num else v.ljust(w)
+            for v, w, num in zip(values, widths, numeric, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    out = [line(list(columns)), "  ".join("-" * w for w in widths)]
+    out.extend(line(row) for row in cells)
+    return "\n".join(out)
+
+
+# --- subcommands -------------------------------------------------------------------------------
+
+
+async def _stats(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> int:
+    result = await queries.stats(make_sessionmaker(engine))
+    print(dump_json(result) if args.json else queries.format_stats(result), file=out)
+    return 0
+
+
+async def _sessions(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> int:
+    rows = await queries.list_sessions(
+        make_sessionmaker(engine), active_only=args.active, limit=args.limit
+    )
+    if args.json:
+        print(dump_json([asdict(r) for r in rows]), file=out)
+        return 0
+    if not rows:
+        print("no active sessions" if args.active else "no sessions", file=out)
+        return 0
+    columns = ["id", "chat_id", "user_id", "status", "messages", "last_active", "persona"]
+    table = [
+        (r.id, r.chat_id, r.user_id, r.status, r.messages, r.updated_at, r.persona or "(none)")
+        for r in rows
+    ]
+    print(format_table(columns, table), file=out)
+    return 0
+
+
+def _indent(text: str, prefix: str) -> str:
+    first, *rest = text.splitlines() or [""]
+    return "\n".join([first, *(prefix + line for line in rest)])
+
+
+async def _show(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> int:
+    transcripts = await queries.chat_transcripts(make_sessionmaker(engine), args.chat_id)
+    if args.json:
+        print(dump_json([asdict(t) for t in transcripts]), file=out)
+        return 0 if transcripts else 1
+    if not transcripts:
+        print(f"no conversations stored for chat {args.chat_id}", file=out)
+        return 1
+    print(f"chat {args.chat_id}: {len(transcripts)} conversation(s), oldest first", file=out)
+    for t in transcripts:
+        s = t.session
+        state = "active (current)" if s.status == "active" else "ended " + _when(s.ended_at)
+        user = f"user {s.user_id}" if s.user_id is not None else "no user id"
+        print(
+            f"\n== session {s.id} · {state} · {user} · started {_when(s.created_at)} "
+            f"· {s.messages} message(s)",
+            file=out,
+        )
+        print(f"persona: {_indent(s.persona, '         ') if s.persona else '(none)'}", file=out)
+        for m in t.messages:
+            note = ""
+            if m.role == "bot":
+                parts = []
+                if m.latency_ms is not None:
+                    parts.append(f"{m.latency_ms:.0f} ms")
+                if m.delivered_at is None:
+                    parts.append("not delivered")
+                note = f"  [{', '.join(parts)}]" if parts else ""
+            prefix = f"  {_when(m.created_at)}  {m.role:<4}  "
+            print(prefix + _indent(m.text, " " * len(prefix)) + note, file=out)
+    return 0
+
+
+def _export_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+async def _export(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> int:
+    target: TextIO
+    if args.output and args.output != "-":
+        target = await asyncio.to_thread(open, Path(args.output), "w", encoding="utf-8", newline="")
+    else:
+        target = out
+    count = 0
+    try:
+        writer = csv.writer(target) if args.format == "csv" else None
+        if writer is not None:
+            writer.writerow(queries.EXPORT_COLUMNS)
+        async for row in queries.export_rows(engine, args.chat_id):
+            values = [_export_value(getattr(row, c)) for c in queries.EXPORT_COLUMNS]
+            if writer is not None:
+                writer.writerow(values)
+            else:
+                record = dict(zip(queries.EXPORT_COLUMNS, values, strict=True))
+                target.write(json.dumps(record, ensure_ascii=False) + "\n")
+            count += 1
+    finally:
+        if target is not out:
+            target.close()
+    where = f" to {args.output}" if target is not out else ""
+    # The summary goes to stderr so that stdout stays a clean JSONL/CSV stream.
+    print(f"exported {count} message(s){where}", file=sys.stderr)
+    return 0
+
+
+def _confirm(question: str) -> bool:
+    try:
+        return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    except EOFError:
+        return False
+
+
+async def _forget(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> int:
+    sessionmaker = make_sessionmaker(engine)
+    footprint = await queries.chat_footprint(sessionmaker, args.chat_id)
+    summary = (
+        f"{footprint.sessions} session(s), {footprint.messages} message(s), "
+        f"{footprint.outbox} outbox row(s), {footprint.inbox} inbox row(s)"
+    )
+    if footprint.total == 0:
+        if args.json:
+            print(dump_json({"chat_id": args.chat_id, "deleted": asdict(footprint)}), file=out)
+        else:
+            print(f"nothing stored for chat {args.chat_id}", file=out)
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise AdminError(
+                f"chat {args.chat_id} has {summary}; add --yes to delete them without a prompt"
+            )
+        if not _confirm(f"Delete {summary} of chat {args.chat_id}? This cannot be undone."):
+            print("nothing deleted", file=out)
+            return 1
+    deleted = await queries.forget_chat(sessionmaker, args.chat_id)
+    if args.json:
+        print(dump_json({"chat_id": args.chat_id, "deleted": asdict(deleted)}), file=out)
+    else:
+        print(f"forgot chat {args.chat_id}: deleted {summary}", file=out)
+    return 0
+
+
+async def _sql(url: str, args: argparse.Namespace, out: TextIO) -> int:
+    result = await queries.readonly_sql(
+        url, args.query, max_rows=args.max_rows, timeout_s=args.timeout
+    )
+    if args.json:
+        payload = {"columns": result.columns, "rows": result.rows, "truncated": result.truncated}
+        print(dump_json(payload), file=out)
+        return 0
+    if not result.columns:
+        print("(statement returned no rows)", file=out)
+        return 0
+    print(format_table(result.columns, result.rows), file=out)
+    more = f", stopped at --max-rows {args.max_rows}" if result.truncated else ""
+    print(f"({len(result.rows)} row{'s' if len(result.rows) != 1 else ''}{more})", file=out)
+    return 0
+
+
+Handler = Callable[[AsyncEngine, argparse.Namespace, TextIO], Awaitable[int]]
+
+_HANDLERS: dict[str, Handler] = {
+    "stats": _stats,
+    "sessions": _sessions,
+    "show": _show,
+    "export": _export,
+    "forget": _forget,
+}
+
+
+def _hint(err: DBAPIError) -> str:
+    text = str(err.orig) if err.orig is not None else str(err)
+    if "no such table" in text or "does not exist" in text:
+        return f"{text} (is the schema there? run `python -m bot db upgrade`)"
+    return text
+
+
+async def admin(url: str, args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Run a parsed `admin` subcommand against the database at `url`; returns the exit status."""
+    out = out or sys.stdout
+    if args.admin_command == "sql":
+        return await _sql(url, args, out)
+    if make_url(url).get_backend_name() == "sqlite":
+        queries.sqlite_path(url)  # a clear error instead of creating an empty database
+    engine = make_engine(url)
+    try:
+        return await _HANDLERS[args.admin_command](engine, args, out)
+    except DBAPIError as err:
+        raise AdminError(f"database {safe_url(url)}: {_hint(err)}") from err
+    except BrokenPipeError:
+        raise
+    except OSError as err:
+        raise AdminError(f"cannot reach database {safe_url(url)}: {err}") from err
+    finally:
+        await engine.dispose()
+
+
+# --- argparse ----------------------------------------------------------------------------------
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return n
 
 
 def add_admin_parser(sub: Any) -> None:
-    """Register the `admin` subcommand."""
-    sub.add_parser("admin", help="inspect conversations and service health (not implemented yet)")
+    """Register `admin` and its subcommands on the top-level subparsers."""
+    admin_parser = sub.add_parser(
+        "admin",
+        help="inspect conversations and service health in the database",
+        description="Look at conversations and service health in the bot's database "
+        "(DATABASE_URL, or the SQLite file under DATA_DIR). Timestamps are UTC.",
+    )
+    cmds = admin_parser.add_subparsers(dest="admin_command", metavar="ACTION", required=True)
+
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="machine-readable output")
+
+    cmds.add_parser(
+        "stats",
+        parents=[as_json],
+        help="chats, sessions, messages, reply latency, undelivered replies, failed updates",
+    )
+
+    sessions = cmds.add_parser(
+        "sessions", parents=[as_json], help="conversations, most recently active first"
+    )
+    sessions.add_argument("--active", action="store_true", help="only active conversations")
+    sessions.add_argument(
+        "--limit", type=_positive, default=20, metavar="N", help="at most N rows (default 20)"
+    )
+
+    show = cmds.add_parser(
+        "show", parents=[as_json], help="transcripts of a chat's conversations, with personas"
+    )
+    show.add_argument("chat_id", type=int, metavar="CHAT_ID")
+
+    export = cmds.add_parser("export", help="every message (of one chat or all) as JSONL or CSV")
+    export.add_argument("chat_id", type=int, nargs="?", default=None, metavar="CHAT_ID")
+    export.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
+    export.add_argument(
+        "--output", "-o", metavar="FILE", default=None, help="write here (default: stdout)"
+    )
+
+    forget = cmds.add_parser(
+        "forget", parents=[as_json], help="delete everything stored for a chat (like /forget)"
+    )
+    forget.add_argument("chat_id", type=int, metavar="CHAT_ID")
+    forget.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+
+    sql = cmds.add_parser(
+        "sql",
+        parents=[as_json],
+        help="run one read-only SQL statement",
+        description="Run one SQL statement on a connection the database keeps read-only "
+        "(SQLite mode=ro, a PostgreSQL READ ONLY transaction): writes and multiple "
+        "statements are refused.",
+    )
+    sql.add_argument("query", metavar="SQL")
+    sql.add_argument("--max-rows", type=_positive, default=1000, metavar="N", help="default 1000")
+    sql.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="default 60")
 
 
 def run_admin(settings: Settings, args: argparse.Namespace) -> int:
-    """Run an admin subcommand."""
-    print("admin: not implemented yet")
-    return 2
+    """Run an admin subcommand; errors become one line on stderr and exit status 1."""
+    try:
+        return asyncio.run(admin(settings.db_url, args))
+    except AdminError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # `admin export | head` closes the pipe early; that is not an error. Point stdout at
+        # /dev/null so that flushing it at exit does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0

@@ -26,6 +26,7 @@ class Conversation:
     session_id: int
     clone: Any
     persona: str
+    chat_id: int | None = None
     busy: bool = field(default=False)
 
 
@@ -78,12 +79,16 @@ class AgentCache:
         return entry
 
     def rebuild(
-        self, session_id: int, persona: str, messages: Iterable[tuple[str, str]]
+        self,
+        session_id: int,
+        persona: str,
+        messages: Iterable[tuple[str, str]],
+        chat_id: int | None = None,
     ) -> Conversation:
         """Build a clone from stored `(role, text)` messages and cache it."""
         clone = new_clone(self.shared_agent, persona)
         clone.history.fill(join_turns(messages))
-        entry = Conversation(session_id, clone, persona)
+        entry = Conversation(session_id, clone, persona, chat_id)
         self._entries[session_id] = entry
         self._entries.move_to_end(session_id)
         self._shrink()

@@ -75,6 +75,8 @@ class Session(Base):
             postgresql_where=text("status = 'active'"),
         ),
         Index("ix_sessions_chat_id_id", "chat_id", "id"),
+        # SQLite must never hand out a deleted row's id again: caches are keyed by id.
+        {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -100,6 +102,8 @@ class Message(Base):
         Index("ix_messages_session_id_id", "session_id", "id"),
         Index("ix_messages_chat_id", "chat_id"),
         Index("ix_messages_created_at", "created_at"),
+        # SQLite must never hand out a deleted row's id again: caches are keyed by id.
+        {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -126,6 +130,8 @@ class Outbox(Base):
         CheckConstraint("kind IN ('reply', 'notice')", name="kind"),
         Index("ix_outbox_pending", "sent_at", "failed_at", "id"),
         Index("ix_outbox_chat_id", "chat_id"),
+        # SQLite must never hand out a deleted row's id again: caches are keyed by id.
+        {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -152,6 +158,8 @@ class Inbox(Base):
         CheckConstraint("status IN ('pending', 'done', 'failed', 'ignored')", name="status"),
         Index("ix_inbox_status_update_id", "status", "update_id"),
         Index("ix_inbox_chat_id", "chat_id"),
+        # SQLite must never hand out a deleted row's id again: caches are keyed by id.
+        {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

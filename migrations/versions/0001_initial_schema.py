@@ -43,6 +43,7 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_inbox")),
         sa.UniqueConstraint("update_id", name=op.f("uq_inbox_update_id")),
+        sqlite_autoincrement=True,
     )
     with op.batch_alter_table("inbox", schema=None) as batch_op:
         batch_op.create_index("ix_inbox_chat_id", ["chat_id"], unique=False)
@@ -65,6 +66,7 @@ def upgrade() -> None:
         sa.Column("ended_at", bot.db.models.UtcDateTime(timezone=True), nullable=True),
         sa.CheckConstraint("status IN ('active', 'done')", name=op.f("ck_sessions_status")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_sessions")),
+        sqlite_autoincrement=True,
     )
     with op.batch_alter_table("sessions", schema=None) as batch_op:
         batch_op.create_index("ix_sessions_chat_id_id", ["chat_id", "id"], unique=False)
@@ -103,6 +105,7 @@ def upgrade() -> None:
             ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_messages")),
+        sqlite_autoincrement=True,
     )
     with op.batch_alter_table("messages", schema=None) as batch_op:
         batch_op.create_index("ix_messages_chat_id", ["chat_id"], unique=False)
@@ -139,6 +142,7 @@ def upgrade() -> None:
             ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_outbox")),
+        sqlite_autoincrement=True,
     )
     with op.batch_alter_table("outbox", schema=None) as batch_op:
         batch_op.create_index("ix_outbox_chat_id", ["chat_id"], unique=False)

@@ -107,3 +107,12 @@ async def test_forget_keeps_update_deduplicated(store: SessionStore) -> None:
     again = await store.ingest(update_id=5, chat_id=8, user_id=8, kind="message", payload="{}")
     assert again is False
     assert await _count(store, Inbox, chat_id=8) == 0
+
+
+async def test_forgotten_session_id_is_never_reused(store: SessionStore) -> None:
+    """Regression: SQLite reused the highest deleted id, and the agent cache is keyed by id, so
+    after `admin forget` the next chat could be served the forgotten chat's cached clone."""
+    first = await store.active_session(21, 21)
+    await store.forget_chat(21)
+    second = await store.active_session(22, 22)
+    assert second.id > first.id
