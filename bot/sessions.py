@@ -125,7 +125,7 @@ class SessionStore:
         redelivery of it is still recognised as a duplicate.
         """
         async with self.sessionmaker.begin() as db:
-            deleted = await repo.delete_chat(db, chat_id)
+            deleted = await repo.delete_chat(db, chat_id, keep_after_update_id=update_id)
             if update_id is not None:
                 await repo.insert_inbox(
                     db,

@@ -314,10 +314,21 @@ async def outbox_attempt_failed(
 # --- whole chats ---------------------------------------------------------------------------
 
 
-async def delete_chat(db: AsyncSession, chat_id: int) -> int:
-    """Delete every row that mentions a chat; returns how many sessions went."""
+async def delete_chat(
+    db: AsyncSession, chat_id: int, keep_after_update_id: int | None = None
+) -> int:
+    """Delete every row that mentions a chat; returns how many sessions went.
+
+    With `keep_after_update_id` (a user's /forget), updates that arrived after that one and are
+    still waiting are kept: they were sent after the /forget and are still owed an answer.
+    """
     await db.execute(delete(Outbox).where(Outbox.chat_id == chat_id))
     await db.execute(delete(Message).where(Message.chat_id == chat_id))
     result = await db.execute(delete(Session).where(Session.chat_id == chat_id))
-    await db.execute(delete(Inbox).where(Inbox.chat_id == chat_id))
+    inbox = delete(Inbox).where(Inbox.chat_id == chat_id)
+    if keep_after_update_id is not None:
+        inbox = inbox.where(
+            ~((Inbox.status == "pending") & (Inbox.update_id > keep_after_update_id))
+        )
+    await db.execute(inbox)
     return int(getattr(result, "rowcount", 0) or 0)

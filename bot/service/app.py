@@ -1,13 +1,289 @@
-"""`python -m bot run` (filled in by the Telegram service issue)."""
+"""`python -m bot run`: the Telegram service, wired along DESIGN.md's data flow.
+
+ingest (polling or webhook) -> inbox -> sequencer -> handlers -> ChatService (+ engine)
+-> outbox -> delivery. python-telegram-bot supplies the Bot API client, the rate limiter and
+handler dispatch; its Updater is not used, because it acknowledges updates before they are
+handled (see the ingest module).
+"""
 
 from __future__ import annotations
 
-import sys
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
-from bot.config import Settings
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from telegram.error import InvalidToken, NetworkError, RetryAfter
+from telegram.ext import AIORateLimiter, ApplicationBuilder
+
+from bot.chat import ChatService, EngineProtocol
+from bot.config import ConfigError, Settings
+from bot.db import migrate
+from bot.db.engine import make_engine, make_sessionmaker, safe_url
+from bot.logs import settings_secrets, setup_logging
+from bot.service.backoff import Backoff, retry_after_s
+from bot.service.delivery import Delivery
+from bot.service.handlers import COMMANDS, App, Handlers, UpdateRunner
+from bot.service.ingest import PollingIngest, WebhookIngest
+from bot.service.sequencer import Sequencer
+from bot.sessions import SessionStore
+
+log = logging.getLogger(__name__)
+
+# A 429 is waited out inside PTB's rate limiter this many times before delivery sees it
+# (PTB's default of 0 would hand every 429 to the error handler and lose the reply).
+RATE_LIMIT_RETRIES = 3
+BAD_TOKEN = "the Bot API rejected TELEGRAM_BOT_TOKEN; check the token from @BotFather"
+
+
+class ServingEngine(EngineProtocol, Protocol):
+    """The engine as the service runs it: the conversation API plus a clean shutdown."""
+
+    async def close(self) -> None:
+        """Stop generating (a running batch finishes first)."""
+        ...
+
+
+EngineFactory = Callable[[Settings, SessionStore], Awaitable[ServingEngine]]
+
+
+async def _load_engine(settings: Settings, store: SessionStore) -> ServingEngine:
+    from bot.engine import Engine
+
+    return await Engine.start(settings, store)
+
+
+def build_application(settings: Settings, *, timeout_s: float = 15.0) -> App:
+    """The PTB application: our base URL, a rate limiter with retries, and no Updater.
+
+    `timeout_s` bounds each Bot API request (getUpdates adds its long-poll time to it).
+    """
+    return (
+        ApplicationBuilder()
+        .token(settings.require_token())
+        .base_url(settings.telegram_base_url)
+        .updater(None)
+        .rate_limiter(AIORateLimiter(max_retries=RATE_LIMIT_RETRIES))
+        .connect_timeout(timeout_s)
+        .read_timeout(timeout_s)
+        .write_timeout(timeout_s)
+        .pool_timeout(timeout_s)
+        .get_updates_connect_timeout(timeout_s)
+        .get_updates_read_timeout(timeout_s)
+        .get_updates_write_timeout(timeout_s)
+        .get_updates_pool_timeout(timeout_s)
+        .build()
+    )
+
+
+class Service:
+    """All parts of the running bot, started and stopped in data-flow order."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        db_engine: AsyncEngine,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        engine: ServingEngine,
+        application: App,
+        *,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.settings = settings
+        self.db_engine = db_engine
+        self.sessionmaker = sessionmaker
+        self.store = SessionStore(sessionmaker)
+        self.engine = engine
+        self.application = application
+        self.chat = ChatService(self.store, engine, settings)
+        self.handlers = Handlers(self.chat, settings, sessionmaker)
+        self.handlers.register(application)
+        bot = application.bot
+        self.delivery = Delivery(
+            sessionmaker, bot, max_concurrent=settings.max_concurrent_chats, backoff=backoff
+        )
+        self.sequencer = Sequencer(
+            sessionmaker,
+            UpdateRunner(application, self.handlers, sessionmaker),
+            max_concurrent=settings.max_concurrent_chats,
+            on_processed=self.delivery.wake,
+            backoff=backoff,
+        )
+        self.ingest: PollingIngest | WebhookIngest
+        if settings.webhook_url:
+            secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else ""
+            self.ingest = WebhookIngest(
+                bot,
+                self.store,
+                self.sequencer.wake,
+                url=settings.webhook_url,
+                secret=secret,
+                listen=settings.webhook_listen,
+                port=settings.webhook_port,
+                backoff=backoff,
+            )
+        else:
+            self.ingest = PollingIngest(bot, self.store, self.sequencer.wake, backoff=backoff)
+        self._commands_task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(
+        cls,
+        settings: Settings,
+        *,
+        engine_factory: EngineFactory | None = None,
+        backoff: Backoff | None = None,
+        timeout_s: float = 15.0,
+    ) -> Service:
+        """Connect to the database and Telegram (getMe) and load the engine."""
+        settings.require_token()
+        db_engine = make_engine(settings.db_url)
+        sessionmaker = make_sessionmaker(db_engine)
+        application = build_application(settings, timeout_s=timeout_s)
+        try:
+            await _initialize(application, backoff or Backoff())
+            log.info("connected to the Bot API as @%s", application.bot.username)
+            engine = await (engine_factory or _load_engine)(settings, SessionStore(sessionmaker))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await application.shutdown()
+            await db_engine.dispose()
+            raise
+        return cls(settings, db_engine, sessionmaker, engine, application, backoff=backoff)
+
+    async def start(self) -> None:
+        """Send leftovers, process pending updates, then take new ones."""
+        self._commands_task = asyncio.create_task(self._set_commands(), name="setMyCommands")
+        await self.delivery.start()
+        await self.sequencer.start()
+        await self.ingest.start()
+        mode = "webhook" if isinstance(self.ingest, WebhookIngest) else "polling"
+        log.info("serving Telegram (%s mode); database %s", mode, safe_url(self.settings.db_url))
+
+    async def wait(self, stop: asyncio.Event) -> None:
+        """Until `stop` is set, or polling fails fatally (re-raised)."""
+        waiters: list[asyncio.Future[object]] = [asyncio.ensure_future(stop.wait())]
+        polling = self.ingest.done if isinstance(self.ingest, PollingIngest) else None
+        if polling is not None:
+            waiters.append(polling)  # type: ignore[arg-type]
+        done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        waiters[0].cancel()
+        if polling is not None and polling in done:
+            polling.result()
+
+    async def stop(self) -> None:
+        """Stop fetching, finish turns in progress within shutdown_grace_s, send their replies."""
+        grace = self.settings.shutdown_grace_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        log.info("stopping: no new updates; %d in progress", self.sequencer.busy)
+        try:
+            await self.ingest.stop()
+        except Exception as err:  # noqa: BLE001 - stopping goes on regardless
+            log.warning("stopping ingest: %s: %s", type(err).__name__, err)
+        await self.sequencer.stop(grace)
+        # Replies of the last turns go out too, within what is left of the grace period.
+        await self.delivery.stop(max(deadline - loop.time(), min(grace, 3.0)))
+        if self._commands_task is not None:
+            self._commands_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._commands_task
+
+    async def close(self) -> None:
+        """Release the engine, the Bot API client and the database."""
+        try:
+            await self.engine.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await self.application.shutdown()
+            await self.db_engine.dispose()
+
+    async def _set_commands(self) -> None:
+        attempt = 0
+        while True:
+            try:
+                await self.application.bot.set_my_commands(COMMANDS)
+                return
+            except RetryAfter as err:
+                await asyncio.sleep(retry_after_s(err))
+            except NetworkError as err:
+                attempt += 1
+                log.warning("setMyCommands failed (%s); retry %d", err, attempt)
+                await Backoff(cap_s=60.0).sleep(attempt)
+
+
+async def _initialize(application: App, backoff: Backoff) -> None:
+    """application.initialize() (getMe), retried while the Bot API is unreachable."""
+    attempt = 0
+    while True:
+        try:
+            await application.initialize()
+            return
+        except InvalidToken:
+            raise
+        except NetworkError as err:
+            attempt += 1
+            log.warning("cannot reach the Bot API (%s); retry %d", err, attempt)
+            await backoff.sleep(attempt)
+
+
+async def serve(
+    settings: Settings,
+    *,
+    stop: asyncio.Event | None = None,
+    engine_factory: EngineFactory | None = None,
+) -> int:
+    """Run the service until SIGTERM/SIGINT (or `stop`); returns the exit status."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        return await _serve(settings, stop, engine_factory)
+    finally:
+        for sig in signals:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+
+async def _serve(
+    settings: Settings, stop: asyncio.Event, engine_factory: EngineFactory | None
+) -> int:
+    # Alembic is the only thing that creates tables; running it here makes `make run` just work.
+    await asyncio.to_thread(migrate.upgrade, settings.db_url)
+    try:
+        service = await Service.open(settings, engine_factory=engine_factory)
+    except InvalidToken:
+        log.error(BAD_TOKEN)
+        return 1
+    status = 0
+    try:
+        if not stop.is_set():  # a signal during start-up (the model loads for a while)
+            await service.start()
+            await service.wait(stop)
+    except InvalidToken:
+        log.error(BAD_TOKEN)
+        status = 1
+    finally:
+        try:
+            await service.stop()
+        finally:
+            await service.close()
+    log.info("stopped")
+    return status
 
 
 def run_service(settings: Settings) -> int:
     """Serve Telegram until stopped; returns the exit status."""
-    print("run: not implemented yet", file=sys.stderr)
-    return 2
+    setup_logging(settings.log_level, settings_secrets(settings))
+    try:
+        settings.require_token()
+        return asyncio.run(serve(settings))
+    except ConfigError as err:
+        log.error("%s", err)
+        return 2

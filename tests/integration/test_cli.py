@@ -64,4 +64,4 @@ def test_db_upgrade_and_downgrade_on_sqlite_file(tmp_path: Path) -> None:
     assert down.returncode == 0, down.stderr
     with sqlite3.connect(db_file) as conn:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert names <= {"alembic_version"}
+    assert names <= {"alembic_version", "sqlite_sequence"}

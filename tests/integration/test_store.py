@@ -116,3 +116,15 @@ async def test_forgotten_session_id_is_never_reused(store: SessionStore) -> None
     await store.forget_chat(21)
     second = await store.active_session(22, 22)
     assert second.id > first.id
+
+
+async def test_forget_keeps_updates_that_came_after_it(store: SessionStore) -> None:
+    """Regression: /forget deleted the chat's pending inbox rows, so a message sent right after
+    it was never answered."""
+    for update_id in (1, 2, 3):
+        await store.ingest(update_id=update_id, chat_id=8, user_id=8, kind="message", payload="{}")
+    await store.finish_update(1)
+    await store.forget_chat(8, notice="forgotten", update_id=2)
+    async with store.sessionmaker() as db:
+        assert await repo.get_inbox_status(db, 1) is None
+        assert await repo.get_inbox_status(db, 3) == "pending"

@@ -1,0 +1,388 @@
+"""Handlers: Telegram updates -> ChatService use cases. Registered in one ordered function.
+
+Handlers never send anything themselves (except the typing indicator): every answer is an outbox
+row that ChatService writes in the same transaction that closes the update's inbox row, and
+delivery sends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from enum import Enum
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from telegram import Bot, BotCommand, Message, MessageEntity, Update
+from telegram.constants import ChatAction, ChatType
+from telegram.error import Forbidden, TelegramError
+from telegram.ext import (
+    Application,
+    ApplicationHandlerStop,
+    CommandHandler,
+    ContextTypes,
+    MessageHandler,
+    TypeHandler,
+    filters,
+)
+
+from bot.admin.queries import format_stats, stats
+from bot.chat import ChatService
+from bot.config import Settings
+from bot.db import repository as repo
+from bot.db.repository import InboxRow
+
+log = logging.getLogger(__name__)
+
+App = Application[Any, Any, Any, Any, Any, Any]
+Context = ContextTypes.DEFAULT_TYPE
+
+# Telegram drops the typing indicator after about 5 s.
+TYPING_INTERVAL_S = 4.0
+
+COMMANDS = [
+    BotCommand("start", "Say hello and learn how to use me"),
+    BotCommand("help", "How to use me"),
+    BotCommand("persona", "Show my persona; /persona <text> sets it, /persona clear clears it"),
+    BotCommand("done", "End this conversation (my persona stays)"),
+    BotCommand("forget", "Delete everything stored about this chat"),
+]
+# Commands a bare "/name" in a group may mean us by (admins' /stats is not advertised).
+KNOWN_COMMANDS = frozenset({c.command for c in COMMANDS} | {"stats"})
+
+NOT_TEXT = "I only understand text messages. Write to me in words and I'll answer."
+EDITED = (
+    "I saw that you edited a message. Edits don't change our conversation; "
+    "send it again as a new message if you want me to answer it."
+)
+UNKNOWN_COMMAND = "I don't know that command. /help lists what I can do."
+
+
+class Flood(Enum):
+    """What the flood gate says about a message."""
+
+    OK = "ok"
+    NOTICE = "notice"  # over the limit, and the chat has not been told in this window
+    QUIET = "quiet"  # over the limit, already told
+
+
+class FloodGate:
+    """A per-chat sliding window: at most `max_messages` answered per `window_s` seconds.
+
+    Time is the message's own date, so a backlog processed after a restart is judged by when
+    the user sent it, not by how fast we catch up. Messages over the limit do not count.
+    """
+
+    def __init__(self, max_messages: int, window_s: float) -> None:
+        self.max_messages = max_messages
+        self.window_s = window_s
+        self._accepted: dict[int, deque[float]] = {}
+        self._told_until: dict[int, float] = {}
+
+    def check(self, chat_id: int, now: float) -> Flood:
+        """Count a message of `chat_id` sent at `now` (epoch seconds) and judge it."""
+        accepted = self._accepted.setdefault(chat_id, deque())
+        while accepted and accepted[0] <= now - self.window_s:
+            accepted.popleft()
+        if len(accepted) < self.max_messages:
+            accepted.append(now)
+            self._prune(now)
+            return Flood.OK
+        if now >= self._told_until.get(chat_id, float("-inf")):
+            self._told_until[chat_id] = now + self.window_s
+            return Flood.NOTICE
+        return Flood.QUIET
+
+    def notice(self) -> str:
+        """The one message a flooding chat gets per window."""
+        return (
+            f"You're writing faster than I can answer: I reply to at most {self.max_messages} "
+            f"messages every {self.window_s:g} seconds. I've kept what you wrote; "
+            "give me a moment and then carry on."
+        )
+
+    def _prune(self, now: float) -> None:
+        # Keep memory bounded by the chats active within the last window.
+        if len(self._accepted) > 10_000:
+            for chat_id in [
+                c for c, q in self._accepted.items() if not q or q[-1] <= now - self.window_s
+            ]:
+                self._accepted.pop(chat_id, None)
+                self._told_until.pop(chat_id, None)
+
+
+@contextlib.asynccontextmanager
+async def typing_action(
+    bot: Bot, chat_id: int, interval_s: float | None = None
+) -> AsyncIterator[None]:
+    """Keep "typing..." visible in a chat while the body runs."""
+    interval_s = interval_s or TYPING_INTERVAL_S
+
+    async def keep_typing() -> None:
+        while True:
+            try:
+                await bot.send_chat_action(chat_id, ChatAction.TYPING)
+            except Forbidden:
+                return
+            except TelegramError as err:
+                log.debug("typing indicator for chat %s failed: %s", chat_id, err)
+            await asyncio.sleep(interval_s)
+
+    task = asyncio.create_task(keep_typing(), name=f"typing:{chat_id}")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _command_name(message: Message) -> tuple[str, str | None] | None:
+    """("persona", "botname"|None) for a message that starts with a command."""
+    text = message.text or ""
+    if not text.startswith("/") or not any(
+        e.type == MessageEntity.BOT_COMMAND and e.offset == 0 for e in message.entities
+    ):
+        return None
+    head = text.split(None, 1)[0][1:]
+    name, _, target = head.partition("@")
+    return name.lower(), (target or None)
+
+
+def _command_argument(message: Message) -> str:
+    """Everything after the command, inner line breaks kept."""
+    parts = (message.text or "").split(None, 1)
+    return parts[1] if len(parts) > 1 else ""
+
+
+class Handlers:
+    """The conversation's Telegram handlers; each ends in one ChatService call."""
+
+    def __init__(
+        self,
+        chat: ChatService,
+        settings: Settings,
+        sessionmaker: async_sessionmaker[AsyncSession],
+    ) -> None:
+        self.chat = chat
+        self.settings = settings
+        self.sessionmaker = sessionmaker
+        self.flood = FloodGate(settings.flood_max_messages, settings.flood_window_s)
+        self.admin_ids = frozenset(settings.admin_user_ids)
+        # Exceptions of handlers, by update_id, for UpdateRunner (PTB hands them to on_error).
+        self.failures: dict[int, BaseException] = {}
+
+    def register(self, application: App) -> None:
+        """Register every handler. PTB runs, per group, the first handler that matches."""
+        message = filters.UpdateType.MESSAGE  # never edits: an edit must not re-run anything
+        # Group -1 runs first for every update and stops what this chat's policy ignores.
+        application.add_handler(TypeHandler(Update, self.gate), group=-1)
+        application.add_handler(CommandHandler("start", self.start, filters=message))
+        application.add_handler(CommandHandler("help", self.help, filters=message))
+        application.add_handler(CommandHandler("persona", self.persona, filters=message))
+        application.add_handler(CommandHandler("done", self.done, filters=message))
+        application.add_handler(CommandHandler("forget", self.forget, filters=message))
+        application.add_handler(CommandHandler("stats", self.stats, filters=message))
+        # After every CommandHandler: any other command.
+        application.add_handler(MessageHandler(message & filters.COMMAND, self.unknown_command))
+        # After the commands, since "/persona x" is TEXT as well.
+        application.add_handler(MessageHandler(message & filters.TEXT, self.text))
+        application.add_handler(MessageHandler(filters.UpdateType.EDITED_MESSAGE, self.edited))
+        # Last: stickers, photos, voice, ...; service messages (joins, pins) stay unanswered.
+        application.add_handler(MessageHandler(message & ~filters.StatusUpdate.ALL, self.not_text))
+        application.add_error_handler(self.on_error)
+
+    # --- gate ------------------------------------------------------------------------------
+
+    async def gate(self, update: Update, context: Context) -> None:
+        """Stop updates that are not for us: channel posts, and group traffic per policy."""
+        message = update.message or update.edited_message
+        chat = update.effective_chat
+        if message is None or chat is None:
+            raise ApplicationHandlerStop
+        if chat.type == ChatType.PRIVATE:
+            return
+        policy = self.settings.group_policy
+        if policy == "ignore" or update.edited_message is not None:
+            raise ApplicationHandlerStop
+        command = _command_name(message)
+        if command is not None:
+            name, target = command
+            for_us = (
+                target.lower() == (context.bot.username or "").lower()
+                if target
+                else name in KNOWN_COMMANDS  # a bare unknown /command is another bot's
+            )
+            if for_us:
+                return
+            raise ApplicationHandlerStop
+        if policy == "all" or self._addressed(message, context.bot):
+            return
+        raise ApplicationHandlerStop
+
+    @staticmethod
+    def _addressed(message: Message, bot: Bot) -> bool:
+        """Whether a group message @mentions the bot or replies to one of its messages."""
+        replied = message.reply_to_message
+        if replied is not None and replied.from_user is not None and replied.from_user.id == bot.id:
+            return True
+        username = f"@{bot.username}".lower()
+        entities = {**message.parse_entities(), **message.parse_caption_entities()}
+        for entity, text in entities.items():
+            if entity.type == MessageEntity.MENTION and text.lower() == username:
+                return True
+            if (
+                entity.type == MessageEntity.TEXT_MENTION
+                and entity.user
+                and entity.user.id == bot.id
+            ):
+                return True
+        return False
+
+    # --- commands --------------------------------------------------------------------------
+
+    async def start(self, update: Update, context: Context) -> None:
+        """/start: greeting and how to use."""
+        await self.chat.help(_chat_id(update), update_id=update.update_id, start=True)
+
+    async def help(self, update: Update, context: Context) -> None:
+        """/help."""
+        await self.chat.help(_chat_id(update), update_id=update.update_id)
+
+    async def persona(self, update: Update, context: Context) -> None:
+        """/persona shows, /persona <text> sets, /persona clear clears."""
+        assert update.message is not None
+        argument = _command_argument(update.message)
+        if not argument.strip():
+            await self.chat.show_persona(_chat_id(update), update_id=update.update_id)
+        else:
+            await self.chat.set_persona(
+                _chat_id(update), _user_id(update), argument, update_id=update.update_id
+            )
+
+    async def done(self, update: Update, context: Context) -> None:
+        """/done: end the conversation; history stays, the persona carries over."""
+        await self.chat.done(_chat_id(update), update_id=update.update_id)
+
+    async def forget(self, update: Update, context: Context) -> None:
+        """/forget: delete everything stored for this chat (idempotent)."""
+        await self.chat.forget(_chat_id(update), update_id=update.update_id)
+
+    async def stats(self, update: Update, context: Context) -> None:
+        """/stats for admins; everyone else gets the unknown-command answer."""
+        user_id = _user_id(update)
+        if user_id is None or user_id not in self.admin_ids:
+            log.info("refused /stats from user %s in chat %s", user_id, _chat_id(update))
+            await self.chat.notice(_chat_id(update), UNKNOWN_COMMAND, update_id=update.update_id)
+            return
+        text = format_stats(await stats(self.sessionmaker))
+        await self.chat.notice(_chat_id(update), text, update_id=update.update_id)
+
+    async def unknown_command(self, update: Update, context: Context) -> None:
+        """Any other /command."""
+        await self.chat.notice(_chat_id(update), UNKNOWN_COMMAND, update_id=update.update_id)
+
+    # --- messages --------------------------------------------------------------------------
+
+    async def text(self, update: Update, context: Context) -> None:
+        """A plain message: one model turn, unless the chat is over its flood limit."""
+        message = update.message
+        assert message is not None and message.text is not None
+        chat_id, user_id = _chat_id(update), _user_id(update)
+        text = message.text
+        if message.chat.type != ChatType.PRIVATE and context.bot.username:
+            # "@bot how are you?" -> "how are you?"
+            text = re.sub(rf"@{re.escape(context.bot.username)}\b", " ", text, flags=re.I).strip()
+        verdict = self.flood.check(chat_id, _sent_at(message))
+        if verdict is not Flood.OK:
+            await self.chat.unanswered(
+                chat_id,
+                user_id,
+                text,
+                notice=self.flood.notice() if verdict is Flood.NOTICE else None,
+                update_id=update.update_id,
+                telegram_message_id=message.message_id,
+            )
+            return
+        async with typing_action(context.bot, chat_id):
+            await self.chat.text(
+                chat_id,
+                user_id,
+                text,
+                update_id=update.update_id,
+                telegram_message_id=message.message_id,
+            )
+
+    async def edited(self, update: Update, context: Context) -> None:
+        """An edit (private chats only; the gate drops group edits): say it changes nothing."""
+        await self.chat.notice(_chat_id(update), EDITED, update_id=update.update_id)
+
+    async def not_text(self, update: Update, context: Context) -> None:
+        """Stickers, photos, voice, files, locations, ...: only text is understood."""
+        assert update.message is not None
+        verdict = self.flood.check(_chat_id(update), _sent_at(update.message))
+        if verdict is Flood.QUIET:
+            return  # left pending -> closed as ignored
+        text = NOT_TEXT if verdict is Flood.OK else self.flood.notice()
+        await self.chat.notice(_chat_id(update), text, update_id=update.update_id)
+
+    # --- errors ----------------------------------------------------------------------------
+
+    async def on_error(self, update: object, context: Context) -> None:
+        """The one error handler: hand a handler's failure to the sequencer, which retries."""
+        if isinstance(update, Update) and context.error is not None:
+            self.failures[update.update_id] = context.error
+        else:
+            log.error("error outside any update", exc_info=context.error)
+
+
+class UpdateRunner:
+    """Runs one inbox row through the PTB application (the sequencer's `handle`)."""
+
+    def __init__(
+        self,
+        application: App,
+        handlers: Handlers,
+        sessionmaker: async_sessionmaker[AsyncSession],
+    ) -> None:
+        self.application = application
+        self.handlers = handlers
+        self.sessionmaker = sessionmaker
+
+    async def __call__(self, row: InboxRow) -> None:
+        """Process the update; raise what its handler raised, so the sequencer can retry."""
+        update = Update.de_json(json.loads(row.payload), self.application.bot)
+        self.handlers.failures.pop(row.update_id, None)
+        started = time.perf_counter()
+        await self.application.process_update(update)
+        error = self.handlers.failures.pop(row.update_id, None)
+        if error is not None:
+            raise error
+        async with self.sessionmaker.begin() as db:
+            # No handler closed it (a group message not for us, a service message): done with it.
+            if await repo.get_inbox_status(db, row.update_id) == "pending":
+                await repo.finish_inbox(db, row.update_id, status="ignored")
+        log.debug(
+            "update %s processed in %.0f ms", row.update_id, (time.perf_counter() - started) * 1000
+        )
+
+
+def _chat_id(update: Update) -> int:
+    chat = update.effective_chat
+    assert chat is not None  # the gate lets only updates with a chat through
+    return chat.id
+
+
+def _user_id(update: Update) -> int | None:
+    user = update.effective_user
+    return user.id if user else None
+
+
+def _sent_at(message: Message) -> float:
+    return message.date.timestamp() if message.date else time.time()

@@ -1,0 +1,644 @@
+"""A Telegram Bot API server on loopback, for tests (aiohttp).
+
+It speaks the real HTTP API at `http://127.0.0.1:PORT/bot<token>/<method>`: GET query strings,
+form bodies (what python-telegram-bot sends: strings raw, everything else JSON-encoded), multipart
+and JSON bodies; every answer is `{"ok": true, "result": ...}` or
+`{"ok": false, "error_code": ..., "description": ..., "parameters": ...}` like Telegram's.
+
+Updates are queued by the test (`user_message`, `add_update`, `redeliver`) and handed out by
+`getUpdates` (offset confirms, timeout long-polls, a newer call ends an older one with 409) or,
+once `setWebhook` is called, POSTed to the webhook URL with the secret header, retried on any
+non-2xx answer the way Telegram does. `inject` queues faults: a 429 with retry_after, 5xx, 403,
+409, delays longer than the client's timeout.
+
+Run it alone (`python -m tests.fakebotapi --port 8081 --token ...`) to point a real bot at it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+BOT_ID = 7000001
+BOT_USERNAME = "loopback_test_bot"
+MAX_TEXT_UTF16 = 4096
+POLL_S = 0.01  # how often a waiting long poll or the webhook pusher looks for new updates
+
+
+def utf16_len(text: str) -> int:
+    """Length as Telegram counts it: UTF-16 code units."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, description and optional response parameters."""
+
+    def __init__(
+        self, status: int, description: str, parameters: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(description)
+        self.status = status
+        self.description = description
+        self.parameters = parameters
+
+
+@dataclass
+class Fault:
+    """One injected fault, matched by method (case-insensitive) and optionally chat id.
+
+    `status` None only delays, then the call proceeds normally; a status answers that error
+    (after the delay, if any). `times` counts how many calls it hits, after `skip` matching
+    calls went through unharmed.
+    """
+
+    method: str
+    status: int | None = 500
+    description: str | None = None
+    retry_after: int | None = None
+    delay: float = 0.0
+    times: int = 1
+    chat_id: int | None = None
+    skip: int = 0  # let this many matching calls through first
+
+    def matches(self, method: str, chat_id: int | None) -> bool:
+        """Whether this fault applies to a call."""
+        return (
+            self.times > 0
+            and self.method.lower() == method.lower()
+            and (self.chat_id is None or self.chat_id == chat_id)
+        )
+
+    def error(self) -> ApiError | None:
+        """The error to answer, if any."""
+        if self.status is None:
+            return None
+        defaults = {
+            400: "Bad Request",
+            403: "Forbidden: bot was blocked by the user",
+            409: "Conflict: terminated by other getUpdates request; make sure that only one bot "
+            "instance is running",
+            429: f"Too Many Requests: retry after {self.retry_after or 1}",
+            500: "Internal Server Error",
+            502: "Bad Gateway",
+        }
+        params = {"retry_after": self.retry_after} if self.retry_after is not None else None
+        if self.status == 429 and params is None:
+            params = {"retry_after": 1}
+        return ApiError(self.status, self.description or defaults.get(self.status, "Error"), params)
+
+
+@dataclass
+class Sent:
+    """A message the bot sent."""
+
+    message_id: int
+    chat_id: int
+    text: str
+    at: float
+    reply_to: int | None = None
+    parse_mode: str | None = None
+
+
+@dataclass
+class Call:
+    """One API call as the server saw it."""
+
+    method: str
+    params: dict[str, Any]
+    at: float
+    status: int | None = None  # None until answered
+
+
+@dataclass
+class WebhookState:
+    """What setWebhook configured."""
+
+    url: str = ""
+    secret: str | None = None
+    allowed_updates: list[str] | None = None
+    max_connections: int = 40
+
+
+@dataclass
+class Params:
+    """Request parameters with the typed access Telegram's server applies."""
+
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    def str(self, name: str, default: str | None = None) -> str | None:
+        """A string parameter."""
+        value = self.raw.get(name, default)
+        return None if value is None else str(value)
+
+    def int(self, name: str, default: int | None = None) -> int | None:
+        """An integer parameter (form values arrive as text)."""
+        value = self.raw.get(name)
+        if value is None or value == "":
+            return default
+        try:
+            return int(value)
+        except (TypeError, ValueError) as err:
+            raise ApiError(400, f"Bad Request: invalid {name}") from err
+
+    def json(self, name: str) -> Any:
+        """A structured parameter: JSON text in forms, a value in JSON bodies."""
+        value = self.raw.get(name)
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except ValueError as err:
+                raise ApiError(400, f"Bad Request: can't parse {name} JSON object") from err
+        return value
+
+
+class FakeBotAPI:
+    """The loopback server and the state a test inspects."""
+
+    def __init__(
+        self,
+        token: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        webhook_retry_s: float = 0.2,
+    ) -> None:
+        self.token = token
+        self.host = host
+        self.port = port
+        self.webhook_retry_s = webhook_retry_s
+        self.updates: list[dict[str, Any]] = []  # not yet confirmed, in update_id order
+        self.history: list[dict[str, Any]] = []  # every update ever queued
+        self.duplicates: list[dict[str, Any]] = []  # handed out once more, whatever the offset
+        self.sent: list[Sent] = []
+        self.calls: list[Call] = []
+        self.faults: list[Fault] = []
+        self.commands: list[dict[str, str]] = []
+        self.webhook = WebhookState()
+        self.webhook_posts: list[tuple[int, int]] = []  # (update_id, HTTP status or 0)
+        self.offsets: list[int | None] = []  # offset of every getUpdates call, in order
+        self.on_get_updates: Callable[[int | None], None] | None = None
+        self._next_update_id = itertools.count(100001)
+        self._next_message_id = itertools.count(1)
+        self._poll_generation = 0
+        self._runner: web.AppRunner | None = None
+        self._pusher: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._closing = False
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        """The value for TELEGRAM_BASE_URL."""
+        return f"http://{self.host}:{self.port}/bot"
+
+    async def start(self) -> FakeBotAPI:
+        """Listen on loopback (a free port unless one was given)."""
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/bot{token}/{method}", self._handle)
+        app.router.add_route("*", "/bot{token}/", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = site._server
+        assert server is not None
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def stop(self) -> None:
+        """Stop pushing and serving (pending long polls return at once)."""
+        self._closing = True
+        await self._stop_pusher()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakeBotAPI:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # --- what tests do ---------------------------------------------------------------------
+
+    def inject(self, *faults: Fault) -> None:
+        """Queue faults; each hits the next `times` matching calls."""
+        self.faults.extend(faults)
+
+    def add_update(self, update: dict[str, Any]) -> int:
+        """Queue a raw update (its update_id is assigned when missing); returns the update_id."""
+        if "update_id" not in update:
+            update = {"update_id": next(self._next_update_id), **update}
+        self.history.append(update)
+        self.updates.append(update)
+        self.updates.sort(key=lambda u: u["update_id"])
+        return int(update["update_id"])
+
+    def redeliver(self, update_id: int) -> None:
+        """Hand an update out once more, even if an offset confirmed it already.
+
+        Telegram's delivery is at-least-once; this is the duplicate a bot must survive.
+        """
+        for update in self.history:
+            if update["update_id"] == update_id:
+                self.duplicates.append(json.loads(json.dumps(update)))
+                return
+        raise KeyError(update_id)
+
+    def user_message(
+        self,
+        chat_id: int,
+        text: str | None = None,
+        *,
+        user_id: int | None = None,
+        chat_type: str = "private",
+        extra: dict[str, Any] | None = None,
+        reply_to_bot: bool = False,
+        kind: str = "message",
+    ) -> int:
+        """Queue a message from a user; returns its update_id.
+
+        `text` starting with "/" gets a bot_command entity; `extra` adds fields such as
+        `sticker` or `photo`; `kind="edited_message"` makes an edit.
+        """
+        user_id = user_id if user_id is not None else abs(chat_id)
+        message: dict[str, Any] = {
+            "message_id": next(self._next_message_id),
+            "date": int(time.time()),
+            "chat": self._chat(chat_id, chat_type, user_id),
+            "from": {"id": user_id, "is_bot": False, "first_name": f"User{user_id}"},
+        }
+        if text is not None:
+            message["text"] = text
+            entities = self._entities(text)
+            if entities:
+                message["entities"] = entities
+        if reply_to_bot:
+            message["reply_to_message"] = {
+                "message_id": next(self._next_message_id),
+                "date": int(time.time()),
+                "chat": message["chat"],
+                "from": self.me(),
+                "text": "earlier reply",
+            }
+        if kind == "edited_message":
+            message["edit_date"] = int(time.time())
+        message.update(extra or {})
+        return self.add_update({kind: message})
+
+    def channel_post(self, chat_id: int, text: str) -> int:
+        """Queue a channel post; returns its update_id."""
+        post = {
+            "message_id": next(self._next_message_id),
+            "date": int(time.time()),
+            "chat": {"id": chat_id, "type": "channel", "title": "A channel"},
+            "text": text,
+        }
+        return self.add_update({"channel_post": post})
+
+    def texts(self, chat_id: int) -> list[str]:
+        """Texts sent to a chat, in order."""
+        return [s.text for s in self.sent if s.chat_id == chat_id]
+
+    def calls_to(self, method: str) -> list[Call]:
+        """Calls of one method, in order."""
+        return [c for c in self.calls if c.method.lower() == method.lower()]
+
+    async def wait_for(
+        self, predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition"
+    ) -> None:
+        """Wait until `predicate()` holds; fail with `what` after `timeout_s` seconds."""
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+            await asyncio.sleep(0.02)
+
+    async def wait_for_texts(self, chat_id: int, count: int, timeout_s: float = 10.0) -> list[str]:
+        """Wait until a chat received at least `count` messages; returns them."""
+        await self.wait_for(
+            lambda: len(self.texts(chat_id)) >= count,
+            timeout_s,
+            f"{count} messages to chat {chat_id} (got {self.texts(chat_id)!r})",
+        )
+        return self.texts(chat_id)
+
+    # --- the Bot API -----------------------------------------------------------------------
+
+    def me(self) -> dict[str, Any]:
+        """The bot's own User object."""
+        return {
+            "id": BOT_ID,
+            "is_bot": True,
+            "first_name": "Loopback",
+            "username": BOT_USERNAME,
+            "can_join_groups": True,
+            "can_read_all_group_messages": False,
+            "supports_inline_queries": False,
+        }
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        method = request.match_info.get("method", "")
+        if request.match_info["token"] != self.token:
+            return self._error(ApiError(401, "Unauthorized"))
+        try:
+            params = await self._params(request)
+        except ApiError as err:
+            return self._error(err)
+        call = Call(method, params.raw, time.time())
+        self.calls.append(call)
+        try:
+            chat_id = params.int("chat_id")
+        except ApiError:
+            chat_id = None
+        try:
+            for fault in self.faults:
+                if fault.matches(method, chat_id):
+                    if fault.skip > 0:
+                        fault.skip -= 1
+                        continue
+                    fault.times -= 1
+                    if fault.delay:
+                        await asyncio.sleep(fault.delay)
+                    error = fault.error()
+                    if error is not None:
+                        raise error
+                    break
+            handler = getattr(self, f"_m_{method.lower()}", None)
+            if handler is None:
+                raise ApiError(404, "Not Found")
+            result = await handler(params)
+        except ApiError as err:
+            call.status = err.status
+            return self._error(err)
+        call.status = 200
+        return web.json_response({"ok": True, "result": result})
+
+    @staticmethod
+    def _error(err: ApiError) -> web.Response:
+        body: dict[str, Any] = {
+            "ok": False,
+            "error_code": err.status,
+            "description": err.description,
+        }
+        if err.parameters:
+            body["parameters"] = err.parameters
+        return web.json_response(body, status=err.status)
+
+    @staticmethod
+    async def _params(request: web.Request) -> Params:
+        raw: dict[str, Any] = dict(request.query)
+        if request.method == "POST" and request.can_read_body:
+            ctype = request.content_type
+            if ctype == "application/json":
+                try:
+                    body = await request.json()
+                except ValueError as err:
+                    raise ApiError(400, "Bad Request: invalid JSON") from err
+                if not isinstance(body, dict):
+                    raise ApiError(400, "Bad Request: parameters must be an object")
+                raw.update(body)
+            elif ctype in ("application/x-www-form-urlencoded", "multipart/form-data"):
+                form = await request.post()
+                for key, value in form.items():
+                    raw[key] = value if isinstance(value, str) else value.file.read()
+        return Params(raw)
+
+    async def _m_getme(self, p: Params) -> Any:
+        return self.me()
+
+    async def _m_logout(self, p: Params) -> Any:
+        return True
+
+    async def _m_close(self, p: Params) -> Any:
+        return True
+
+    async def _m_getupdates(self, p: Params) -> Any:
+        if self.webhook.url:
+            raise ApiError(409, "Conflict: can't use getUpdates method while webhook is active")
+        offset = p.int("offset")
+        limit = p.int("limit", 100) or 100
+        timeout = p.int("timeout", 0) or 0
+        allowed = p.json("allowed_updates")
+        self.offsets.append(offset)
+        if self.on_get_updates is not None:
+            self.on_get_updates(offset)
+        if offset is not None:
+            # Confirm everything below the offset, as Telegram does.
+            self.updates = [u for u in self.updates if u["update_id"] >= offset]
+        self._poll_generation += 1
+        generation = self._poll_generation
+        deadline = time.monotonic() + timeout
+
+        def ready() -> list[dict[str, Any]]:
+            out = [u for u in self.updates if offset is None or u["update_id"] >= offset]
+            if self.duplicates:
+                out = sorted([*out, *self.duplicates], key=lambda u: u["update_id"])
+                self.duplicates = []
+            if allowed:
+                out = [u for u in out if any(k in allowed for k in u if k != "update_id")]
+            return out[:limit]
+
+        while True:
+            batch = ready()
+            if batch:
+                return batch
+            if generation != self._poll_generation:
+                raise ApiError(
+                    409,
+                    "Conflict: terminated by other getUpdates request; make sure that only one "
+                    "bot instance is running",
+                )
+            if time.monotonic() >= deadline or self._closing:
+                return []
+            # Polling keeps this simple and robust (no condition variables to cancel).
+            await asyncio.sleep(POLL_S)
+
+    async def _m_sendmessage(self, p: Params) -> Any:
+        chat_id = p.int("chat_id")
+        text = p.str("text")
+        if chat_id is None:
+            raise ApiError(400, "Bad Request: chat_id is empty")
+        if not text or not text.strip():
+            raise ApiError(400, "Bad Request: message text is empty")
+        if utf16_len(text) > MAX_TEXT_UTF16:
+            raise ApiError(400, "Bad Request: message is too long")
+        reply_to = p.int("reply_to_message_id")
+        reply_parameters = p.json("reply_parameters")
+        if isinstance(reply_parameters, dict):
+            reply_to = reply_parameters.get("message_id")
+        sent = Sent(
+            next(self._next_message_id),
+            chat_id,
+            text,
+            time.time(),
+            reply_to=reply_to,
+            parse_mode=p.str("parse_mode"),
+        )
+        self.sent.append(sent)
+        return {
+            "message_id": sent.message_id,
+            "date": int(sent.at),
+            "chat": self._chat(chat_id, "private" if chat_id > 0 else "group", chat_id),
+            "from": self.me(),
+            "text": text,
+        }
+
+    async def _m_sendchataction(self, p: Params) -> Any:
+        if p.int("chat_id") is None or not p.str("action"):
+            raise ApiError(400, "Bad Request: chat_id or action is empty")
+        return True
+
+    async def _m_setmycommands(self, p: Params) -> Any:
+        commands = p.json("commands")
+        if not isinstance(commands, list):
+            raise ApiError(400, "Bad Request: commands must be an array")
+        self.commands = commands
+        return True
+
+    async def _m_getmycommands(self, p: Params) -> Any:
+        return self.commands
+
+    async def _m_deletewebhook(self, p: Params) -> Any:
+        await self._stop_pusher()
+        self.webhook = WebhookState()
+        if p.str("drop_pending_updates") in ("true", "True", "1"):
+            self.updates.clear()
+        return True
+
+    async def _m_setwebhook(self, p: Params) -> Any:
+        url = p.str("url") or ""
+        secret = p.str("secret_token")
+        if secret is not None and not (
+            1 <= len(secret) <= 256
+            and all(c.isascii() and (c.isalnum() or c in "_-") for c in secret)
+        ):
+            raise ApiError(400, "Bad Request: secret token contains unallowed characters")
+        allowed = p.json("allowed_updates")
+        await self._stop_pusher()
+        self.webhook = WebhookState(url, secret, allowed, p.int("max_connections", 40) or 40)
+        if url:
+            self._pusher = asyncio.get_running_loop().create_task(self._push_loop())
+        return True
+
+    async def _m_getwebhookinfo(self, p: Params) -> Any:
+        return {
+            "url": self.webhook.url,
+            "has_custom_certificate": False,
+            "pending_update_count": len(self.updates),
+            "max_connections": self.webhook.max_connections,
+            "allowed_updates": self.webhook.allowed_updates or [],
+        }
+
+    # --- webhook pushing -------------------------------------------------------------------
+
+    async def _stop_pusher(self) -> None:
+        if self._pusher is not None:
+            self._pusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pusher
+            self._pusher = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _push_loop(self) -> None:
+        """POST each update in order until the bot answers 2xx; retry otherwise."""
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        while True:
+            allowed = self.webhook.allowed_updates
+            if self.duplicates:
+                self.updates = sorted(
+                    [*self.duplicates, *self.updates], key=lambda u: u["update_id"]
+                )
+                self.duplicates = []
+            batch = [
+                u
+                for u in self.updates
+                if not allowed or any(k in allowed for k in u if k != "update_id")
+            ]
+            if not batch:
+                await asyncio.sleep(POLL_S)
+                continue
+            update = batch[0]
+            headers = {SECRET_HEADER: self.webhook.secret} if self.webhook.secret else {}
+            status = 0
+            try:
+                async with self._session.post(
+                    self.webhook.url, json=update, headers=headers
+                ) as resp:
+                    status = resp.status
+                    await resp.read()
+            except (aiohttp.ClientError, TimeoutError):
+                status = 0
+            self.webhook_posts.append((update["update_id"], status))
+            if 200 <= status < 300:
+                self.updates = [u for u in self.updates if u is not update]
+            else:
+                await asyncio.sleep(self.webhook_retry_s)
+
+    async def post_to_webhook(
+        self, update: dict[str, Any], secret: str | None, url: str | None = None
+    ) -> int:
+        """POST one update to the webhook now, with the given secret (None: no header)."""
+        headers = {SECRET_HEADER: secret} if secret is not None else {}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url or self.webhook.url, json=update, headers=headers) as resp,
+        ):
+            await resp.read()
+            return resp.status
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _chat(chat_id: int, chat_type: str, user_id: int) -> dict[str, Any]:
+        if chat_type == "private":
+            return {"id": chat_id, "type": "private", "first_name": f"User{user_id}"}
+        return {"id": chat_id, "type": chat_type, "title": f"Group {chat_id}"}
+
+    @staticmethod
+    def _entities(text: str) -> list[dict[str, Any]]:
+        entities: list[dict[str, Any]] = []
+        if text.startswith("/"):
+            command = text.split(maxsplit=1)[0]
+            entities.append({"type": "bot_command", "offset": 0, "length": utf16_len(command)})
+        start = 0
+        while (at := text.find("@", start)) != -1:
+            end = at + 1
+            while end < len(text) and (text[end].isalnum() or text[end] == "_"):
+                end += 1
+            if end - at > 1 and not (entities and at < entities[0]["length"]):
+                offset = utf16_len(text[:at])
+                entities.append(
+                    {"type": "mention", "offset": offset, "length": utf16_len(text[at:end])}
+                )
+            start = end
+        return entities
+
+
+async def _main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--port", type=int, default=8081)
+    parser.add_argument("--token", required=True)
+    args = parser.parse_args()
+    api = await FakeBotAPI(args.token, port=args.port).start()
+    print(f"TELEGRAM_BASE_URL={api.base_url}", flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_main())

@@ -1,0 +1,129 @@
+"""The service in-process against the loopback Bot API, for tests/integration/test_service_*.
+
+The model engine is replaced by `EchoEngine`, a deterministic EngineProtocol whose reply names
+the chat and the text it answers, so that tests can tell exactly which reply went where. The
+real engine (tiny model) runs in tests/e2e against the real `python -m bot run` process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import text
+
+from bot.chat import Reply
+from bot.config import Settings
+from bot.db import migrate
+from bot.db.repository import SessionRow
+from bot.service.app import Service
+from bot.service.backoff import Backoff
+from tests.fakebotapi import FakeBotAPI
+
+# The shape of a real token: bot id, colon, 35 characters.
+TOKEN = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw4"
+assert len(TOKEN.split(":")[1]) == 35
+FAST = Backoff(initial_s=0.05, factor=2.0, cap_s=0.5, jitter=0.0)
+
+
+class EchoEngine:
+    """Replies "echo <chat>: <text>"; can be slowed down or made to fail per text."""
+
+    def __init__(self, delay_s: float | Callable[[int, str], float] = 0.0) -> None:
+        self.delay_s = delay_s
+        self.calls: list[tuple[int, str]] = []
+        self.evicted: list[int] = []
+        self.personas: dict[int, str] = {}
+        self.fail_on: set[str] = set()
+        self.reply_override: Callable[[int, str], str] | None = None
+        self.in_progress = 0
+        self.closed = False
+
+    async def respond(self, session: SessionRow, user_text: str) -> Reply:
+        """Echo, after the configured delay."""
+        self.calls.append((session.chat_id, user_text))
+        self.in_progress += 1
+        try:
+            delay = (
+                self.delay_s(session.chat_id, user_text) if callable(self.delay_s) else self.delay_s
+            )
+            if delay:
+                await asyncio.sleep(delay)
+            if user_text in self.fail_on:
+                raise RuntimeError(f"engine exploded on {user_text!r}")
+            if self.reply_override is not None:
+                return Reply(self.reply_override(session.chat_id, user_text), 1.0)
+            return Reply(f"echo {session.chat_id}: {user_text}", 1.0)
+        finally:
+            self.in_progress -= 1
+
+    def set_persona(self, session_id: int, persona: str) -> None:
+        """Remember the persona."""
+        self.personas[session_id] = persona
+
+    def evict(self, session_id: int) -> None:
+        """Record the eviction."""
+        self.evicted.append(session_id)
+
+    async def close(self) -> None:
+        """Nothing to release."""
+        self.closed = True
+
+
+def make_settings(db_url: str, api: FakeBotAPI, tmp_path: Path, **overrides: Any) -> Settings:
+    """Settings for an in-process service talking to `api`."""
+    values: dict[str, Any] = {
+        "telegram_bot_token": TOKEN,
+        "telegram_base_url": api.base_url,
+        "database_url": db_url,
+        "data_dir": tmp_path,
+        "shutdown_grace_s": 5.0,
+        "log_level": "DEBUG",
+    }
+    values.update(overrides)
+    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
+
+
+@asynccontextmanager
+async def running_service(
+    settings: Settings, engine: EchoEngine, *, timeout_s: float = 5.0, migrate_db: bool = True
+) -> AsyncIterator[Service]:
+    """A started Service; stopped (gracefully) and closed on exit."""
+    if migrate_db:
+        await asyncio.to_thread(migrate.upgrade, settings.db_url)
+
+    async def factory(_settings: Settings, _store: object) -> EchoEngine:
+        return engine
+
+    service = await Service.open(
+        settings, engine_factory=factory, backoff=FAST, timeout_s=timeout_s
+    )
+    try:
+        await service.start()
+        yield service
+    finally:
+        try:
+            await service.stop()
+        finally:
+            await service.close()
+
+
+async def rows(service: Service, sql: str, **params: Any) -> list[tuple[Any, ...]]:
+    """Run a read query on the service's database."""
+    async with service.sessionmaker() as db:
+        return [tuple(r) for r in (await db.execute(text(sql), params)).all()]
+
+
+def sqlite_file(url: str) -> str:
+    """The file of an SQLite URL."""
+    return url.split("///", 1)[1]
+
+
+def sqlite_rows(url: str, sql: str) -> list[tuple[Any, ...]]:
+    """A synchronous read (for callbacks that run inside the fake server)."""
+    with sqlite3.connect(sqlite_file(url)) as conn:
+        return list(conn.execute(sql))
