@@ -86,7 +86,10 @@ class ChatService:
         """/persona without text."""
         persona = await self.store.current_persona(chat_id)
         if persona:
-            text = f"My persona: {persona}\n\nChange it with /persona <text>, remove it with /persona clear."
+            text = (
+                f"My persona: {persona}\n\n"
+                "Change it with /persona <text>, remove it with /persona clear."
+            )
         else:
             text = (
                 "I have no persona yet. Give me one, e.g. /persona My name is Sarah. I love hiking."
