@@ -67,13 +67,10 @@ async def run_terminal(
         "WARNING" if settings.log_level == "INFO" else settings.log_level,
         settings_secrets(settings),
     )
-    from bot.agents.model import ensure_model, route_parlai_logging
     from bot.db import migrate
     from bot.engine import Engine
 
-    route_parlai_logging(logging.WARNING)
     await asyncio.to_thread(migrate.upgrade, settings.db_url)
-    await asyncio.to_thread(ensure_model, settings)
     db = make_engine(settings.db_url)
     store = SessionStore(make_sessionmaker(db))
     engine = await Engine.start(settings, store)
