@@ -69,6 +69,19 @@ def _db(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _ensure_model(settings: Settings) -> None:
+    """Train the default model on first start when BOT_MODEL is unset.
+
+    Runs on the main thread, before any event loop: ParlAI's training loop installs a SIGINT
+    handler, which Python allows only there.
+    """
+    from bot.agents.model import ensure_model
+    from bot.logs import settings_secrets, setup_logging
+
+    setup_logging(settings.log_level, settings_secrets(settings))
+    ensure_model(settings)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = _build_parser().parse_args(argv)
@@ -76,10 +89,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = get_settings()
         if args.command == "run":
             settings.require_token()  # fail fast, before loading anything heavy
+            _ensure_model(settings)
             from bot.service.app import run_service
 
             return run_service(settings)
         if args.command == "chat":
+            _ensure_model(settings)
             from bot.terminal import run_terminal
 
             return asyncio.run(run_terminal(settings, chat_id=args.chat_id))

@@ -45,7 +45,7 @@ class Settings(BaseSettings):
     batch_max_size: int = Field(default=16, ge=1)
     batch_max_wait_ms: int = Field(default=20, ge=0)
     # Generation overrides; None keeps what the model file says.
-    inference: Literal["beam", "greedy", "topk", "nucleus"] | None = None
+    inference: Literal["beam", "greedy", "topk", "nucleus", "delayedbeam"] | None = None
     beam_size: int | None = Field(default=None, ge=1)
     beam_min_length: int | None = Field(default=None, ge=0)
     beam_block_ngram: int | None = None

@@ -35,11 +35,9 @@ class Engine:
     @classmethod
     async def start(cls, settings: Settings, store: SessionStore) -> Engine:
         """Load the model off the event loop and start the batcher."""
-        from bot.agents.model import ensure_model, load_shared_agent, route_parlai_logging
+        from bot.agents.model import load_shared_agent, route_parlai_logging
 
         route_parlai_logging(logging.getLogger().level)
-        # First start without BOT_MODEL: train the embedded default model (minutes, once).
-        await asyncio.to_thread(ensure_model, settings)
         agent = await asyncio.to_thread(load_shared_agent, settings)
         engine = cls(agent, store, settings)
         await engine.batcher.start()
