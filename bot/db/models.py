@@ -14,6 +14,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    UniqueConstraint,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -175,3 +176,26 @@ class Inbox(Base):
     error: Mapped[str | None] = mapped_column(Text)
     received_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
     processed_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class ChatLease(Base):
+    """Which process works on a chat's updates (`inbox`) or sends its texts (`outbox`).
+
+    Several processes may share one database (DESIGN.md, scale-out): a chat's work belongs to
+    the holder of its lease until `lease_until`, so no update is answered twice and no text is
+    sent twice, and a chat's order holds across processes. A crashed holder's lease expires.
+    """
+
+    __tablename__ = "chat_leases"
+    __table_args__ = (
+        CheckConstraint("kind IN ('inbox', 'outbox')", name="kind"),
+        UniqueConstraint("chat_id", "kind"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    chat_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    kind: Mapped[str] = mapped_column(String(8), nullable=False)
+    # "<host>:<pid>:<random>", so a lease of a dead process on this machine can be taken at once.
+    owner: Mapped[str] = mapped_column(String(128), nullable=False)
+    lease_until: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False)

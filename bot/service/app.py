@@ -28,6 +28,7 @@ from bot.service.backoff import Backoff, retry_after_s
 from bot.service.delivery import Delivery
 from bot.service.handlers import COMMANDS, App, Handlers, UpdateRunner
 from bot.service.ingest import PollingIngest, WebhookIngest
+from bot.service.leases import Leases, new_owner
 from bot.service.sequencer import Sequencer
 from bot.sessions import SessionStore
 
@@ -102,8 +103,19 @@ class Service:
         self.handlers = Handlers(self.chat, settings, sessionmaker)
         self.handlers.register(application)
         bot = application.bot
+        # Another process may use the same database (a second instance, or replicas): chat
+        # leases keep every update answered once and every text sent once.
+        owner = new_owner()
+        self.leases = (
+            Leases(sessionmaker, "inbox", owner=owner),
+            Leases(sessionmaker, "outbox", owner=owner),
+        )
         self.delivery = Delivery(
-            sessionmaker, bot, max_concurrent=settings.max_concurrent_chats, backoff=backoff
+            sessionmaker,
+            bot,
+            max_concurrent=settings.max_concurrent_chats,
+            backoff=backoff,
+            leases=self.leases[1],
         )
         self.sequencer = Sequencer(
             sessionmaker,
@@ -111,6 +123,7 @@ class Service:
             max_concurrent=settings.max_concurrent_chats,
             on_processed=self.delivery.wake,
             backoff=backoff,
+            leases=self.leases[0],
         )
         self.ingest: PollingIngest | WebhookIngest
         if settings.webhook_url:
@@ -157,6 +170,8 @@ class Service:
     async def start(self) -> None:
         """Send leftovers, process pending updates, then take new ones."""
         self._commands_task = asyncio.create_task(self._set_commands(), name="setMyCommands")
+        for leases in self.leases:
+            leases.start()
         await self.delivery.start()
         await self.sequencer.start()
         await self.ingest.start()
@@ -187,6 +202,8 @@ class Service:
         await self.sequencer.stop(grace)
         # Replies of the last turns go out too, within what is left of the grace period.
         await self.delivery.stop(max(deadline - loop.time(), min(grace, 3.0)))
+        for leases in self.leases:
+            await leases.stop()
         if self._commands_task is not None:
             self._commands_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -30,6 +30,7 @@ from telegram.error import (
 from bot.db import repository as repo
 from bot.db.repository import OutboxRow
 from bot.service.backoff import Backoff, retry_after_s, wait_event
+from bot.service.leases import Leases
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -95,11 +96,15 @@ class Delivery:
         max_concurrent: int = 64,
         backoff: Backoff | None = None,
         poll_interval_s: float = 15.0,
+        leases: Leases | None = None,
     ) -> None:
         self.sessionmaker = sessionmaker
         self.bot = bot
         self.backoff = backoff or Backoff(initial_s=0.5, cap_s=60.0)
         self.poll_interval_s = poll_interval_s
+        # Other processes may share the database: only the holder of a chat's lease sends its
+        # texts, so none goes out twice (None: this process is alone, as in some unit tests).
+        self.leases = leases
         self._slots = asyncio.Semaphore(max_concurrent)
         self._wake = asyncio.Event()
         self._tasks: dict[int, asyncio.Task[None]] = {}
@@ -170,17 +175,40 @@ class Delivery:
 
     async def _deliver_chat(self, chat_id: int) -> None:
         """Send a chat's pending texts in order until none is left."""
-        while True:
-            async with self.sessionmaker() as db:
-                rows = await repo.pending_outbox(db, chat_id)
-            if not rows:
-                return
-            for row in rows:
-                if not await self._send(row):
-                    await self._give_up_chat(
-                        chat_id, "Forbidden: the bot cannot write to this chat"
-                    )
+        try:
+            while True:
+                if not await self._claim(chat_id):
                     return
+                # Read after taking the lease: another process may have sent some meanwhile.
+                async with self.sessionmaker() as db:
+                    rows = await repo.pending_outbox(db, chat_id)
+                if not rows:
+                    return
+                for row in rows:
+                    if not await self._claim(chat_id):
+                        return
+                    if not await self._send(row):
+                        await self._give_up_chat(
+                            chat_id, "Forbidden: the bot cannot write to this chat"
+                        )
+                        return
+        finally:
+            if self.leases is not None:
+                await self.leases.release(chat_id)
+
+    async def _claim(self, chat_id: int) -> bool:
+        """Take or renew the chat's lease; False (after a pause) if another process has it."""
+        if self.leases is None:
+            return True
+        try:
+            if await self.leases.acquire(chat_id):
+                return True
+        except Exception as err:  # noqa: BLE001 - the database is down: try again later
+            log.warning("taking the outbox lease of chat %s failed (%s)", chat_id, err)
+        # The holder sends this chat's texts; look again in a moment in case it just finished
+        # (this sender's end wakes the scan, so without the pause it would spin).
+        await asyncio.sleep(1.0)
+        return False
 
     async def _send(self, row: OutboxRow) -> bool:
         """Send one outbox text (all its remaining parts); False if the chat refuses the bot."""

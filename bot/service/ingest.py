@@ -13,6 +13,7 @@ import contextlib
 import hmac
 import json
 import logging
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,6 +28,7 @@ from telegram.error import (
     RetryAfter,
     TelegramError,
 )
+from telegram.warnings import PTBUserWarning
 
 from bot.service.backoff import Backoff, retry_after_s
 from bot.sessions import SessionStore
@@ -64,6 +66,23 @@ async def store_update(store: SessionStore, update: Update, payload: str) -> boo
     if not new:
         log.info("update %s was delivered again; already stored", update.update_id)
     return new
+
+
+async def store_unreadable(store: SessionStore, data: Mapping[str, Any]) -> bool:
+    """Keep an update python-telegram-bot cannot parse, closed ("ignored"), for the record."""
+    chat = next(
+        (v.get("chat") for k, v in data.items() if k != "update_id" and isinstance(v, dict)),
+        None,
+    )
+    chat_id = chat.get("id") if isinstance(chat, dict) else None
+    return await store.ingest(
+        update_id=int(data["update_id"]),
+        chat_id=chat_id if isinstance(chat_id, int) else None,
+        user_id=None,
+        kind=update_kind(data)[:32],
+        payload=json.dumps(data, ensure_ascii=False),
+        status="ignored",
+    )
 
 
 class PollingIngest:
@@ -127,6 +146,23 @@ class PollingIngest:
                 raise
             except InvalidToken:
                 raise
+            except (TypeError, ValueError, KeyError) as err:
+                # python-telegram-bot could not read an update of the batch (malformed, or a
+                # kind newer than the library). Polling must not die on it, or every restart
+                # would fetch the same update and die again: read the batch raw instead.
+                log.warning("getUpdates returned an update that cannot be parsed: %s", err)
+                raw = await self._fetch_raw(offset)
+                if raw is None:
+                    failures += 1
+                    await self.backoff.sleep(failures)
+                    continue
+                for data in raw:
+                    if not await self._store_raw(data):
+                        return
+                    offset = int(data["update_id"]) + 1
+                if raw:
+                    self.on_stored()
+                continue
             except Conflict as err:
                 failures += 1
                 log.warning("getUpdates conflict (is another instance polling?): %s", err)
@@ -151,6 +187,43 @@ class PollingIngest:
                 offset = update.update_id + 1
             if updates:
                 self.on_stored()
+
+    async def _fetch_raw(self, offset: int | None) -> list[dict[str, Any]] | None:
+        """The pending batch as plain JSON objects (no long poll); None if that failed too."""
+        try:
+            with warnings.catch_warnings():
+                # PTB suggests get_updates, which is exactly what could not parse this batch.
+                warnings.simplefilter("ignore", PTBUserWarning)
+                result = await self.bot.do_api_request(
+                    "getUpdates",
+                    api_kwargs={"offset": offset, "timeout": 0, "allowed_updates": ALLOWED_UPDATES},
+                )
+        except TelegramError as err:
+            log.warning("raw getUpdates failed (%s)", err)
+            return None
+        return [d for d in result if isinstance(d, dict) and isinstance(d.get("update_id"), int)]
+
+    async def _store_raw(self, data: dict[str, Any]) -> bool:
+        """Store one raw update: parsed if possible, else kept closed as unreadable."""
+        try:
+            update = Update.de_json(data, self.bot)
+        except (TypeError, ValueError, KeyError) as err:
+            return await self._store_unreadable(data, err)
+        return await self._store(update)
+
+    async def _store_unreadable(self, data: dict[str, Any], err: Exception) -> bool:
+        log.warning("update %s cannot be parsed (%s); stored as ignored", data["update_id"], err)
+        attempt = 0
+        while True:
+            try:
+                await store_unreadable(self.store, data)
+                return True
+            except Exception as db_err:  # noqa: BLE001 - not stored = not confirmed; retry
+                attempt += 1
+                log.warning("storing update %s failed (%s)", data["update_id"], db_err)
+                if self._stopping:
+                    return False
+                await self.backoff.sleep(attempt)
 
     async def _store(self, update: Update) -> bool:
         """Store one update, retrying until the database takes it; False if stopping first."""
@@ -240,11 +313,26 @@ class WebhookIngest:
             data = await request.json()
             if not isinstance(data, dict) or not isinstance(data.get("update_id"), int):
                 raise ValueError("not an update")
-            update = Update.de_json(data, self.bot)
         except (ValueError, TypeError, KeyError) as err:
             # A malformed body does not get better by retrying; say so and move on.
             log.warning("webhook got something that is not an update: %s", err)
             return web.Response(status=400, text="not an update")
+        try:
+            update = Update.de_json(data, self.bot)
+        except (ValueError, TypeError, KeyError) as err:
+            # An update the library cannot read: keep it closed and answer 200, or Telegram
+            # would post it again and again.
+            log.warning(
+                "update %s cannot be parsed (%s); stored as ignored", data["update_id"], err
+            )
+            try:
+                await store_unreadable(self.store, data)
+            except Exception as db_err:  # noqa: BLE001
+                log.warning(
+                    "storing update %s failed (%s); answering 500", data["update_id"], db_err
+                )
+                return web.Response(status=500, text="try again")
+            return web.Response(status=200)
         try:
             await store_update(self.store, update, json.dumps(data, ensure_ascii=False))
         except Exception as err:  # noqa: BLE001 - any failure means "not stored"

@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from bot.db import repository as repo
 from bot.db.repository import InboxRow
 from bot.service.backoff import Backoff, wait_event
+from bot.service.leases import Leases
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class Sequencer:
         backoff: Backoff | None = None,
         poll_interval_s: float = 5.0,
         scan_limit: int = 1000,
+        leases: Leases | None = None,
     ) -> None:
         self.sessionmaker = sessionmaker
         self.handle = handle
@@ -55,6 +57,9 @@ class Sequencer:
         self.backoff = backoff or Backoff(initial_s=0.5, cap_s=10.0)
         self.poll_interval_s = poll_interval_s
         self.scan_limit = scan_limit
+        # Other processes may share the database: a chat's rows are worked on only by the
+        # holder of its lease (None: this process is alone, as in some unit tests).
+        self.leases = leases
         self._slots = asyncio.Semaphore(max_concurrent)
         self._wake = asyncio.Event()
         self._queues: dict[int, deque[InboxRow]] = {}
@@ -150,22 +155,48 @@ class Sequencer:
 
     async def _work(self, key: int) -> None:
         queue = self._queues[key]
-        while queue and not self._stopping:
-            row = queue[0]
-            async with self._slots:
-                if self._stopping:
+        try:
+            while queue and not self._stopping:
+                if not await self._claim(key):
                     break
-                closed = await self._process(row)
-            queue.popleft()
-            self._known.discard(row.update_id)
-            self.on_processed()
-            if not closed:
-                # The row is still pending: leave it, and the chat's later rows, to a later scan
-                # so that their order holds.
-                self._known.difference_update(r.update_id for r in queue)
-                queue.clear()
-                await self.backoff.sleep(self.max_attempts)
-                self._wake.set()
+                await self._work_one(key, queue)
+        finally:
+            if self.leases is not None:
+                await self.leases.release(key)
+
+    async def _claim(self, key: int) -> bool:
+        """Hold the chat's lease before each row; wait while another process holds it."""
+        if self.leases is None:
+            return True
+        attempt = 0
+        while not self._stopping:
+            try:
+                if await self.leases.acquire(key):
+                    return True
+            except Exception as err:  # noqa: BLE001 - the database is down: wait for it
+                log.warning("taking the lease of chat %s failed (%s)", key, err)
+            attempt += 1
+            # Another process works on this chat; its rows are re-read after we get the lease.
+            await asyncio.sleep(min(2.0, 0.1 * attempt))
+        return False
+
+    async def _work_one(self, key: int, queue: deque[InboxRow]) -> None:
+        """Process the chat's next row under its lease."""
+        row = queue[0]
+        async with self._slots:
+            if self._stopping:
+                return
+            closed = await self._process(row)
+        queue.popleft()
+        self._known.discard(row.update_id)
+        self.on_processed()
+        if not closed:
+            # The row is still pending: leave it, and the chat's later rows, to a later scan
+            # so that their order holds.
+            self._known.difference_update(r.update_id for r in queue)
+            queue.clear()
+            await self.backoff.sleep(self.max_attempts)
+            self._wake.set()
 
     async def _status(self, update_id: int) -> str | None:
         async with self.sessionmaker() as db:

@@ -1,0 +1,241 @@
+"""Chat leases: which process works on a chat's inbox rows, and which one sends its outbox rows.
+
+Several `python -m bot run` processes may share one database (a second instance started by
+mistake with the same token, or DESIGN.md's replicas). Every process scans the same inbox and
+outbox, so without a claim two of them would answer one update, or send one reply, twice. A
+lease is a row (chat_id, kind) -> (owner, lease_until): taking it is one conditional UPDATE (or
+an INSERT when there is no row) whose row count says who won, which both SQLite (writers are
+serialised) and PostgreSQL (the row lock re-checks the WHERE) decide atomically. A lease per
+chat, not per row, also keeps a chat's order across processes.
+
+A holder renews its leases in the background and before each row it works on; a crashed
+holder's leases expire after `ttl_s`, or are taken at once when the owner is a process of this
+machine that no longer runs (a restart after kill -9 need not wait). Lease times come from each
+process's clock: replicas on several machines need synchronised clocks (NTP), as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.db.models import ChatLease, utcnow
+
+log = logging.getLogger(__name__)
+
+# Long enough that a slow generation or a short database hiccup never loses a lease that is
+# being renewed; short enough that a crashed replica's chats are taken over within a minute.
+LEASE_TTL_S = 60.0
+# A finished worker keeps its chat's lease this long, so a chat's next message (they come in
+# bursts) costs no database write to take it again; another process waits at most this long.
+LINGER_S = 1.0
+HOST = socket.gethostname()
+
+
+def new_owner() -> str:
+    """A process-unique owner name: host, pid and a random part (several services per process
+    in tests)."""
+    return f"{HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _dead_here(owner: str) -> bool:
+    """Whether `owner` is a process of this machine that has exited."""
+    try:
+        name, pid_text, _ = owner.rsplit(":", 2)
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    if name != HOST or pid == os.getpid():
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            # A killed but not yet reaped process is a zombie: it holds nothing any more.
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class Leases:
+    """This process's leases of one kind ("inbox" or "outbox")."""
+
+    def __init__(
+        self,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        kind: str,
+        *,
+        owner: str | None = None,
+        ttl_s: float = LEASE_TTL_S,
+        linger_s: float = LINGER_S,
+    ) -> None:
+        self.sessionmaker = sessionmaker
+        self.kind = kind
+        self.owner = owner or new_owner()
+        self.ttl_s = ttl_s
+        self.linger_s = linger_s
+        self._held: dict[int, float] = {}  # chat_id -> monotonic time the lease runs out
+        # chat_id -> the lease_until we wrote: a late release deletes only that lease, never
+        # one taken again meanwhile.
+        self._written: dict[int, datetime] = {}
+        self._releases: dict[int, asyncio.TimerHandle] = {}
+        self._releasing: set[asyncio.Task[None]] = set()
+        self._keeper: asyncio.Task[None] | None = None
+
+    @property
+    def held(self) -> frozenset[int]:
+        """Chats whose lease this process holds."""
+        return frozenset(self._held)
+
+    async def acquire(self, chat_id: int) -> bool:
+        """Take or renew the chat's lease; False if another live process holds it."""
+        timer = self._releases.pop(chat_id, None)
+        if timer is not None:
+            timer.cancel()
+        runs_out = self._held.get(chat_id)
+        if runs_out is not None and runs_out - time.monotonic() > self.ttl_s / 2:
+            return True
+        started = time.monotonic()
+        now = utcnow()
+        until = now + timedelta(seconds=self.ttl_s)
+        async with self.sessionmaker.begin() as db:
+            won = await self._take(db, chat_id, now, until)
+        if won:
+            self._held[chat_id] = started + self.ttl_s
+            self._written[chat_id] = until
+        else:
+            self._held.pop(chat_id, None)
+            self._written.pop(chat_id, None)
+        return won
+
+    async def _take(self, db: AsyncSession, chat_id: int, now: datetime, until: datetime) -> bool:
+        mine = (ChatLease.chat_id == chat_id) & (ChatLease.kind == self.kind)
+        taken = await db.execute(
+            update(ChatLease)
+            .where(mine, (ChatLease.owner == self.owner) | (ChatLease.lease_until < now))
+            .values(owner=self.owner, lease_until=until)
+        )
+        if getattr(taken, "rowcount", 0) == 1:
+            return True
+        dialect = db.get_bind().dialect.name
+        ins = pg_insert(ChatLease) if dialect == "postgresql" else sqlite_insert(ChatLease)
+        inserted = await db.execute(
+            ins.values(
+                chat_id=chat_id, kind=self.kind, owner=self.owner, lease_until=until
+            ).on_conflict_do_nothing(index_elements=["chat_id", "kind"])
+        )
+        if getattr(inserted, "rowcount", 0) == 1:
+            return True
+        holder = await db.scalar(select(ChatLease.owner).where(mine))
+        if holder is None or not _dead_here(holder):
+            return False
+        taken = await db.execute(
+            update(ChatLease)
+            .where(mine, ChatLease.owner == holder)
+            .values(owner=self.owner, lease_until=until)
+        )
+        if getattr(taken, "rowcount", 0) == 1:
+            log.info(
+                "took over the %s lease of chat %s from %s (exited)", self.kind, chat_id, holder
+            )
+            return True
+        return False
+
+    async def release(self, chat_id: int) -> None:
+        """The chat's work is done: give its lease back after `linger_s` unless taken again."""
+        if chat_id not in self._held or chat_id in self._releases:
+            return
+        loop = asyncio.get_running_loop()
+        self._releases[chat_id] = loop.call_later(self.linger_s, self._release_soon, chat_id)
+
+    def _release_soon(self, chat_id: int) -> None:
+        self._releases.pop(chat_id, None)
+        task = asyncio.create_task(self._release_now(chat_id), name=f"release:{chat_id}")
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def _release_now(self, chat_id: int) -> None:
+        """Delete the lease row we wrote (best effort: if this fails, the lease expires)."""
+        self._held.pop(chat_id, None)
+        written = self._written.pop(chat_id, None)
+        if written is None:
+            return
+        try:
+            async with self.sessionmaker.begin() as db:
+                await db.execute(
+                    delete(ChatLease).where(
+                        ChatLease.chat_id == chat_id,
+                        ChatLease.kind == self.kind,
+                        ChatLease.owner == self.owner,
+                        ChatLease.lease_until == written,
+                    )
+                )
+        except Exception as err:  # noqa: BLE001 - the lease runs out by itself
+            log.warning("releasing the %s lease of chat %s failed: %s", self.kind, chat_id, err)
+
+    async def renew_all(self) -> None:
+        """Push back the expiry of every lease this process holds (one statement)."""
+        if not self._held:
+            return
+        started = time.monotonic()
+        until = utcnow() + timedelta(seconds=self.ttl_s)
+        chats = list(self._held)
+        async with self.sessionmaker.begin() as db:
+            await db.execute(
+                update(ChatLease)
+                .where(
+                    ChatLease.kind == self.kind,
+                    ChatLease.owner == self.owner,
+                    ChatLease.chat_id.in_(chats),
+                )
+                .values(lease_until=until)
+            )
+        for chat_id in chats:
+            if chat_id in self._held:
+                self._held[chat_id] = started + self.ttl_s
+                self._written[chat_id] = until
+
+    def start(self) -> None:
+        """Renew held leases in the background every quarter of the TTL."""
+        if self._keeper is None:
+            self._keeper = asyncio.create_task(self._keep(), name=f"leases:{self.kind}")
+
+    async def stop(self) -> None:
+        """Stop renewing and give back every lease now (call when no worker runs any more)."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+            self._keeper = None
+        for timer in self._releases.values():
+            timer.cancel()
+        self._releases.clear()
+        await asyncio.gather(*self._releasing, return_exceptions=True)
+        for chat_id in list(self._held):
+            await self._release_now(chat_id)
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl_s / 4)
+            try:
+                await self.renew_all()
+            except Exception as err:  # noqa: BLE001 - acquire() renews before each row anyway
+                log.warning("renewing %s leases failed: %s", self.kind, err)

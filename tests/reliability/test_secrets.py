@@ -1,0 +1,85 @@
+"""Secrets: DEBUG-level runs of the real process with forced errors; the token, the webhook
+secret and the database password appear nowhere in the output."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_bot_process import SECRET, free_port
+from tests.fakebotapi import FakeBotAPI, Fault
+from tests.pgserver import PrivatePostgres
+from tests.reliability.procs import ROOT, TOKEN, BotProcess, bot_env
+
+PASSWORD = "Pw-Db-Secret-4f9c2e"
+
+
+def assert_clean(output: str, password: str = PASSWORD) -> None:
+    """None of the secrets, in full or the token's secret half, is in `output`."""
+    for secret in (TOKEN, TOKEN.split(":")[1], SECRET, password):
+        assert secret not in output
+
+
+async def test_unreachable_database_at_debug_level_leaks_nothing(tmp_path: Path) -> None:
+    async with FakeBotAPI(TOKEN) as api:
+        env = bot_env(
+            tmp_path, api, "unused",
+            DATABASE_URL=f"postgresql+asyncpg://bot:{PASSWORD}@127.0.0.1:{free_port()}/bot",
+            WEBHOOK_URL=f"http://127.0.0.1:{free_port()}/hook", WEBHOOK_SECRET=SECRET,
+            LOG_LEVEL="DEBUG",
+        )  # fmt: skip
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "bot", "run"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "127.0.0.1" in output  # it did say what it could not reach ...
+    assert_clean(output)  # ... without the password
+
+
+@pytest.mark.slow
+async def test_debug_run_with_database_outage_and_api_faults_leaks_nothing(
+    tmp_path: Path, tiny_model_file: str
+) -> None:
+    pg = PrivatePostgres(password=PASSWORD)
+    port = free_port()
+    try:
+        async with FakeBotAPI(TOKEN) as api:
+            api.inject(
+                Fault("sendMessage", status=500, times=2),
+                Fault("sendMessage", status=429, retry_after=1, times=2),
+                Fault("sendMessage", status=403, chat_id=7099, times=10),
+                Fault("setWebhook", status=502, times=1),
+            )
+            env = bot_env(
+                tmp_path, api, tiny_model_file, DATABASE_URL=pg.url,
+                WEBHOOK_URL=f"http://127.0.0.1:{port}/tg", WEBHOOK_SECRET=SECRET,
+                WEBHOOK_LISTEN="127.0.0.1", WEBHOOK_PORT=str(port), LOG_LEVEL="DEBUG",
+            )  # fmt: skip
+            bot = BotProcess(env, tmp_path, tmp_path / "bot.log")
+            try:
+                await api.wait_for(lambda: api.webhook.url != "", 90, "setWebhook")
+                api.user_message(7001, "hello how are you")
+                api.user_message(7099, "hello from a chat that blocked the bot")
+                await api.wait_for_texts(7001, 1, timeout_s=60)
+                await asyncio.to_thread(pg.stop)  # the database goes away under traffic
+                api.user_message(7001, "are you still there")
+                await asyncio.sleep(3.0)
+                await asyncio.to_thread(pg.start)
+                await api.wait_for_texts(7001, 2, timeout_s=60)
+                bot.proc.send_signal(signal.SIGTERM)
+                assert await bot.wait(30) == 0
+            finally:
+                bot.kill()
+            output = bot.output()
+    finally:
+        await asyncio.to_thread(pg.close)
+    assert "DEBUG" in output and "WARNING" in output  # it logged at DEBUG, errors included
+    assert_clean(output)

@@ -1,0 +1,85 @@
+"""A second instance with the same token and the same database must not double-answer.
+
+Telegram answers 409 to all but the newest getUpdates, so two pollers take turns getting
+updates; both store into one inbox. Only one process may turn an update into a reply, and
+only one may send a given outbox row, with per-chat order kept across the processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.fakebotapi import FakeBotAPI
+from tests.reliability.procs import TOKEN, bot_env, check_database, start_bot
+from tests.service_harness import TOKEN as IN_PROCESS_TOKEN
+from tests.service_harness import EchoEngine, make_settings, running_service
+
+CHATS = range(301, 307)
+PER_CHAT = 4
+
+
+@pytest.mark.slow
+async def test_two_processes_on_one_database_answer_each_message_exactly_once_in_order(
+    tmp_path: Path, tiny_model_file: str
+) -> None:
+    async with FakeBotAPI(TOKEN) as api:
+        env = bot_env(tmp_path, api, tiny_model_file, GENERATION_DELAY_MS="200")
+        first = await start_bot(env, tmp_path, api, "first")
+        second = await start_bot(env, tmp_path, api, "second")
+        try:
+            for i in range(PER_CHAT):
+                for chat in CHATS:
+                    api.user_message(chat, f"message {i} hello how are you")
+                await asyncio.sleep(0.3)
+            for chat in CHATS:
+                await api.wait_for_texts(chat, PER_CHAT, timeout_s=90)
+            await asyncio.sleep(2.0)  # time for a duplicate to show up
+            # Both processes really took part: each one got updates and wrote to the inbox.
+            conflicts = [c for c in api.calls_to("getUpdates") if c.status == 409]
+            assert conflicts
+            for bot in (first, second):
+                bot.proc.send_signal(signal.SIGTERM)
+            assert await first.wait(30) == 0 and await second.wait(30) == 0
+        finally:
+            first.kill()
+            second.kill()
+    counts = Counter(s.chat_id for s in api.sent)
+    assert {chat: counts[chat] for chat in CHATS} == {chat: PER_CHAT for chat in CHATS}
+    check_database(tmp_path, {chat: PER_CHAT for chat in CHATS})
+    for out in (first.output(), second.output()):
+        assert "Traceback" not in out
+
+
+async def test_two_services_in_one_process_share_the_work_without_double_answers(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """The same claim, fast: two Service instances (two owners) on one SQLite file."""
+    async with FakeBotAPI(IN_PROCESS_TOKEN) as api:
+        engines = (EchoEngine(delay_s=0.05), EchoEngine(delay_s=0.05))
+        settings = make_settings(sqlite_url, api, tmp_path, log_level="INFO")
+        async with (
+            running_service(settings, engines[0]),
+            running_service(settings, engines[1]),
+        ):
+            sent: dict[int, list[str]] = {chat: [] for chat in CHATS}
+            for i in range(PER_CHAT * 2):
+                for chat in CHATS:
+                    text = f"message {i}"
+                    api.user_message(chat, text)
+                    sent[chat].append(text)
+                await asyncio.sleep(0.05)
+            for chat in CHATS:
+                await api.wait_for_texts(chat, PER_CHAT * 2, timeout_s=30)
+            await asyncio.sleep(1.0)  # time for a duplicate to show up
+        assert [c for c in api.calls_to("getUpdates") if c.status == 409]
+        assert all(engine.calls for engine in engines)  # both did part of the work
+    for chat in CHATS:
+        # Exactly once each, and in order, though two processes took turns.
+        assert api.texts(chat) == [f"echo {chat}: {t}" for t in sent[chat]]
+    calls = Counter(call for engine in engines for call in engine.calls)
+    assert set(calls.values()) == {1}  # no update was even generated twice
