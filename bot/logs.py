@@ -49,6 +49,8 @@ def setup_logging(level: str = "INFO", secrets: Iterable[str] = ()) -> Redacting
     # httpx logs each request URL (which holds the token) at INFO; keep it quiet anyway.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
     logging.getLogger("httpcore").setLevel(max(logging.WARNING, root.level))
+    # aiosqlite logs every statement with its parameters (message texts) at DEBUG.
+    logging.getLogger("aiosqlite").setLevel(max(logging.INFO, root.level))
     return redactor
 
 

@@ -110,15 +110,25 @@ async def get_inbox_status(db: AsyncSession, update_id: int) -> str | None:
     return await db.scalar(select(Inbox.status).where(Inbox.update_id == update_id))
 
 
+class StaleUpdate(Exception):
+    """The update was closed (or deleted) by someone else while this turn was being made."""
+
+
 async def finish_inbox(
     db: AsyncSession, update_id: int, status: str = "done", error: str | None = None
 ) -> None:
-    """Mark an update processed (done, failed or ignored)."""
-    await db.execute(
+    """Close a pending update (done, failed or ignored).
+
+    This is the fence of every turn: if the update is no longer pending (another process took
+    it over after our lease ran out, or an admin deleted it), raising rolls back the whole turn.
+    """
+    result = await db.execute(
         update(Inbox)
-        .where(Inbox.update_id == update_id)
+        .where(Inbox.update_id == update_id, Inbox.status == "pending")
         .values(status=status, error=error, processed_at=utcnow())
     )
+    if not getattr(result, "rowcount", 0):
+        raise StaleUpdate(f"update {update_id} is no longer pending")
 
 
 async def bump_inbox_attempts(db: AsyncSession, update_id: int, error: str) -> int:

@@ -128,3 +128,14 @@ async def test_forget_keeps_updates_that_came_after_it(store: SessionStore) -> N
     async with store.sessionmaker() as db:
         assert await repo.get_inbox_status(db, 1) is None
         assert await repo.get_inbox_status(db, 3) == "pending"
+
+
+async def test_a_turn_for_an_update_closed_elsewhere_is_rolled_back(store: SessionStore) -> None:
+    """Fence: if another process already closed the update, this turn leaves no rows."""
+    await store.ingest(update_id=40, chat_id=40, user_id=40, kind="message", payload="{}")
+    session = await store.active_session(40, 40)
+    await store.finish_update(40)  # another replica answered it meanwhile
+    with pytest.raises(repo.StaleUpdate):
+        await store.record_turn(session.id, 40, "hi", "hello", update_id=40)
+    assert await _count(store, Message, chat_id=40) == 0
+    assert await _count(store, Outbox, chat_id=40) == 0
