@@ -52,6 +52,8 @@ class Settings(BaseSettings):
     beam_context_block_ngram: int | None = None
     # "fast": our batched beam search for transformer generators; "parlai": ParlAI's own.
     search_impl: Literal["fast", "parlai"] = "fast"
+    # int8 dynamic quantization of the linear layers (CPU only): faster greedy decoding.
+    quantize: Literal["none", "int8"] = "none"
     # Fault-injection knob for tests: every batch sleeps this long before generating.
     generation_delay_ms: int = Field(default=0, ge=0)
     train_minutes: float = Field(default=12.0, gt=0, le=15)

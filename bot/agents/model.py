@@ -83,6 +83,20 @@ def load_shared_agent(settings: Settings, extra_overrides: dict[str, Any] | None
     if agent is None:  # pragma: no cover - guarded by the .opt check above
         raise ConfigError(f"could not load a ParlAI model from {model_file}")
     agent.model.eval()
+    if settings.quantize == "int8":
+        if device != "cpu":
+            raise ConfigError(
+                "QUANTIZE=int8 works on the CPU only: set MODEL_DEVICE=cpu or QUANTIZE=none."
+            )
+        # Clones share agent.model, so every conversation gets the quantized weights.
+        torch.ao.quantization.quantize_dynamic(
+            agent.model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
+        )
+    if settings.search_impl == "fast":
+        from bot.agents import fastgen
+
+        # batched beam search, same replies; other model types come back unchanged
+        agent = fastgen.accelerate(agent)
     log.info(
         "model ready: %s, inference=%s beam=%s text_truncate=%s",
         type(agent).__name__,
