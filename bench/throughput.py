@@ -14,7 +14,8 @@ a persona, a 10-message history and one new message; all three ways get the same
                  batched one, bot/agents/fastgen.py), measured once per decoding
   batcher        the service: bot.agents.batcher.Batcher + bot.agents.cache.AgentCache, all
                  users asking at once (their clones are cached and reset to the same history
-                 before each round, outside the timing)
+                 before each round, outside the timing), with our batched beam search
+  batcher-parlai the same batcher with ParlAI's own search (SEARCH_IMPL=parlai), at 32 users
 
 One-at-a-time and the pool serve requests in order until a time budget is spent (their rate does
 not depend on how many users wait); the batcher runs whole rounds (every user once).
@@ -258,6 +259,14 @@ def measure(
         n, secs = one_at_a_time(stock, users, budget_s)
         points.append(Point(decoding, "stock", users, n, secs, quantize))
         print(f"  {label:11s} {users:3d} users  stock ParlAI  {n / secs:7.2f}/s", flush=True)
+        # The service's batcher with ParlAI's own search (SEARCH_IMPL=parlai), for issue 8's
+        # side-by-side: same batches, only the search differs.
+        top = 32 if 32 in users_list else max(users_list)
+        n, secs, sizes = asyncio.run(
+            batched(stock, top, budget_s, args.batch_max_size, args.batch_max_wait_ms)
+        )
+        points.append(Point(decoding, "batcher-parlai", top, n, secs, quantize, dict(sizes)))
+        print(f"  {label:11s} {top:3d} users  batcher, ParlAI search {n / secs:7.2f}/s", flush=True)
         del stock
         common.settle()
     if "pool" in ways:
@@ -383,6 +392,15 @@ def main() -> None:
                 f"{decoding}: one-at-a-time on stock ParlAI {stock[0].rate:.3g}/s; the batcher "
                 f"at {top} users is {rate(decoding, 'batcher', top) / stock[0].rate:.1f}x that"
             )
+    for decoding in decodings:
+        top = 32 if 32 in users_list else max(users_list)
+        parlai = rate(decoding, "batcher-parlai", top)
+        if not math.isnan(parlai):
+            ours = rate(decoding, "batcher", top)
+            print(
+                f"{decoding}, batcher at {top} users: ParlAI's search {parlai:.3g}/s, ours "
+                f"{ours:.3g}/s ({ours / parlai:.2f}x)"
+            )
     for decoding, mem in memory.items():
         line = f"{decoding}: one process with the model {mem['process_rss_mb']:.0f} MB RSS"
         if "pool_rss_mb" in mem:
@@ -449,6 +467,9 @@ def main() -> None:
         if stock:
             results[f"speedup_vs_stock_{decoding}_{top}"] = (
                 rate(decoding, "batcher", top) / stock[0].rate
+            )
+            results[f"search_speedup_{decoding}_{top}"] = rate(decoding, "batcher", top) / rate(
+                decoding, "batcher-parlai", top
             )
         if args.quantize_users:
             q = args.quantize_users
