@@ -51,6 +51,13 @@ def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
             u = u.set(drivername="sqlite+aiosqlite")
         ensure_sqlite_dir(u)
         kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        # SQLite has one writer at a time. Several pooled connections of one process only take
+        # turns through SQLite's busy handler, which sleeps (up to 100 ms a time) while it
+        # waits; one connection queues the process's statements instead, in order, with no
+        # sleeping. Other processes on the same file still wait via busy_timeout.
+        kwargs.setdefault("pool_size", 1)
+        kwargs.setdefault("max_overflow", 0)
+        kwargs.setdefault("pool_timeout", 120)
     elif u.get_backend_name() == "postgresql":
         if u.drivername in ("postgresql", "postgres"):
             u = u.set(drivername="postgresql+asyncpg")
