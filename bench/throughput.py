@@ -298,6 +298,11 @@ def main() -> None:
         "use 1 on a machine that is busy with other work, where more threads thrash)",
     )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--model-file",
+        default=None,
+        help="measure this ParlAI model instead of the BlenderBot-90M-architecture one",
+    )
     parser.add_argument("--batch-max-size", type=int, default=None)
     parser.add_argument("--batch-max-wait-ms", type=int, default=None)
     parser.add_argument(
@@ -329,7 +334,7 @@ def main() -> None:
     users_list = [int(u) for u in args.users.split(",")]
     decodings = args.decoding.split(",")
 
-    model_file = common.build_bench_model()
+    model_file = args.model_file or common.build_bench_model()
     print(
         f"throughput: users {users_list}, decoding {decodings}, >= {args.budget:g} s per point, "
         f"{common.REPLY_TOKENS}-token replies, batcher max_size={args.batch_max_size} "
