@@ -73,3 +73,17 @@ def drop_pg_database(url: str) -> None:
     """Drop a database made by create_pg_database."""
     name = make_url(url).database
     asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def table_names(url: str) -> set[str]:
+    """The tables that exist in a database."""
+    from sqlalchemy import inspect
+
+    from bot.db.engine import make_engine
+
+    engine = make_engine(url)
+    try:
+        async with engine.connect() as conn:
+            return set(await conn.run_sync(lambda c: inspect(c).get_table_names()))
+    finally:
+        await engine.dispose()

@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.e2e.test_bot_process import ROOT, TOKEN, BotProcess, bot_env
+from tests.botprocess import ROOT, TOKEN, BotProcess, bot_env
 from tests.fakebotapi import FakeBotAPI, Fault
 from tests.tinymodel import build_tiny_model
 

@@ -3,104 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import socket
-import sqlite3
-import subprocess
-import sys
-import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
+from tests.botprocess import (
+    SECRET,
+    TOKEN,
+    bot_env,
+    bot_process,
+    db_rows,
+    free_port,
+)
 from tests.fakebotapi import FakeBotAPI
-
-ROOT = Path(__file__).resolve().parents[2]
-TOKEN = "987654321:AAFakeTokenForEndToEndTests_abcdefg"
-assert len(TOKEN.split(":")[1]) == 35
-SECRET = "e2e-webhook-Secret_42"
-START_TIMEOUT_S = 90.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class BotProcess:
-    """`python -m bot run` in a subprocess, its output in a file."""
-
-    def __init__(self, env: dict[str, str], cwd: Path, log: Path) -> None:
-        self.log = log
-        self._out = log.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bot", "run"],
-            cwd=cwd,
-            env=env,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-        )
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    async def wait(self, timeout_s: float) -> int:
-        deadline = time.monotonic() + timeout_s
-        while self.proc.poll() is None:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"bot did not exit in {timeout_s}s:\n{self.output()[-3000:]}")
-            await asyncio.sleep(0.05)
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._out.close()
-
-
-def bot_env(tmp_path: Path, api: FakeBotAPI, model: str, **extra: str) -> dict[str, str]:
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": os.environ.get("HOME", str(tmp_path)),
-        "PYTHONPATH": str(ROOT),
-        "TELEGRAM_BOT_TOKEN": TOKEN,
-        "TELEGRAM_BASE_URL": api.base_url,
-        "DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'bot.sqlite3'}",
-        "BOT_MODEL": model,
-        "DATA_DIR": str(tmp_path / "data"),
-        "SHUTDOWN_GRACE_S": "10",
-        "MODEL_DEVICE": "cpu",
-        "TORCH_THREADS": "1",
-    }
-    env.update(extra)
-    return env
-
-
-@asynccontextmanager
-async def bot_process(
-    env: dict[str, str], tmp_path: Path, api: FakeBotAPI, *, ready: str = "getUpdates"
-) -> AsyncIterator[BotProcess]:
-    """Start the bot, wait until it polls (or set its webhook); always kill it at the end."""
-    bot = BotProcess(env, tmp_path, tmp_path / "bot.log")
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not api.calls_to(ready):
-            if bot.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"bot did not start:\n{bot.output()[-3000:]}")
-            await asyncio.sleep(0.05)
-        yield bot
-    finally:
-        bot.kill()
-
-
-def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
-    with sqlite3.connect(tmp_path / "bot.sqlite3") as conn:
-        return list(conn.execute(sql))
 
 
 async def conversation(api: FakeBotAPI, chat: int, tmp_path: Path) -> None:

@@ -8,22 +8,13 @@ import asyncio
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect
 
 from bot.db import migrate
 from bot.db.engine import make_engine
 from bot.db.models import Base
+from tests.dbutil import table_names
 
 TABLES = {"sessions", "messages", "outbox", "inbox", "alembic_version"}
-
-
-async def _tables(url: str) -> set[str]:
-    engine = make_engine(url)
-    try:
-        async with engine.connect() as conn:
-            return set(await conn.run_sync(lambda c: inspect(c).get_table_names()))
-    finally:
-        await engine.dispose()
 
 
 async def _diff(url: str) -> list[object]:
@@ -49,13 +40,13 @@ def test_stairway_every_revision_up_down_up(empty_db_url: str) -> None:
         migrate.upgrade(empty_db_url, rev.revision)
         migrate.downgrade(empty_db_url, rev.down_revision or "base")
         migrate.upgrade(empty_db_url, rev.revision)
-    assert asyncio.run(_tables(empty_db_url)) >= TABLES
+    assert asyncio.run(table_names(empty_db_url)) >= TABLES
 
 
 def test_downgrade_base_removes_every_table(empty_db_url: str) -> None:
     migrate.upgrade(empty_db_url)
     migrate.downgrade(empty_db_url, "base")
-    assert asyncio.run(_tables(empty_db_url)) <= {"alembic_version"}
+    assert asyncio.run(table_names(empty_db_url)) <= {"alembic_version"}
 
 
 def test_models_and_migrations_agree(db_url: str) -> None:

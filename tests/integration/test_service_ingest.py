@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 
 import aiohttp
 
 from bot.service.app import serve
+from tests.botprocess import free_port
 from tests.fakebotapi import SECRET_HEADER, FakeBotAPI
 from tests.service_harness import (
     TOKEN,
@@ -20,12 +20,6 @@ from tests.service_harness import (
 )
 
 SECRET = "s3cret-Token_for-tests"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_polling_confirms_an_update_only_after_its_inbox_row_is_committed(

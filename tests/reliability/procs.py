@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.test_bot_process import ROOT, START_TIMEOUT_S, TOKEN, BotProcess, bot_env
+from tests.botprocess import ROOT, START_TIMEOUT_S, TOKEN, BotProcess, bot_env
 from tests.fakebotapi import FakeBotAPI
 
 __all__ = ["ROOT", "TOKEN", "BotProcess", "bot_env", "check_database", "db_rows", "start_bot"]

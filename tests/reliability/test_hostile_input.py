@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect
 
-from bot.db.engine import make_engine
+from tests.dbutil import table_names
 from tests.fakebotapi import FakeBotAPI, utf16_len
 from tests.service_harness import TOKEN, EchoEngine, make_settings, rows, running_service
 
@@ -32,15 +31,6 @@ HOSTILE = [
     "emoji 😀 and surrogates 𝕏",
 ]
 TABLES = {"sessions", "messages", "outbox", "inbox", "chat_leases", "alembic_version"}
-
-
-async def _tables(url: str) -> set[str]:
-    engine = make_engine(url)
-    try:
-        async with engine.connect() as conn:
-            return set(await conn.run_sync(lambda c: inspect(c).get_table_names()))
-    finally:
-        await engine.dispose()
 
 
 async def test_hostile_personas_and_texts(db_url: str, tmp_path: Path) -> None:
@@ -96,7 +86,7 @@ async def test_hostile_personas_and_texts(db_url: str, tmp_path: Path) -> None:
             assert reply.startswith("Your message is 4097 characters long")
         assert all(s.parse_mode is None for s in api.sent)
         assert not [c for c in api.calls_to("sendMessage") if c.status != 200]
-    assert await _tables(db_url) >= TABLES
+    assert await table_names(db_url) >= TABLES
 
 
 @pytest.mark.parametrize(
@@ -122,7 +112,7 @@ async def test_sql_injection_in_admin_arguments_changes_nothing(
     )  # fmt: skip
     assert done.returncode != 0, done.stdout
     assert "Traceback" not in done.stderr + done.stdout
-    assert await _tables(sqlite_url) >= TABLES
+    assert await table_names(sqlite_url) >= TABLES
 
 
 def _unreadable(api: FakeBotAPI, chat: int) -> dict[str, object]:
@@ -155,7 +145,7 @@ async def test_an_unparseable_update_does_not_stop_polling(sqlite_url: str, tmp_
 async def test_an_unparseable_update_is_acknowledged_on_the_webhook(
     sqlite_url: str, tmp_path: Path
 ) -> None:
-    from tests.e2e.test_bot_process import SECRET, free_port
+    from tests.botprocess import SECRET, free_port
 
     chat = 5102
     port = free_port()

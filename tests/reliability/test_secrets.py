@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_bot_process import SECRET, free_port
+from tests.botprocess import SECRET, free_port
 from tests.fakebotapi import FakeBotAPI, Fault
 from tests.pgserver import PrivatePostgres
 from tests.reliability.procs import ROOT, TOKEN, BotProcess, bot_env

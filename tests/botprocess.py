@@ -1,0 +1,107 @@
+"""The real `python -m bot run` in a subprocess against the loopback Bot API: shared by the
+end-to-end tests, the reliability suite, the soak and the benchmarks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from tests.fakebotapi import FakeBotAPI
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "987654321:AAFakeTokenForEndToEndTests_abcdefg"
+assert len(TOKEN.split(":")[1]) == 35
+SECRET = "e2e-webhook-Secret_42"
+START_TIMEOUT_S = 90.0
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class BotProcess:
+    """`python -m bot run` in a subprocess, its output in a file."""
+
+    def __init__(self, env: dict[str, str], cwd: Path, log: Path) -> None:
+        self.log = log
+        self._out = log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bot", "run"],
+            cwd=cwd,
+            env=env,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def output(self) -> str:
+        """Everything the process printed so far."""
+        return self.log.read_text(errors="replace")
+
+    async def wait(self, timeout_s: float) -> int:
+        """Wait for the process to exit; its exit status."""
+        deadline = time.monotonic() + timeout_s
+        while self.proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"bot did not exit in {timeout_s}s:\n{self.output()[-3000:]}")
+            await asyncio.sleep(0.05)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """kill -9 it (if it still runs)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._out.close()
+
+
+def bot_env(tmp_path: Path, api: FakeBotAPI, model: str, **extra: str) -> dict[str, str]:
+    """A clean environment for the bot: the fake API, a tmp SQLite file, the given model."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+        "PYTHONPATH": str(ROOT),
+        "TELEGRAM_BOT_TOKEN": TOKEN,
+        "TELEGRAM_BASE_URL": api.base_url,
+        "DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'bot.sqlite3'}",
+        "BOT_MODEL": model,
+        "DATA_DIR": str(tmp_path / "data"),
+        "SHUTDOWN_GRACE_S": "10",
+        "MODEL_DEVICE": "cpu",
+        "TORCH_THREADS": "1",
+    }
+    env.update(extra)
+    return env
+
+
+@asynccontextmanager
+async def bot_process(
+    env: dict[str, str], tmp_path: Path, api: FakeBotAPI, *, ready: str = "getUpdates"
+) -> AsyncIterator[BotProcess]:
+    """Start the bot, wait until it polls (or set its webhook); always kill it at the end."""
+    bot = BotProcess(env, tmp_path, tmp_path / "bot.log")
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not api.calls_to(ready):
+            if bot.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"bot did not start:\n{bot.output()[-3000:]}")
+            await asyncio.sleep(0.05)
+        yield bot
+    finally:
+        bot.kill()
+
+
+def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
+    """Rows of a query on the bot's SQLite file."""
+    with sqlite3.connect(tmp_path / "bot.sqlite3") as conn:
+        return list(conn.execute(sql))
