@@ -291,6 +291,16 @@ async def pending_outbox(db: AsyncSession, chat_id: int | None = None) -> list[O
     ]
 
 
+async def outbox_still_pending(db: AsyncSession, outbox_id: int) -> int | None:
+    """How many parts of a text went out, if it still waits to be sent; None when it was
+    sent, given up on or deleted (a /forget) since it was read."""
+    return await db.scalar(
+        select(Outbox.parts_sent).where(
+            Outbox.id == outbox_id, Outbox.sent_at.is_(None), Outbox.failed_at.is_(None)
+        )
+    )
+
+
 async def outbox_part_sent(db: AsyncSession, outbox_id: int, parts_sent: int) -> None:
     """Record that the first `parts_sent` parts of a long text went out."""
     await db.execute(update(Outbox).where(Outbox.id == outbox_id).values(parts_sent=parts_sent))

@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Concatenate, ParamSpec
+from typing import Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from telegram import Bot, Message, ReplyParameters
@@ -34,6 +34,7 @@ from bot.service.leases import Leases
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
+T = TypeVar("T")
 
 # sendMessage takes 1-4096 characters, counted in UTF-16 code units.
 MAX_MESSAGE_UTF16 = 4096
@@ -213,9 +214,14 @@ class Delivery:
     async def _send(self, row: OutboxRow) -> bool:
         """Send one outbox text (all its remaining parts); False if the chat refuses the bot."""
         parts = split_message(row.text)
-        sent = row.parts_sent
         failures = 0
-        while sent < len(parts):
+        while True:
+            # Re-read the row before every part: a /forget (or another process) may have
+            # deleted or sent it since the chat's rows were read.
+            current = await self._write(repo.outbox_still_pending, row.id)
+            if current is None or current >= len(parts):
+                return True
+            sent = current
             reply = None
             if sent == 0 and row.reply_to_message_id is not None and row.chat_id < 0:
                 # In groups the reply shows which message it answers; in private chats it is noise.
@@ -271,7 +277,7 @@ class Delivery:
                 await self._write(repo.outbox_part_sent, row.id, sent)
             else:
                 await self._write(repo.outbox_sent, row.id, message.message_id)
-        return True
+                return True
 
     async def _give_up_chat(self, chat_id: int, reason: str) -> None:
         async def give_up(db: AsyncSession) -> None:
@@ -285,11 +291,11 @@ class Delivery:
 
     async def _write(
         self,
-        change: Callable[Concatenate[AsyncSession, P], Awaitable[None]],
+        change: Callable[Concatenate[AsyncSession, P], Awaitable[T]],
         *args: P.args,
         **kwargs: P.kwargs,
-    ) -> None:
-        """Commit a bookkeeping change, retrying until the database takes it.
+    ) -> T:
+        """Commit a bookkeeping change (or read), retrying until the database takes it.
 
         After a successful send this is what keeps the text from going out twice, so it does
         not give up (a stop cancels it; then the text is resent at the next start).
@@ -298,8 +304,7 @@ class Delivery:
         while True:
             try:
                 async with self.sessionmaker.begin() as db:
-                    await change(db, *args, **kwargs)
-                return
+                    return await change(db, *args, **kwargs)
             except Exception as err:  # noqa: BLE001 - retried until the database is back
                 attempt += 1
                 log.warning("outbox bookkeeping failed (%s); retry %d", err, attempt)

@@ -11,6 +11,7 @@ from bot.db import migrate
 from bot.db import repository as repo
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.service.delivery import MAX_MESSAGE_UTF16, split_message, utf16_len
+from bot.sessions import SessionStore
 from tests.fakebotapi import FakeBotAPI, Fault
 from tests.service_harness import TOKEN, EchoEngine, make_settings, rows, running_service
 
@@ -159,3 +160,37 @@ async def test_undelivered_texts_are_sent_at_start_resuming_after_sent_parts(
             texts = await api.wait_for_texts(801, 3)
             await api.wait_for_texts(802, 1)
         assert texts == [parts[1], parts[2], "and then this"]
+
+
+async def test_a_reply_deleted_by_forget_while_queued_is_never_sent(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    # Issue 11.5: delivery looped over rows it had read earlier, so replies that /forget
+    # deleted while an earlier one was still being sent went out anyway.
+    chat = 531
+    await asyncio.to_thread(migrate.upgrade, sqlite_url)
+    engine = make_engine(sqlite_url)
+    try:
+        store = SessionStore(make_sessionmaker(engine))
+        session = await store.active_session(chat, chat)
+        for text in ("one", "two", "three"):  # replies a crash left undelivered
+            await store.record_turn(session.id, chat, text, f"reply to {text}")
+    finally:
+        await engine.dispose()
+    async with FakeBotAPI(TOKEN) as api:
+        api.inject(Fault("sendMessage", status=None, delay=1.5, times=1, chat_id=chat))
+        settings = make_settings(sqlite_url, api, tmp_path)
+        async with running_service(settings, EchoEngine(), migrate_db=False) as svc:
+            await api.wait_for(lambda: api.calls_to("sendMessage") != [], what="sendMessage")
+            api.user_message(chat, "/forget")  # while "reply to one" is on its way
+            texts = await api.wait_for_texts(chat, 2)
+            await asyncio.sleep(1.0)  # time for a stale reply to go out
+            assert (
+                api.texts(chat)
+                == texts
+                == [
+                    "reply to one",  # already in flight when /forget came
+                    "Done: I deleted everything I had stored about this chat.",
+                ]
+            )
+            assert await rows(svc, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]
