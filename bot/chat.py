@@ -57,6 +57,10 @@ class EngineProtocol(Protocol):
         """Drop a conversation's cached agent (it is rebuilt from the database on demand)."""
         ...
 
+    def turn_stored(self, session_id: int, last_message_id: int) -> None:
+        """The turn just generated for a conversation is committed up to `last_message_id`."""
+        ...
+
 
 def clean_text(text: str) -> str:
     """Strip surrounding whitespace; inner text is kept verbatim."""
@@ -203,7 +207,7 @@ class ChatService:
             )
             return
         try:
-            await self.store.record_turn(
+            stored = await self.store.record_turn(
                 session.id,
                 chat_id,
                 text,
@@ -216,3 +220,4 @@ class ChatService:
             # The clone already heard this turn but the database did not keep it.
             self.engine.evict(session.id)
             raise
+        self.engine.turn_stored(session.id, stored.bot_message_id)

@@ -54,6 +54,12 @@ class Engine:
             # Never serve one chat another chat's clone, whatever happened to the ids.
             self.cache.evict(session.id)
             entry = None
+        if entry is not None and entry.last_message_id != session.last_message_id:
+            # The conversation moved on without this clone (another process answered a turn,
+            # or an admin changed it): the database wins.
+            log.debug("session %s: cached clone is behind the database; rebuilding", session.id)
+            self.cache.evict(session.id)
+            entry = None
         if entry is None:
             ctx = await self.store.load_context(session.id, tail=self.cache.tail_limit)
             entry = self.cache.rebuild(
@@ -61,6 +67,7 @@ class Engine:
                 ctx.persona,
                 [(m.role, m.text) for m in ctx.messages],
                 chat_id=session.chat_id,
+                last_message_id=ctx.messages[-1].id if ctx.messages else None,
             )
         elif entry.persona != session.persona:
             # Changed elsewhere (another replica, the admin CLI): the database wins.
@@ -96,3 +103,9 @@ class Engine:
     def evict(self, session_id: int) -> None:
         """Forget a conversation's clone."""
         self.cache.evict(session_id)
+
+    def turn_stored(self, session_id: int, last_message_id: int) -> None:
+        """The clone's latest turn is in the database now, up to `last_message_id`."""
+        entry = self.cache.peek(session_id)
+        if entry is not None:
+            entry.last_message_id = last_message_id

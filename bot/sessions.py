@@ -21,6 +21,15 @@ class Context:
     messages: list[MessageRow]
 
 
+@dataclass(frozen=True, slots=True)
+class StoredTurn:
+    """The rows one turn wrote."""
+
+    user_message_id: int
+    bot_message_id: int
+    outbox_id: int
+
+
 class SessionStore:
     """The conversation store; the only code that opens transactions for user actions."""
 
@@ -215,10 +224,10 @@ class SessionStore:
         latency_ms: float | None = None,
         update_id: int | None = None,
         telegram_message_id: int | None = None,
-    ) -> int:
+    ) -> StoredTurn:
         """Store a user message, the bot's reply (queued for sending) and close the update."""
         async with self.sessionmaker.begin() as db:
-            await repo.add_message(
+            user_id = await repo.add_message(
                 db,
                 session_id=session_id,
                 chat_id=chat_id,
@@ -247,4 +256,4 @@ class SessionStore:
             )
             if update_id is not None:
                 await repo.finish_inbox(db, update_id)
-            return outbox_id
+            return StoredTurn(user_id, bot_id, outbox_id)

@@ -69,6 +69,9 @@ class EchoEngine:
         """Record the eviction."""
         self.evicted.append(session_id)
 
+    def turn_stored(self, session_id: int, last_message_id: int) -> None:
+        """Nothing is cached."""
+
     async def close(self) -> None:
         """Nothing to release."""
         self.closed = True

@@ -28,6 +28,9 @@ class Conversation:
     persona: str
     chat_id: int | None = None
     busy: bool = field(default=False)
+    # The newest stored message this clone's history includes (None: none yet). The clone is
+    # only used while that is the conversation's newest message in the database.
+    last_message_id: int | None = None
 
 
 def new_clone(shared_agent: Any, persona: str) -> Any:
@@ -78,17 +81,22 @@ class AgentCache:
         self._entries.move_to_end(session_id)
         return entry
 
+    def peek(self, session_id: int) -> Conversation | None:
+        """The cached conversation without counting a hit or touching its LRU position."""
+        return self._entries.get(session_id)
+
     def rebuild(
         self,
         session_id: int,
         persona: str,
         messages: Iterable[tuple[str, str]],
         chat_id: int | None = None,
+        last_message_id: int | None = None,
     ) -> Conversation:
         """Build a clone from stored `(role, text)` messages and cache it."""
         clone = new_clone(self.shared_agent, persona)
         clone.history.fill(join_turns(messages))
-        entry = Conversation(session_id, clone, persona, chat_id)
+        entry = Conversation(session_id, clone, persona, chat_id, last_message_id=last_message_id)
         self._entries[session_id] = entry
         self._entries.move_to_end(session_id)
         self._shrink()

@@ -24,6 +24,9 @@ class SessionRow:
     status: str
     created_at: datetime
     ended_at: datetime | None
+    # The id of the conversation's newest message when this row was read (None: no message
+    # yet): a cached agent is only used while it has seen exactly this far.
+    last_message_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +65,10 @@ class OutboxRow:
     attempts: int
 
 
-def _session_row(s: Session) -> SessionRow:
-    return SessionRow(s.id, s.chat_id, s.user_id, s.persona, s.status, s.created_at, s.ended_at)
+def _session_row(s: Session, last_message_id: int | None = None) -> SessionRow:
+    return SessionRow(
+        s.id, s.chat_id, s.user_id, s.persona, s.status, s.created_at, s.ended_at, last_message_id
+    )
 
 
 # --- inbox ---------------------------------------------------------------------------------
@@ -145,11 +150,14 @@ async def bump_inbox_attempts(db: AsyncSession, update_id: int, error: str) -> i
 
 
 async def get_active_session(db: AsyncSession, chat_id: int) -> SessionRow | None:
-    """The chat's active conversation, if any."""
+    """The chat's active conversation, if any, with its newest message id (same transaction)."""
     s = await db.scalar(
         select(Session).where(Session.chat_id == chat_id, Session.status == "active")
     )
-    return _session_row(s) if s else None
+    if s is None:
+        return None
+    last = await db.scalar(select(func.max(Message.id)).where(Message.session_id == s.id))
+    return _session_row(s, last)
 
 
 async def latest_persona(db: AsyncSession, chat_id: int) -> str:

@@ -227,3 +227,33 @@ async def test_engine_error_is_reported_and_message_kept(
         engine.shared_agent.batch_act = original
     ctx = await store.load_context(session.id, tail=None)
     assert [(m.role, m.text) for m in ctx.messages] == [("user", "hello")]
+
+
+async def test_a_clone_behind_the_database_is_rebuilt(
+    shared_agent: Any, store: SessionStore, tmp_path: Path, tiny_model_file: str
+) -> None:
+    # Issue 11.2: two processes on one database. A answers turn 1, B answers turn 2, then A
+    # answers turn 3 from its cache, which never saw turn 2: its model input lacked it.
+    settings = _settings(tiny_model_file, tmp_path)
+    a, b, fresh = (Engine(shared_agent, store, settings) for _ in range(3))
+    for eng in (a, b, fresh):
+        await eng.batcher.start()
+    try:
+        await ChatService(store, a, settings).set_persona(21, 21, "My name is Sarah.")
+        await ChatService(store, a, settings).text(21, 21, "hello")
+        await ChatService(store, b, settings).text(21, 21, "do you like dogs")
+        await ChatService(store, a, settings).text(21, 21, "how are you")
+        session = await store.active_session(21)
+        probe = "what do you like"
+        from_a = await a.generate(session, probe)
+        from_fresh = await fresh.generate(session, probe)
+        assert from_a.model_input == from_fresh.model_input
+        text = _normalize(_decode(shared_agent, from_a.model_input))
+        assert "do you like dogs" in text and "how are you" in text
+        # ... and a clone that is up to date stays cached: no rebuild per turn.
+        misses = a.cache.stats.misses
+        await ChatService(store, a, settings).text(21, 21, "i love cats")
+        assert a.cache.stats.misses == misses
+    finally:
+        for eng in (a, b, fresh):
+            await eng.close()

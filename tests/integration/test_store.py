@@ -78,7 +78,7 @@ async def test_tail_messages_keeps_order(store: SessionStore) -> None:
 
 async def test_outbox_delivery_marks_message(store: SessionStore) -> None:
     session = await store.active_session(6, 6)
-    outbox_id = await store.record_turn(session.id, 6, "hi", "yo")
+    outbox_id = (await store.record_turn(session.id, 6, "hi", "yo")).outbox_id
     async with store.sessionmaker.begin() as db:
         await repo.outbox_sent(db, outbox_id, telegram_message_id=77)
     async with store.sessionmaker() as db:
