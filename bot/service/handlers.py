@@ -62,6 +62,8 @@ EDITED = (
     "send it again as a new message if you want me to answer it."
 )
 UNKNOWN_COMMAND = "I don't know that command. /help lists what I can do."
+# Always run, whatever the flood gate says: a user must always be able to delete their data.
+FLOOD_EXEMPT = frozenset({"forget"})
 
 
 class Flood(Enum):
@@ -103,8 +105,9 @@ class FloodGate:
         """The one message a flooding chat gets per window."""
         return (
             f"You're writing faster than I can answer: I reply to at most {self.max_messages} "
-            f"messages every {self.window_s:g} seconds. I've kept what you wrote; "
-            "give me a moment and then carry on."
+            f"messages every {self.window_s:g} seconds. I've kept what you wrote, but commands "
+            "sent meanwhile were skipped; give me a moment, then carry on (and send those "
+            "commands again). /forget always works."
         )
 
     def _prune(self, now: float) -> None:
@@ -201,7 +204,29 @@ class Handlers:
     # --- gate ------------------------------------------------------------------------------
 
     async def gate(self, update: Update, context: Context) -> None:
-        """Stop updates that are not for us: channel posts, and group traffic per policy."""
+        """Stop updates that are not for us (channel posts, group traffic per policy), and
+        commands and edits over the chat's flood limit."""
+        await self._for_us(update, context)
+        message = update.message or update.edited_message
+        assert message is not None
+        command = _command_name(message)
+        if command is None and update.edited_message is None:
+            return  # texts and non-text messages meet the flood gate in their handlers
+        if command is not None and command[0] in FLOOD_EXEMPT:
+            return
+        # Every reply counts against Telegram's per-chat limits, so commands and edits count
+        # too. One over the limit is not run: the chat gets the flood notice (once per window)
+        # and the update is closed unanswered ("ignored").
+        verdict = self.flood.check(_chat_id(update), _sent_at(message))
+        if verdict is Flood.OK:
+            return
+        if verdict is Flood.NOTICE:
+            await self.chat.notice(
+                _chat_id(update), self.flood.notice(), update_id=update.update_id
+            )
+        raise ApplicationHandlerStop
+
+    async def _for_us(self, update: Update, context: Context) -> None:
         message = update.message or update.edited_message
         chat = update.effective_chat
         if message is None or chat is None:
