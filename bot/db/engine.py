@@ -44,7 +44,12 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 
 
 def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
-    """An async engine for SQLite (aiosqlite) or PostgreSQL (asyncpg)."""
+    """An async engine for SQLite (aiosqlite) or PostgreSQL (asyncpg).
+
+    Bound parameters (message texts, personas, user names) never appear in SQLAlchemy's error
+    messages, so a failed statement cannot carry user text into a log line or `inbox.error`.
+    """
+    kwargs.setdefault("hide_parameters", True)
     u = make_url(url)
     if u.get_backend_name() == "sqlite":
         if u.drivername == "sqlite":
