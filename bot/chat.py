@@ -62,9 +62,18 @@ class EngineProtocol(Protocol):
         ...
 
 
+def storable(text: str) -> str:
+    """The text without U+0000, which PostgreSQL cannot store in a text column.
+
+    No Telegram client sends it on purpose; it is dropped on both backends alike, so a
+    conversation reads the same wherever it is stored. Every other character is kept.
+    """
+    return text.replace("\x00", "")
+
+
 def clean_text(text: str) -> str:
-    """Strip surrounding whitespace; inner text is kept verbatim."""
-    return text.strip()
+    """Drop U+0000 and strip surrounding whitespace; inner text is kept verbatim."""
+    return storable(text).strip()
 
 
 class ChatService:
@@ -105,6 +114,14 @@ class ChatService:
     ) -> None:
         """/persona <text>: set it (or clear it with a clear word)."""
         persona = clean_text(text)
+        if not persona and text.strip():
+            await self.notice(
+                chat_id,
+                "That persona has no text I can use. Your current persona is unchanged; "
+                "send /persona followed by a few words about me.",
+                update_id=update_id,
+            )
+            return
         if persona.lower() in PERSONA_CLEAR_WORDS:
             persona = ""
         limit = self.settings.persona_max_chars
@@ -156,6 +173,7 @@ class ChatService:
         telegram_message_id: int | None = None,
     ) -> None:
         """Keep a user message without a model reply (flood limit); it joins the next turn."""
+        text = storable(text)
         session = await self.store.active_session(chat_id, user_id)
         await self.store.record_user_message(
             session.id,

@@ -89,6 +89,38 @@ async def test_hostile_personas_and_texts(db_url: str, tmp_path: Path) -> None:
     assert await table_names(db_url) >= TABLES
 
 
+async def test_nul_characters_are_dropped_on_both_backends(db_url: str, tmp_path: Path) -> None:
+    """Regression (issue 11.9): U+0000 could not be stored on PostgreSQL, so the turn was
+    generated three times and ended in an apology. It is dropped, everything else kept."""
+    chat = 5002
+    async with FakeBotAPI(TOKEN) as api:
+        settings = make_settings(db_url, api, tmp_path, log_level="INFO")
+        engine = EchoEngine()
+        async with running_service(settings, engine) as svc:
+            api.user_message(chat, "/persona I am\x00 Sarah\x00.")
+            api.user_message(chat, "hel\x00lo\x00 there")
+            api.user_message(chat, "/persona \x00\x00")
+            api.user_message(chat, "\x00")
+            texts = await api.wait_for_texts(chat, 4, timeout_s=20)
+            assert texts == [
+                "Got it. From now on: I am Sarah.",
+                f"echo {chat}: hello there",
+                "That persona has no text I can use. Your current persona is unchanged; "
+                "send /persona followed by a few words about me.",
+                "Say something and I'll answer.",
+            ]
+            assert engine.calls == [(chat, "hello there")]  # generated once, no apology
+            assert await rows(svc, "SELECT persona FROM sessions WHERE chat_id = :c", c=chat) == [
+                ("I am Sarah.",)
+            ]
+            assert await rows(
+                svc, "SELECT role, text FROM messages WHERE chat_id = :c ORDER BY id", c=chat
+            ) == [("user", "hello there"), ("bot", f"echo {chat}: hello there")]
+            assert await rows(svc, "SELECT status, count(*) FROM inbox GROUP BY status") == [
+                ("done", 4)
+            ]
+
+
 @pytest.mark.parametrize(
     "argv",
     [
