@@ -36,7 +36,10 @@ TABLES = {"sessions", "messages", "outbox", "inbox", "chat_leases", "alembic_ver
 async def test_hostile_personas_and_texts(db_url: str, tmp_path: Path) -> None:
     chat = 5001
     async with FakeBotAPI(TOKEN) as api:
-        settings = make_settings(db_url, api, tmp_path, log_level="INFO", message_max_chars=4096)
+        # Not a flood test: its 20-odd commands and texts in a row stay under the limit.
+        settings = make_settings(
+            db_url, api, tmp_path, log_level="INFO", message_max_chars=4096, flood_max_messages=100
+        )
         async with running_service(settings, EchoEngine()) as svc:
             n = 0
 
