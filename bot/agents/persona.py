@@ -16,16 +16,22 @@ from parlai.core.torch_agent import History
 
 PERSONA_PREFIX = "your persona: "
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+# Personas pasted from ConvAI2/BlenderBot data already carry the prefix.
+_GIVEN_PREFIX = re.compile(r"^(?:your persona\s*:\s*)+", re.IGNORECASE)
 # At most this share of the model's context goes to the persona, the rest to the dialogue.
 PERSONA_SHARE = 0.75
 
 
 def persona_lines(persona: str) -> list[str]:
-    """Split free text into `your persona: ...` lines, one per sentence or line."""
+    """Split free text into `your persona: ...` lines, one per sentence or line.
+
+    A sentence that already starts with "your persona:" (pasted from ParlAI data) keeps one
+    prefix, not two.
+    """
     lines: list[str] = []
     for raw_line in persona.splitlines():
         for sentence in _SENTENCE_END.split(raw_line.strip()):
-            sentence = sentence.strip()
+            sentence = _GIVEN_PREFIX.sub("", sentence.strip()).strip()
             if sentence:
                 lines.append(PERSONA_PREFIX + sentence)
     return lines
