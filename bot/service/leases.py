@@ -10,7 +10,7 @@ chat, not per row, also keeps a chat's order across processes.
 
 A holder renews its leases in the background and before each row it works on; a crashed
 holder's leases expire after `ttl_s`, or are taken at once when the owner is a process of this
-machine that no longer runs (a restart after kill -9 need not wait). Lease times come from each
+machine and PID namespace that no longer runs (a restart after kill -9 need not wait). Lease times come from each
 process's clock: replicas on several machines need synchronised clocks (NTP), as usual.
 """
 
@@ -43,20 +43,40 @@ LINGER_S = 1.0
 HOST = socket.gethostname()
 
 
+def _pid_namespace() -> str:
+    """This process's PID namespace (its inode), or "-" where there is no /proc (one
+    namespace per machine, as on macOS)."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "-"
+
+
+PID_NAMESPACE = _pid_namespace()
+
+
 def new_owner() -> str:
-    """A process-unique owner name: host, pid and a random part (several services per process
-    in tests)."""
-    return f"{HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """A process-unique owner name: host, PID namespace, pid and a random part (several
+    services per process in tests).
+
+    A PID means a process only within its PID namespace: containers that share a host name
+    (host networking) each number their processes from 1.
+    """
+    return f"{HOST}:{PID_NAMESPACE}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 def _dead_here(owner: str) -> bool:
-    """Whether `owner` is a process of this machine that has exited."""
+    """Whether `owner` is a process of this machine and PID namespace that has exited.
+
+    Anything else (another machine, another container, an owner name of an older version)
+    is judged by its lease's expiry alone.
+    """
     try:
-        name, pid_text, _ = owner.rsplit(":", 2)
+        name, namespace, pid_text, _ = owner.rsplit(":", 3)
         pid = int(pid_text)
     except ValueError:
         return False
-    if name != HOST or pid == os.getpid():
+    if name != HOST or namespace != PID_NAMESPACE or pid == os.getpid():
         return False
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
@@ -168,14 +188,19 @@ class Leases:
 
     def _release_soon(self, chat_id: int) -> None:
         self._releases.pop(chat_id, None)
-        task = asyncio.create_task(self._release_now(chat_id), name=f"release:{chat_id}")
+        # Forget the lease now, not when the task below runs: an acquire() in between must go
+        # to the database (where it renews the row, so the delete below then matches nothing)
+        # instead of trusting a lease that is about to be deleted.
+        self._held.pop(chat_id, None)
+        written = self._written.pop(chat_id, None)
+        task = asyncio.create_task(
+            self._release_now(chat_id, written), name=f"release:{chat_id}"
+        )
         self._releasing.add(task)
         task.add_done_callback(self._releasing.discard)
 
-    async def _release_now(self, chat_id: int) -> None:
+    async def _release_now(self, chat_id: int, written: datetime | None) -> None:
         """Delete the lease row we wrote (best effort: if this fails, the lease expires)."""
-        self._held.pop(chat_id, None)
-        written = self._written.pop(chat_id, None)
         if written is None:
             return
         try:
@@ -230,7 +255,8 @@ class Leases:
         self._releases.clear()
         await asyncio.gather(*self._releasing, return_exceptions=True)
         for chat_id in list(self._held):
-            await self._release_now(chat_id)
+            self._held.pop(chat_id, None)
+            await self._release_now(chat_id, self._written.pop(chat_id, None))
 
     async def _keep(self) -> None:
         while True:
