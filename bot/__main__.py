@@ -45,6 +45,23 @@ def _build_parser() -> argparse.ArgumentParser:
     down = db_sub.add_parser("downgrade", help="revert migrations, e.g. `downgrade base`")
     down.add_argument("revision")
     db_sub.add_parser("current", help="show the current revision")
+    ro = db_sub.add_parser(
+        "readonly-role",
+        help="PostgreSQL: create or update the read-only role for ADMIN_DATABASE_URL",
+        description="Create (or update) a LOGIN role that can only read the bot's tables, "
+        "for `admin sql` (ADMIN_DATABASE_URL). Run it with a superuser's DATABASE_URL, after "
+        "`db upgrade`: it also revokes from PUBLIC, in this database, EXECUTE on the functions "
+        "that write large objects, send notifications or WAL messages, or signal sessions "
+        "(the tables' owner keeps them). Prints the ADMIN_DATABASE_URL to set.",
+    )
+    ro.add_argument("name", metavar="NAME", help="role name, e.g. bot_readonly")
+    ro.add_argument(
+        "--password-env",
+        metavar="VAR",
+        default=None,
+        help="set the role's password from this environment variable (sent as a SCRAM "
+        "verifier, never printed)",
+    )
 
     from bot.admin.cli import add_admin_parser
 
@@ -57,6 +74,8 @@ def _db(settings: Settings, args: argparse.Namespace) -> int:
     from bot.db.engine import ensure_sqlite_dir, safe_url
 
     url = settings.db_url
+    if args.db_command == "readonly-role":
+        return _readonly_role(url, args)
     ensure_sqlite_dir(url)
     if args.db_command == "upgrade":
         migrate.upgrade(url, args.revision)
@@ -66,6 +85,33 @@ def _db(settings: Settings, args: argparse.Namespace) -> int:
         print(f"database {safe_url(url)} is at {args.revision}")
     else:
         migrate.current(url)
+    return 0
+
+
+def _readonly_role(url: str, args: argparse.Namespace) -> int:
+    import os
+
+    from bot.admin.pgrole import RoleError, ensure_readonly_role
+
+    password = None
+    if args.password_env is not None:
+        password = os.environ.get(args.password_env)
+        if not password:
+            print(f"error: environment variable {args.password_env} is not set", file=sys.stderr)
+            return 1
+    try:
+        role = asyncio.run(ensure_readonly_role(url, args.name, password))
+    except RoleError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    done = "created" if role.created else "updated"
+    print(f"role {role.name} {done}: it can only read database {role.database}")
+    print(
+        "set this for `admin sql`"
+        + (f" (*** is the password in ${args.password_env})" if password else "")
+        + ":"
+    )
+    print(f"ADMIN_DATABASE_URL={role.admin_url}")
     return 0
 
 

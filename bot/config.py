@@ -36,6 +36,8 @@ class Settings(BaseSettings):
     # --- storage --------------------------------------------------------------------------
     data_dir: Path = DEFAULT_DATA_DIR
     database_url: SecretStr | None = None
+    # The read-only PostgreSQL role `admin sql` runs as (`python -m bot db readonly-role`).
+    admin_database_url: SecretStr | None = None
 
     # --- model and engine -----------------------------------------------------------------
     bot_model: str | None = None

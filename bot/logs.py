@@ -63,8 +63,13 @@ def settings_secrets(settings: object) -> list[str]:
         value = getattr(settings, name, None)
         if value is not None:
             out.append(value.get_secret_value())
-    url = getattr(settings, "db_url", None)
-    if url:
+    urls = [getattr(settings, "db_url", None)]
+    admin_url = getattr(settings, "admin_database_url", None)
+    if admin_url is not None:
+        urls.append(admin_url.get_secret_value())
+    for url in urls:
+        if not url:
+            continue
         try:
             password = make_url(url).password
         except Exception:  # noqa: BLE001 - a malformed URL has no password to hide

@@ -87,3 +87,38 @@ async def table_names(url: str) -> set[str]:
             return set(await conn.run_sync(lambda c: inspect(c).get_table_names()))
     finally:
         await engine.dispose()
+
+
+def make_readonly_role(url: str) -> str:
+    """A fresh role made by `db readonly-role` for the database at `url`; returns its URL.
+
+    Roles belong to the whole server: drop it with drop_pg_role (before or after the database).
+    """
+    from bot.admin.pgrole import ensure_readonly_role
+
+    name = f"bot_test_ro_{uuid.uuid4().hex[:12]}"
+    asyncio.run(ensure_readonly_role(url, name))
+    return make_url(url).set(username=name, password=None).render_as_string(hide_password=False)
+
+
+def drop_pg_role(url: str) -> None:
+    """Drop the role of `url` (made by a test), and what it owns or was granted in its database."""
+    import asyncpg
+
+    role, database = make_url(url).username, make_url(url).database
+    quoted = '"' + str(role).replace('"', '""') + '"'
+
+    async def drop() -> None:
+        try:
+            conn = await asyncpg.connect(_asyncpg_dsn(PG_URL, database))
+        except asyncpg.InvalidCatalogNameError:  # the database is gone, and its grants with it
+            pass
+        else:
+            try:
+                if await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", role):
+                    await conn.execute(f"DROP OWNED BY {quoted}")
+            finally:
+                await conn.close()
+        await _admin(f"DROP ROLE IF EXISTS {quoted}")
+
+    asyncio.run(drop())

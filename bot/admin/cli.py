@@ -273,11 +273,16 @@ def _hint(err: DBAPIError) -> str:
     return text
 
 
-async def admin(url: str, args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """Run a parsed `admin` subcommand against the database at `url`; returns the exit status."""
+async def admin(
+    url: str, args: argparse.Namespace, out: TextIO | None = None, *, sql_url: str | None = None
+) -> int:
+    """Run a parsed `admin` subcommand against the database at `url`; returns the exit status.
+
+    `admin sql` connects with `sql_url` (ADMIN_DATABASE_URL, the read-only role) when given.
+    """
     out = out or sys.stdout
     if args.admin_command == "sql":
-        return await _sql(url, args, out)
+        return await _sql(sql_url or url, args, out)
     if make_url(url).get_backend_name() == "sqlite":
         queries.sqlite_path(url)  # a clear error instead of creating an empty database
     engine = make_engine(url)
@@ -351,20 +356,30 @@ def add_admin_parser(sub: Any) -> None:
     sql = cmds.add_parser(
         "sql",
         parents=[as_json],
-        help="run one read-only SQL statement",
-        description="Run one SQL statement on a connection the database keeps read-only "
-        "(SQLite mode=ro, a PostgreSQL READ ONLY transaction): writes and multiple "
-        "statements are refused.",
+        help="run one read-only SQL query",
+        description="Run one SQL query on a connection the database keeps read-only: SQLite "
+        "mode=ro with an authorizer; on PostgreSQL a READ ONLY transaction of a role that can "
+        "only read (ADMIN_DATABASE_URL, made by `python -m bot db readonly-role NAME`; a "
+        "superuser or a role that can write is refused). Writes, statements that return no "
+        "rows, and multiple statements are refused.",
     )
     sql.add_argument("query", metavar="SQL")
     sql.add_argument("--max-rows", type=_positive, default=1000, metavar="N", help="default 1000")
     sql.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="default 60")
 
 
+def admin_sql_url(settings: Settings) -> str:
+    """The database URL `admin sql` uses: ADMIN_DATABASE_URL, else the service's own."""
+    admin_url = settings.admin_database_url
+    if admin_url is not None and admin_url.get_secret_value().strip():
+        return admin_url.get_secret_value().strip()
+    return settings.db_url
+
+
 def run_admin(settings: Settings, args: argparse.Namespace) -> int:
     """Run an admin subcommand; errors become one line on stderr and exit status 1."""
     try:
-        return asyncio.run(admin(settings.db_url, args))
+        return asyncio.run(admin(settings.db_url, args, sql_url=admin_sql_url(settings)))
     except AdminError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -421,11 +421,110 @@ def sqlite_path(url: str) -> Path:
 
 READ_ONLY_MESSAGE = "refused: admin sql is read-only, use it for SELECT queries ({reason})"
 ONE_STATEMENT_MESSAGE = "refused: admin sql runs exactly one statement ({reason})"
+QUERY_ONLY_MESSAGE = (
+    "refused: admin sql is read-only and runs queries only, statements that return rows "
+    "(SELECT, WITH, VALUES, TABLE, SHOW, EXPLAIN); {reason}"
+)
+ROLE_MESSAGE = (
+    "refused: admin sql runs only as a read-only PostgreSQL role, and {role!r} {problems}. "
+    "Create one with `python -m bot db readonly-role bot_readonly` (run with a superuser's "
+    "DATABASE_URL) and set ADMIN_DATABASE_URL to the URL it prints"
+)
+
+# --- SQLite: mode=ro, no ATTACH, and an authorizer that lets through only what a query needs.
+
+# Switched off: fts3_tokenizer() hands out and takes raw memory pointers (a crash or worse);
+# load_extension() runs native code (sqlite3 disables it already).
+_SQLITE_DENIED_FUNCTIONS = frozenset({"fts3_tokenizer", "load_extension"})
+# PRAGMAs that only report; with an argument only those whose argument names what to report on.
+_SQLITE_READ_PRAGMAS = frozenset(
+    {
+        "application_id", "collation_list", "compile_options", "data_version", "database_list",
+        "encoding", "foreign_key_check", "foreign_key_list", "foreign_keys", "freelist_count",
+        "function_list", "index_info", "index_list", "index_xinfo", "integrity_check",
+        "journal_mode", "module_list", "page_count", "page_size", "pragma_list", "quick_check",
+        "schema_version", "table_info", "table_list", "table_xinfo", "user_version",
+    }
+)  # fmt: skip
+_SQLITE_PRAGMAS_WITH_ARGUMENT = frozenset(
+    {
+        "foreign_key_check", "foreign_key_list", "index_info", "index_list", "index_xinfo",
+        "integrity_check", "quick_check", "table_info", "table_list", "table_xinfo",
+    }
+)  # fmt: skip
+_SQLITE_ACTIONS = {
+    getattr(sqlite3, name): name.removeprefix("SQLITE_").replace("_", " ")
+    for name in (
+        "SQLITE_CREATE_INDEX", "SQLITE_CREATE_TABLE", "SQLITE_CREATE_TEMP_INDEX",
+        "SQLITE_CREATE_TEMP_TABLE", "SQLITE_CREATE_TEMP_TRIGGER", "SQLITE_CREATE_TEMP_VIEW",
+        "SQLITE_CREATE_TRIGGER", "SQLITE_CREATE_VIEW", "SQLITE_DELETE", "SQLITE_DROP_INDEX",
+        "SQLITE_DROP_TABLE", "SQLITE_DROP_TEMP_INDEX", "SQLITE_DROP_TEMP_TABLE",
+        "SQLITE_DROP_TEMP_TRIGGER", "SQLITE_DROP_TEMP_VIEW", "SQLITE_DROP_TRIGGER",
+        "SQLITE_DROP_VIEW", "SQLITE_INSERT", "SQLITE_TRANSACTION", "SQLITE_UPDATE",
+        "SQLITE_ATTACH", "SQLITE_DETACH", "SQLITE_ALTER_TABLE", "SQLITE_REINDEX",
+        "SQLITE_ANALYZE", "SQLITE_CREATE_VTABLE", "SQLITE_DROP_VTABLE", "SQLITE_SAVEPOINT",
+    )
+    if hasattr(sqlite3, name)
+}  # fmt: skip
+
+
+class _SqliteGuard:
+    """The authorizer: allows reading and harmless functions, and says what it denied."""
+
+    def __init__(self) -> None:
+        self.denied: str | None = None
+
+    def __call__(
+        self, action: int, arg1: str | None, arg2: str | None, _db: str | None, _src: str | None
+    ) -> int:
+        reason = self._check(action, arg1, arg2)
+        if reason is None:
+            return sqlite3.SQLITE_OK
+        self.denied = self.denied or reason
+        return sqlite3.SQLITE_DENY
+
+    @staticmethod
+    def _check(action: int, arg1: str | None, arg2: str | None) -> str | None:
+        if action in (sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE):
+            return None
+        if action == sqlite3.SQLITE_FUNCTION:
+            name = (arg2 or "").lower()
+            if name in _SQLITE_DENIED_FUNCTIONS:
+                return f"{name}() is switched off"
+            return None
+        if action == sqlite3.SQLITE_PRAGMA:
+            name = (arg1 or "").lower()
+            if name in _SQLITE_READ_PRAGMAS and (
+                arg2 is None or name in _SQLITE_PRAGMAS_WITH_ARGUMENT
+            ):
+                return None
+            shown = f"PRAGMA {name}" + ("" if arg2 is None else f" = {arg2}")
+            return f"{shown} is not a read-only PRAGMA"
+        if action == sqlite3.SQLITE_UPDATE and arg1 in ("sqlite_master", "sqlite_schema"):
+            # Table-valued PRAGMA functions (SELECT * FROM pragma_table_info('messages')) ask
+            # for this while SQLite sets them up; a real write of the schema table is refused
+            # by mode=ro regardless.
+            return None
+        what = _SQLITE_ACTIONS.get(action, f"action {action}")
+        return f"{what}{f' on {arg1}' if arg1 else ''} is not a read"
+
+
+class _Undecodable(bytes):
+    """A TEXT value that is not valid UTF-8 (kept as bytes, reported by column)."""
+
+
+def _sqlite_text(raw: bytes) -> str | bytes:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return _Undecodable(raw)
 
 
 def _sqlite_readonly(path: Path, sql: str, max_rows: int, timeout_s: float) -> SqlResult:
     # mode=ro makes SQLite itself refuse every write; no ATTACH either, because attaching
-    # creates the named file even on a read-only connection.
+    # creates the named file even on a read-only connection. The authorizer refuses, before
+    # anything runs, every statement that is not a query and the functions that are unsafe
+    # even in one (fts3_tokenizer).
     uri = f"file:{urllib.parse.quote(str(path))}?mode=ro"
     try:
         conn = sqlite3.connect(uri, uri=True, timeout=timeout_s)
@@ -433,6 +532,10 @@ def _sqlite_readonly(path: Path, sql: str, max_rows: int, timeout_s: float) -> S
         raise AdminError(f"cannot open {path} read-only: {err}") from err
     try:
         conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+        guard = _SqliteGuard()
+        conn.set_authorizer(guard)
+        # Text that is not UTF-8 becomes a clean error naming its column, not a traceback.
+        conn.text_factory = _sqlite_text
         deadline = time.monotonic() + timeout_s
         # A runaway query is interrupted, like statement_timeout on PostgreSQL.
         conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
@@ -443,8 +546,10 @@ def _sqlite_readonly(path: Path, sql: str, max_rows: int, timeout_s: float) -> S
             if "one statement" in str(err):
                 raise SqlRefused(ONE_STATEMENT_MESSAGE.format(reason=err)) from err
             raise AdminError(f"SQL failed: {err}") from err
-        except sqlite3.OperationalError as err:
+        except sqlite3.DatabaseError as err:
             text = str(err)
+            if guard.denied is not None:  # "not authorized", "authorization denied"
+                raise SqlRefused(READ_ONLY_MESSAGE.format(reason=guard.denied)) from err
             if "readonly" in text or "read-only" in text or "attached databases" in text:
                 raise SqlRefused(READ_ONLY_MESSAGE.format(reason=text)) from err
             if text == "interrupted":
@@ -452,11 +557,24 @@ def _sqlite_readonly(path: Path, sql: str, max_rows: int, timeout_s: float) -> S
             raise AdminError(f"SQL failed: {text}") from err
         except sqlite3.Error as err:
             raise AdminError(f"SQL failed: {err}") from err
+        except UnicodeDecodeError as err:  # a column name that is not UTF-8
+            raise AdminError(f"SQL failed: a result column name is not UTF-8 ({err})") from err
         columns = [d[0] for d in cur.description or ()]
-        return SqlResult(columns, [tuple(r) for r in rows[:max_rows]], len(rows) > max_rows)
+        result = [tuple(r) for r in rows[:max_rows]]
+        for row in result:
+            for name, value in zip(columns, row, strict=True):
+                if isinstance(value, _Undecodable):
+                    raise AdminError(
+                        f"column {name!r} holds text that is not valid UTF-8 "
+                        f"(e.g. {bytes(value[:16])!r}); select hex({name}) to see its bytes"
+                    )
+        return SqlResult(columns, result, len(rows) > max_rows)
     finally:
         conn.rollback()
         conn.close()
+
+
+# --- PostgreSQL: a role that can only read, in a READ ONLY transaction, queries only. ----------
 
 
 def _asyncpg_dsn(url: str) -> str:
@@ -465,6 +583,8 @@ def _asyncpg_dsn(url: str) -> str:
 
 async def _postgres_readonly(url: str, sql: str, max_rows: int, timeout_s: float) -> SqlResult:
     import asyncpg
+
+    from bot.admin.pgrole import role_problems
 
     try:
         conn = await asyncpg.connect(
@@ -480,20 +600,31 @@ async def _postgres_readonly(url: str, sql: str, max_rows: int, timeout_s: float
         )
     except (OSError, asyncpg.PostgresError, TimeoutError) as err:
         raise AdminError(f"cannot connect to PostgreSQL: {err}") from err
+    tr = conn.transaction(readonly=True)
     try:
-        async with conn.transaction(readonly=True):
-            # A prepared statement holds exactly one command; the server refuses more.
-            stmt = await conn.prepare(sql)
-            columns = [a.name for a in stmt.get_attributes()]
-            rows: list[tuple[Any, ...]] = []
-            if columns:
-                async for record in stmt.cursor():
-                    rows.append(tuple(record))
-                    if len(rows) > max_rows:
-                        break
-            else:
-                await stmt.fetch()
+        await tr.start()
+        # Checked inside the READ ONLY transaction: this query also takes its snapshot, after
+        # which the server refuses SET TRANSACTION READ WRITE.
+        role = await conn.fetchval("SELECT current_user::text")
+        problems = await role_problems(conn, role)
+        if problems:
+            raise SqlRefused(ROLE_MESSAGE.format(role=role, problems="; ".join(problems)))
+        # A prepared statement holds exactly one command; the server refuses more. Preparing
+        # runs nothing, and tells whether the statement returns rows.
+        stmt = await conn.prepare(sql)
+        columns = [a.name for a in stmt.get_attributes()]
+        if not columns:
+            words = sql.split(None, 1)
+            verb = words[0].upper() if words and words[0].isalpha() else "this statement"
+            raise SqlRefused(QUERY_ONLY_MESSAGE.format(reason=f"{verb} returns none"))
+        rows: list[tuple[Any, ...]] = []
+        async for record in stmt.cursor():
+            rows.append(tuple(record))
+            if len(rows) > max_rows:
+                break
     except asyncpg.ReadOnlySQLTransactionError as err:
+        raise SqlRefused(READ_ONLY_MESSAGE.format(reason=err)) from err
+    except asyncpg.InsufficientPrivilegeError as err:
         raise SqlRefused(READ_ONLY_MESSAGE.format(reason=err)) from err
     except asyncpg.PostgresSyntaxError as err:
         if "multiple commands" in str(err):
@@ -504,6 +635,12 @@ async def _postgres_readonly(url: str, sql: str, max_rows: int, timeout_s: float
     except asyncpg.PostgresError as err:
         raise AdminError(f"SQL failed: {err}") from err
     finally:
+        # Nothing to keep: roll back whatever the statement did (there should be nothing).
+        try:
+            if not conn.is_closed():
+                await tr.rollback()
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+            pass
         await conn.close()
     return SqlResult(columns, rows[:max_rows], len(rows) > max_rows)
 
@@ -511,12 +648,15 @@ async def _postgres_readonly(url: str, sql: str, max_rows: int, timeout_s: float
 async def readonly_sql(
     url: str, sql: str, *, max_rows: int = 1000, timeout_s: float = 60.0
 ) -> SqlResult:
-    """Run one statement on a connection the database itself keeps read-only.
+    """Run one query on a connection the database itself keeps read-only.
 
-    SQLite opens the file with mode=ro; PostgreSQL runs it in a READ ONLY transaction of a
-    session whose default is read-only too (and whose time zone is UTC). Nothing parses the
-    SQL: the databases refuse writes, and single-statement execution (sqlite3's execute, a
-    PostgreSQL prepared statement) refuses a second statement.
+    SQLite opens the file with mode=ro, and an authorizer refuses, before anything runs, what is
+    not a query (and fts3_tokenizer()). PostgreSQL refuses to run as a role that could do more
+    than read (bot/admin/pgrole.py: a superuser, a member of pg_execute_server_program, a table
+    owner, a role that may create large objects, ...), then runs the statement in a READ ONLY
+    transaction of a read-only session (time zone UTC), and only if it returns rows. Nothing
+    parses the SQL: the databases judge it, and single-statement execution (sqlite3's execute,
+    a PostgreSQL prepared statement) refuses a second statement.
     """
     if not sql.strip():
         raise AdminError("no SQL given")

@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 from bot.admin.queries import readonly_sql
 from bot.sessions import SessionStore
 from tests.integration.test_admin import CATS, PIRATE, Seed, seed
+from tests.integration.test_admin import sql_url as sql_url  # the fixture: a read-only role
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 START, END = "<!-- admin:start -->", "<!-- admin:end -->"
@@ -132,7 +133,7 @@ def test_readme_documents_8_to_10_queries_each_with_an_expectation() -> None:
 
 
 async def test_every_readme_query_returns_the_expected_rows(
-    store: SessionStore, db_url: str
+    store: SessionStore, db_url: str, sql_url: str
 ) -> None:
     s = await seed(store)
     backend = make_url(db_url).get_backend_name()
@@ -143,7 +144,7 @@ async def test_every_readme_query_returns_the_expected_rows(
         if q.backend not in (None, backend):
             continue
         # Through `admin sql`: the documented queries must work on its read-only connection.
-        result = await readonly_sql(db_url, q.sql)
+        result = await readonly_sql(sql_url, q.sql)
         columns, rows = want[q.title]
         missing = [c for c in columns if c not in result.columns]
         if missing:
