@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -10,6 +11,10 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path("data")
+# Telegram takes 1-256 characters of A-Za-z0-9_- as a webhook secret; we want at least 16: it is
+# all that tells Telegram's posts from forged ones, and a short one would shred the logs, where
+# every occurrence of it is redacted.
+WEBHOOK_SECRET_RE = re.compile(r"[A-Za-z0-9_-]{16,256}")
 
 
 class ConfigError(Exception):
@@ -85,6 +90,21 @@ class Settings(BaseSettings):
             return [value]
         return value
 
+    @field_validator("webhook_secret")
+    @classmethod
+    def _check_webhook_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        secret = value.get_secret_value() if value is not None else ""
+        if secret and not WEBHOOK_SECRET_RE.fullmatch(secret):
+            # ConfigError, not ValueError: pydantic lets it through as it is, so the command
+            # line prints this message instead of a validation traceback. Never the value.
+            raise ConfigError(
+                "WEBHOOK_SECRET must be 16 to 256 characters of A-Z, a-z, 0-9, _ and - "
+                f"(this one has {len(secret)} characters"
+                + ("" if re.fullmatch(r"[A-Za-z0-9_-]*", secret) else ", some of them others")
+                + "); e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return value
+
     @field_validator("log_level")
     @classmethod
     def _upper(cls, value: str) -> str:
@@ -120,7 +140,7 @@ class Settings(BaseSettings):
             self.webhook_secret and self.webhook_secret.get_secret_value().strip()
         ):
             raise ConfigError(
-                "WEBHOOK_URL is set but WEBHOOK_SECRET is not: set WEBHOOK_SECRET to 1-256 "
+                "WEBHOOK_URL is set but WEBHOOK_SECRET is not: set WEBHOOK_SECRET to 16-256 "
                 "characters of A-Z, a-z, 0-9, _ and - so that only Telegram can post updates."
             )
         return token

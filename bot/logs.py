@@ -15,7 +15,9 @@ class RedactingFilter(logging.Filter):
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         super().__init__()
-        self.secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+        # Every registered secret, however short: a short one is still a secret (Settings
+        # refuses a WEBHOOK_SECRET under 16 characters, so log lines are not shredded by it).
+        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
 
     def redact(self, text: str) -> str:
         """The text with every secret masked."""

@@ -24,10 +24,10 @@ from bot.config import ConfigError, Settings
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker, safe_url
 from bot.logs import settings_secrets, setup_logging
-from bot.service.backoff import Backoff, retry_after_s
+from bot.service.backoff import Backoff, Interrupted, retry_after_s, unless_stopped
 from bot.service.delivery import Delivery
 from bot.service.handlers import COMMANDS, App, Handlers, UpdateRunner
-from bot.service.ingest import PollingIngest, WebhookIngest
+from bot.service.ingest import BoundedJsonRequest, PollingIngest, WebhookIngest
 from bot.service.leases import Leases, new_owner
 from bot.service.sequencer import Sequencer
 from bot.sessions import SessionStore
@@ -60,22 +60,27 @@ async def _load_engine(settings: Settings, store: SessionStore) -> ServingEngine
 def build_application(settings: Settings, *, timeout_s: float = 15.0) -> App:
     """The PTB application: our base URL, a rate limiter with retries, and no Updater.
 
-    `timeout_s` bounds each Bot API request (getUpdates adds its long-poll time to it).
+    `timeout_s` bounds each Bot API request (getUpdates adds its long-poll time to it). The
+    HTTP clients are PTB's own, with PTB's pool sizes, reading answers with a depth bound.
     """
+
+    def request(pool_size: int) -> BoundedJsonRequest:
+        return BoundedJsonRequest(
+            connection_pool_size=pool_size,
+            connect_timeout=timeout_s,
+            read_timeout=timeout_s,
+            write_timeout=timeout_s,
+            pool_timeout=timeout_s,
+        )
+
     return (
         ApplicationBuilder()
         .token(settings.require_token())
         .base_url(settings.telegram_base_url)
         .updater(None)
         .rate_limiter(AIORateLimiter(max_retries=RATE_LIMIT_RETRIES))
-        .connect_timeout(timeout_s)
-        .read_timeout(timeout_s)
-        .write_timeout(timeout_s)
-        .pool_timeout(timeout_s)
-        .get_updates_connect_timeout(timeout_s)
-        .get_updates_read_timeout(timeout_s)
-        .get_updates_write_timeout(timeout_s)
-        .get_updates_pool_timeout(timeout_s)
+        .request(request(256))
+        .get_updates_request(request(1))
         .build()
     )
 
@@ -150,14 +155,18 @@ class Service:
         engine_factory: EngineFactory | None = None,
         backoff: Backoff | None = None,
         timeout_s: float = 15.0,
+        stop: asyncio.Event | None = None,
     ) -> Service:
-        """Connect to the database and Telegram (getMe) and load the engine."""
+        """Connect to the database and Telegram (getMe) and load the engine.
+
+        Raises Interrupted if `stop` is set while getMe is still being retried.
+        """
         settings.require_token()
         db_engine = make_engine(settings.db_url)
         sessionmaker = make_sessionmaker(db_engine)
         application = build_application(settings, timeout_s=timeout_s)
         try:
-            await _initialize(application, backoff or Backoff())
+            await _initialize(application, backoff or Backoff(), stop)
             log.info("connected to the Bot API as @%s", application.bot.username)
             engine = await (engine_factory or _load_engine)(settings, SessionStore(sessionmaker))
         except BaseException:
@@ -167,14 +176,17 @@ class Service:
             raise
         return cls(settings, db_engine, sessionmaker, engine, application, backoff=backoff)
 
-    async def start(self) -> None:
-        """Send leftovers, process pending updates, then take new ones."""
+    async def start(self, stop: asyncio.Event | None = None) -> None:
+        """Send leftovers, process pending updates, then take new ones.
+
+        Raises Interrupted if `stop` is set while setWebhook/deleteWebhook is being retried.
+        """
         self._commands_task = asyncio.create_task(self._set_commands(), name="setMyCommands")
         for leases in self.leases:
             leases.start()
         await self.delivery.start()
         await self.sequencer.start()
-        await self.ingest.start()
+        await self.ingest.start(stop)
         mode = "webhook" if isinstance(self.ingest, WebhookIngest) else "polling"
         log.info("serving Telegram (%s mode); database %s", mode, safe_url(self.settings.db_url))
 
@@ -232,19 +244,25 @@ class Service:
                 await Backoff(cap_s=60.0).sleep(attempt)
 
 
-async def _initialize(application: App, backoff: Backoff) -> None:
-    """application.initialize() (getMe), retried while the Bot API is unreachable."""
+async def _initialize(
+    application: App, backoff: Backoff, stop: asyncio.Event | None = None
+) -> None:
+    """application.initialize() (getMe), retried while the Bot API is unreachable.
+
+    Raises Interrupted as soon as `stop` is set, even in the middle of a request.
+    """
     attempt = 0
     while True:
         try:
-            await application.initialize()
+            await unless_stopped(application.initialize(), stop)
             return
         except InvalidToken:
             raise
         except NetworkError as err:
             attempt += 1
             log.warning("cannot reach the Bot API (%s); retry %d", err, attempt)
-            await backoff.sleep(attempt)
+            if not await backoff.sleep(attempt, stop):
+                raise Interrupted("getMe") from None
 
 
 async def serve(
@@ -274,18 +292,23 @@ async def _serve(
     # Alembic is the only thing that creates tables; running it here makes `make run` just work.
     await asyncio.to_thread(migrate.upgrade, settings.db_url)
     try:
-        service = await Service.open(settings, engine_factory=engine_factory)
+        service = await Service.open(settings, engine_factory=engine_factory, stop=stop)
     except InvalidToken:
         log.error(BAD_TOKEN)
         return 1
+    except Interrupted:
+        log.info("stopped during start-up, before the Bot API answered getMe")
+        return 0
     status = 0
     try:
         if not stop.is_set():  # a signal during start-up (the model loads for a while)
-            await service.start()
+            await service.start(stop)
             await service.wait(stop)
     except InvalidToken:
         log.error(BAD_TOKEN)
         status = 1
+    except Interrupted:
+        log.info("stopped during start-up, before the Bot API took the webhook setting")
     finally:
         try:
             await service.stop()

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import warnings
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 from telegram.error import RetryAfter
 from telegram.warnings import PTBDeprecationWarning
+
+T = TypeVar("T")
+
+
+class Interrupted(Exception):
+    """A stop (SIGTERM/SIGINT) came while a start-up step was still waiting or retrying."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,18 +35,47 @@ class Backoff:
         base = min(self.cap_s, self.initial_s * self.factor ** max(0, attempt - 1))
         return base * (1.0 + random.uniform(0.0, self.jitter))
 
-    async def sleep(self, attempt: int) -> None:
-        """Wait before retry number `attempt`."""
-        await asyncio.sleep(self.delay(attempt))
+    async def sleep(self, attempt: int, stop: asyncio.Event | None = None) -> bool:
+        """Wait before retry number `attempt`; False, at once, if `stop` is set first."""
+        return await pause(self.delay(attempt), stop)
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
     """Wait for `event` at most `timeout_s` seconds; True if it was set."""
+    if event.is_set():
+        return True
     try:
         await asyncio.wait_for(event.wait(), timeout_s)
     except TimeoutError:
         return False
     return True
+
+
+async def pause(seconds: float, stop: asyncio.Event | None = None) -> bool:
+    """Sleep `seconds`; False, at once, if `stop` is set first (or was already)."""
+    if stop is None:
+        await asyncio.sleep(seconds)
+        return True
+    return not await wait_event(stop, seconds)
+
+
+async def unless_stopped(awaitable: Awaitable[T], stop: asyncio.Event | None) -> T:
+    """Await `awaitable`, unless `stop` is set first: then cancel it and raise Interrupted."""
+    if stop is None:
+        return await awaitable
+    task = asyncio.ensure_future(awaitable)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    if task.cancelled() or not task.done():
+        raise Interrupted
+    return task.result()
 
 
 def retry_after_s(err: RetryAfter) -> float:

@@ -13,9 +13,10 @@ import contextlib
 import hmac
 import json
 import logging
+import re
 import warnings
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeGuard
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -28,9 +29,17 @@ from telegram.error import (
     RetryAfter,
     TelegramError,
 )
+from telegram.request import HTTPXRequest
 from telegram.warnings import PTBUserWarning
 
-from bot.service.backoff import Backoff, retry_after_s
+from bot.service.backoff import (
+    Backoff,
+    Interrupted,
+    pause,
+    retry_after_s,
+    unless_stopped,
+    wait_event,
+)
 from bot.sessions import SessionStore
 
 log = logging.getLogger(__name__)
@@ -42,6 +51,72 @@ HANDLED_KINDS = frozenset(ALLOWED_UPDATES)
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 # Long-poll duration of getUpdates (seconds).
 POLL_TIMEOUT_S = 25
+# The inbox's integer columns (update_id, chat_id, ...) are signed 64-bit; so are Telegram's ids.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Telegram's updates nest a dozen levels at most; anything deeper becomes null (see loads_json).
+MAX_JSON_DEPTH = 64
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]+|\\.)*"?|[\[{]|[\]}]|[^"\[\]{}]+')
+
+
+def valid_update_id(value: object) -> TypeGuard[int]:
+    """An update_id the inbox can key on: an integer (a bool is not one) that fits 64 bits."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return False
+    return INT64_MIN <= value <= INT64_MAX
+
+
+def loads_json(text: str | bytes) -> Any:
+    """json.loads, with arrays and objects nested deeper than MAX_JSON_DEPTH read as null.
+
+    Plain json.loads raises RecursionError at about 1,000 levels, and data a few levels short
+    of that breaks whatever walks it next (to_dict, json.dumps); no Telegram update comes close.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")
+    return json.loads(_bound_depth(text, MAX_JSON_DEPTH))
+
+
+def _bound_depth(text: str, limit: int) -> str:
+    """The JSON text with every container below depth `limit` replaced by null."""
+    if text.count("[") + text.count("{") <= limit:
+        return text  # cannot nest deeper (the usual case: no scan at all)
+    out: list[str] = []
+    depth = 0
+    skipping = 0  # depth at which the container being dropped started; 0: not dropping
+    for match in _JSON_TOKEN.finditer(text):
+        token = match.group()
+        if token in ("[", "{"):
+            depth += 1
+            if depth > limit and not skipping:
+                skipping = depth
+                out.append("null")
+            elif not skipping:
+                out.append(token)
+        elif token in ("]", "}"):
+            if not skipping:
+                out.append(token)
+            elif depth == skipping:
+                skipping = 0
+            depth -= 1
+        elif not skipping:
+            out.append(token)
+    return "".join(out)
+
+
+class BoundedJsonRequest(HTTPXRequest):
+    """python-telegram-bot's HTTP client, reading Bot API answers with loads_json.
+
+    A getUpdates answer too deeply nested for json.loads would otherwise raise RecursionError
+    on every poll, and no update behind it could ever be fetched.
+    """
+
+    @staticmethod
+    def parse_json_payload(payload: bytes) -> dict[str, Any]:
+        try:
+            return loads_json(payload.decode("utf-8", "replace"))  # type: ignore[no-any-return]
+        except ValueError as err:
+            raise TelegramError("Invalid server response") from err
 
 
 def update_kind(data: Mapping[str, Any]) -> str:
@@ -49,19 +124,51 @@ def update_kind(data: Mapping[str, Any]) -> str:
     return next((key for key in data if key != "update_id"), "unknown")
 
 
+def _db_int(value: object) -> int | None:
+    """An id for an inbox column: None unless it is an integer that fits 64 bits."""
+    return value if valid_update_id(value) else None
+
+
+def _unusable(data: object) -> str | None:
+    """Why the service cannot use an update it could store: an integer beyond 64 bits
+    (no Telegram id is; the handlers' tables could not hold it), or None."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, int) and not isinstance(item, bool) and _db_int(item) is None:
+            return "an integer beyond 64 bits"
+    return None
+
+
+def _clean(text: str) -> str:
+    """Text the database can store: a lone surrogate (valid JSON, not valid Unicode) is
+    replaced by U+FFFD, as any UTF-8 decoder would."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
 async def store_update(store: SessionStore, update: Update, payload: str) -> bool:
     """Commit one update to the inbox; False if its update_id was there already."""
+    payload = _clean(payload)
     data = json.loads(payload)
-    kind = update_kind(data)
+    kind = _clean(update_kind(data))[:32]
     chat = update.effective_chat
     user = update.effective_user
+    unusable = _unusable(data)
+    if unusable:
+        log.warning("update %s holds %s; stored as ignored", update.update_id, unusable)
     new = await store.ingest(
         update_id=update.update_id,
-        chat_id=chat.id if chat else None,
-        user_id=user.id if user else None,
+        chat_id=_db_int(chat.id) if chat else None,
+        user_id=_db_int(user.id) if user else None,
         kind=kind,
         payload=payload,
-        status="pending" if kind in HANDLED_KINDS and chat is not None else "ignored",
+        status=(
+            "pending" if kind in HANDLED_KINDS and chat is not None and not unusable else "ignored"
+        ),
     )
     if not new:
         log.info("update %s was delivered again; already stored", update.update_id)
@@ -74,13 +181,12 @@ async def store_unreadable(store: SessionStore, data: Mapping[str, Any]) -> bool
         (v.get("chat") for k, v in data.items() if k != "update_id" and isinstance(v, dict)),
         None,
     )
-    chat_id = chat.get("id") if isinstance(chat, dict) else None
     return await store.ingest(
         update_id=int(data["update_id"]),
-        chat_id=chat_id if isinstance(chat_id, int) else None,
+        chat_id=_db_int(chat.get("id")) if isinstance(chat, dict) else None,
         user_id=None,
-        kind=update_kind(data)[:32],
-        payload=json.dumps(data, ensure_ascii=False),
+        kind=_clean(update_kind(data))[:32],
+        payload=_clean(json.dumps(data, ensure_ascii=False)),
         status="ignored",
     )
 
@@ -103,17 +209,24 @@ class PollingIngest:
         self.poll_timeout_s = poll_timeout_s
         self.backoff = backoff or Backoff(initial_s=0.5, cap_s=30.0)
         self._stopping = False
+        self._stop = asyncio.Event()  # set by stop(): ends any retry wait at once
         self._fetch: asyncio.Task[tuple[Update, ...]] | None = None
         self._task: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        """Remove any webhook (getUpdates refuses to work while one is set) and start polling."""
-        await _call_with_retry(lambda: self.bot.delete_webhook(), "deleteWebhook", self.backoff)
+    async def start(self, stop: asyncio.Event | None = None) -> None:
+        """Remove any webhook (getUpdates refuses to work while one is set) and start polling.
+
+        Raises Interrupted when `stop` is set while deleteWebhook is still being retried.
+        """
+        await _call_with_retry(
+            lambda: self.bot.delete_webhook(), "deleteWebhook", self.backoff, stop
+        )
         self._task = asyncio.create_task(self._run(), name="polling")
 
     async def stop(self) -> None:
         """Stop fetching. An update being stored is finished; a pending long poll is dropped."""
         self._stopping = True
+        self._stop.set()
         if self._fetch is not None:
             self._fetch.cancel()
         if self._task is not None:
@@ -130,6 +243,7 @@ class PollingIngest:
         # offset would be wrong after a week of silence, when update_ids restart at random.
         offset: int | None = None
         failures = 0
+        idle = 0  # polls in a row that brought only updates that cannot be confirmed
         while not self._stopping:
             self._fetch = asyncio.create_task(
                 self.bot.get_updates(
@@ -138,55 +252,66 @@ class PollingIngest:
                     allowed_updates=ALLOWED_UPDATES,
                 )
             )
+            batch: Sequence[Update | dict[str, Any]]
             try:
-                updates = await self._fetch
+                batch = await self._fetch
             except asyncio.CancelledError:
                 if self._stopping:
                     return
                 raise
             except InvalidToken:
                 raise
-            except (TypeError, ValueError, KeyError) as err:
-                # python-telegram-bot could not read an update of the batch (malformed, or a
-                # kind newer than the library). Polling must not die on it, or every restart
-                # would fetch the same update and die again: read the batch raw instead.
-                log.warning("getUpdates returned an update that cannot be parsed: %s", err)
-                raw = await self._fetch_raw(offset)
-                if raw is None:
-                    failures += 1
-                    await self.backoff.sleep(failures)
-                    continue
-                for data in raw:
-                    if not await self._store_raw(data):
-                        return
-                    offset = int(data["update_id"]) + 1
-                if raw:
-                    self.on_stored()
-                continue
             except Conflict as err:
                 failures += 1
                 log.warning("getUpdates conflict (is another instance polling?): %s", err)
-                await self.backoff.sleep(failures)
+                await self.backoff.sleep(failures, self._stop)
                 continue
             except RetryAfter as err:
-                await asyncio.sleep(retry_after_s(err))
+                await wait_event(self._stop, retry_after_s(err))
                 continue
             except (NetworkError, TelegramError) as err:
                 failures += 1
                 log.warning(
                     "getUpdates failed (%s: %s); retry %d", type(err).__name__, err, failures
                 )
-                await self.backoff.sleep(failures)
+                await self.backoff.sleep(failures, self._stop)
                 continue
+            except Exception as err:  # noqa: BLE001 - any other error: reading the batch failed
+                # python-telegram-bot could not read an update of the batch (malformed, a kind
+                # newer than the library, a date out of range: TypeError, KeyError, OSError...).
+                # Polling must not die on it, or every restart would fetch the same update and
+                # die again: read the batch raw instead.
+                log.warning("getUpdates returned an update that cannot be parsed: %s", err)
+                raw = await self._fetch_raw(offset)
+                if raw is None:
+                    failures += 1
+                    await self.backoff.sleep(failures, self._stop)
+                    continue
+                batch = raw
             finally:
                 self._fetch = None
             failures = 0
-            for update in updates:
-                if not await self._store(update):
+            stored = False
+            for item in batch:
+                update_id = item.update_id if isinstance(item, Update) else item.get("update_id")
+                if not valid_update_id(update_id):
+                    # No offset can confirm it without risking real updates: the offset only
+                    # ever moves past stored ones, and it is dropped with the next of those.
+                    log.warning("getUpdates returned an update_id %.40r; skipped", update_id)
+                    continue
+                if not await (
+                    self._store(item) if isinstance(item, Update) else self._store_raw(item)
+                ):
                     return  # stopping while the database is down: Telegram keeps the rest
-                offset = update.update_id + 1
-            if updates:
+                offset = update_id + 1
+                stored = True
+            if stored:
+                idle = 0
                 self.on_stored()
+            elif batch:
+                # Only skipped updates: Telegram answers at once again; do not spin.
+                idle += 1
+                await self.backoff.sleep(idle, self._stop)
 
     async def _fetch_raw(self, offset: int | None) -> list[dict[str, Any]] | None:
         """The pending batch as plain JSON objects (no long poll); None if that failed too."""
@@ -201,13 +326,16 @@ class PollingIngest:
         except TelegramError as err:
             log.warning("raw getUpdates failed (%s)", err)
             return None
-        return [d for d in result if isinstance(d, dict) and isinstance(d.get("update_id"), int)]
+        if not isinstance(result, list):
+            log.warning("raw getUpdates returned %s, not a list", type(result).__name__)
+            return None
+        return [d for d in result if isinstance(d, dict)]
 
     async def _store_raw(self, data: dict[str, Any]) -> bool:
         """Store one raw update: parsed if possible, else kept closed as unreadable."""
         try:
             update = Update.de_json(data, self.bot)
-        except (TypeError, ValueError, KeyError) as err:
+        except Exception as err:  # noqa: BLE001 - whatever the library raises on bad data
             return await self._store_unreadable(data, err)
         return await self._store(update)
 
@@ -221,9 +349,8 @@ class PollingIngest:
             except Exception as db_err:  # noqa: BLE001 - not stored = not confirmed; retry
                 attempt += 1
                 log.warning("storing update %s failed (%s)", data["update_id"], db_err)
-                if self._stopping:
+                if self._stopping or not await self.backoff.sleep(attempt, self._stop):
                     return False
-                await self.backoff.sleep(attempt)
 
     async def _store(self, update: Update) -> bool:
         """Store one update, retrying until the database takes it; False if stopping first."""
@@ -238,9 +365,8 @@ class PollingIngest:
                 log.warning(
                     "storing update %s failed (%s); retry %d", update.update_id, err, attempt
                 )
-                if self._stopping:
+                if self._stopping or not await self.backoff.sleep(attempt, self._stop):
                     return False
-                await self.backoff.sleep(attempt)
 
 
 class WebhookIngest:
@@ -279,8 +405,11 @@ class WebhookIngest:
         app.router.add_post(self.path, self._handle)
         return app
 
-    async def start(self) -> None:
-        """Listen, then tell Telegram where to post (with the secret and the update kinds)."""
+    async def start(self, stop: asyncio.Event | None = None) -> None:
+        """Listen, then tell Telegram where to post (with the secret and the update kinds).
+
+        Raises Interrupted when `stop` is set while setWebhook is still being retried.
+        """
         self._runner = web.AppRunner(self.make_app(), shutdown_timeout=5)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.listen, self.port).start()
@@ -295,6 +424,7 @@ class WebhookIngest:
             ),
             "setWebhook",
             self.backoff,
+            stop,
         )
 
     async def stop(self) -> None:
@@ -304,22 +434,25 @@ class WebhookIngest:
             await self._runner.cleanup()
             self._runner = None
 
+    def _authorized(self, request: web.Request) -> bool:
+        given = request.headers.get(SECRET_HEADER, "")
+        # A secret is ASCII (A-Za-z0-9_-); other header bytes cannot match it, and would not
+        # encode for the comparison.
+        return given.isascii() and hmac.compare_digest(given.encode("ascii"), self.secret)
+
     async def _handle(self, request: web.Request) -> web.Response:
-        given = request.headers.get(SECRET_HEADER, "").encode()
-        if not hmac.compare_digest(given, self.secret):
+        if not self._authorized(request):
             log.warning("webhook request from %s without the right secret: 403", request.remote)
             return web.Response(status=403, text="forbidden")
         try:
-            data = await request.json()
-            if not isinstance(data, dict) or not isinstance(data.get("update_id"), int):
-                raise ValueError("not an update")
-        except (ValueError, TypeError, KeyError) as err:
+            data = await _read_update(request)
+        except NotAnUpdate as err:
             # A malformed body does not get better by retrying; say so and move on.
             log.warning("webhook got something that is not an update: %s", err)
             return web.Response(status=400, text="not an update")
         try:
             update = Update.de_json(data, self.bot)
-        except (ValueError, TypeError, KeyError) as err:
+        except Exception as err:  # noqa: BLE001 - whatever the library raises on bad data
             # An update the library cannot read: keep it closed and answer 200, or Telegram
             # would post it again and again.
             log.warning(
@@ -343,18 +476,49 @@ class WebhookIngest:
         return web.Response(status=200)
 
 
-async def _call_with_retry(call: Callable[[], Any], what: str, backoff: Backoff) -> None:
-    """A start-up API call that must succeed: retry network faults and 429s; fail on others."""
+class NotAnUpdate(Exception):
+    """A webhook request body that is no Telegram update (answered 400)."""
+
+
+async def _read_update(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object with a valid update_id, or NotAnUpdate saying why not."""
+    body = await request.read()
+    try:
+        text = body.decode(request.charset or "utf-8")
+    except LookupError as err:
+        raise NotAnUpdate(f"unknown charset {request.charset!r:.40}") from err
+    except UnicodeDecodeError as err:
+        raise NotAnUpdate(f"not {request.charset or 'utf-8'} text: {err}") from err
+    try:
+        data = loads_json(text)
+    except ValueError as err:
+        raise NotAnUpdate(f"not JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise NotAnUpdate(f"a JSON {type(data).__name__}, not an object")
+    if not valid_update_id(data.get("update_id")):
+        raise NotAnUpdate(f"update_id {data.get('update_id')!r:.40} is not a 64-bit integer")
+    return data
+
+
+async def _call_with_retry(
+    call: Callable[[], Any], what: str, backoff: Backoff, stop: asyncio.Event | None = None
+) -> None:
+    """A start-up API call that must succeed: retry network faults and 429s; fail on others.
+
+    Raises Interrupted as soon as `stop` is set (SIGTERM/SIGINT), even mid-request.
+    """
     attempt = 0
     while True:
         try:
-            await call()
+            await unless_stopped(call(), stop)
             return
         except RetryAfter as err:
-            await asyncio.sleep(retry_after_s(err))
+            if not await pause(retry_after_s(err), stop):
+                raise Interrupted(what) from None
         except BadRequest:
             raise
         except NetworkError as err:
             attempt += 1
             log.warning("%s failed (%s); retry %d", what, err, attempt)
-            await backoff.sleep(attempt)
+            if not await backoff.sleep(attempt, stop):
+                raise Interrupted(what) from None

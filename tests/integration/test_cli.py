@@ -65,3 +65,32 @@ def test_db_upgrade_and_downgrade_on_sqlite_file(tmp_path: Path) -> None:
     with sqlite3.connect(db_file) as conn:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert names <= {"alembic_version", "sqlite_sequence"}
+
+
+async def test_run_refuses_a_bad_webhook_secret_before_loading_anything(tmp_path: Path) -> None:
+    """Regression: `bad secret+chars` passed Settings and failed with a raw BadRequest traceback
+    from setWebhook after the model had loaded; a valid 3-character one was logged in clear."""
+    import asyncio
+
+    from tests.botprocess import TOKEN
+    from tests.fakebotapi import FakeBotAPI
+
+    expected = "error: WEBHOOK_SECRET must be 16 to 256 characters of A-Z, a-z, 0-9, _ and -"
+    async with FakeBotAPI(TOKEN) as api:
+        for secret in ("bad secret+chars", "abc", "x" * 257):
+            env = _env(
+                tmp_path, PYTHONPATH=str(ROOT), TELEGRAM_BOT_TOKEN=TOKEN,
+                TELEGRAM_BASE_URL=api.base_url, WEBHOOK_URL="http://127.0.0.1:9/hook",
+                WEBHOOK_SECRET=secret, BOT_MODEL=str(tmp_path / "no-such-model"),
+                DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'bot.sqlite3'}",
+            )  # fmt: skip
+            proc = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "bot", "run"],
+                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert proc.returncode == 2, proc.stderr[-2000:]
+            assert expected in proc.stderr
+            assert "Traceback" not in proc.stderr + proc.stdout
+            assert secret not in proc.stderr + proc.stdout
+        assert api.calls == []  # refused before it even asked Telegram who it is

@@ -46,6 +46,23 @@ def test_webhook_requires_secret() -> None:
         s.require_token()
 
 
+def test_webhook_secret_is_16_to_256_of_telegrams_characters() -> None:
+    for good in ("", "a" * 16, "Az09_-" * 40 + "abcdefghijklmnop"):
+        s = Settings(_env_file=None, webhook_secret=good)  # type: ignore[call-arg]
+        assert s.webhook_secret is not None and s.webhook_secret.get_secret_value() == good
+    for bad in (
+        "abc",
+        "a" * 15,
+        "bad secret+chars",
+        "x" * 257,
+        "sixteen-chars-ok\n",
+        "dürfen-nicht",
+    ):
+        with pytest.raises(ConfigError, match="WEBHOOK_SECRET must be 16 to 256 characters") as err:
+            Settings(_env_file=None, webhook_secret=bad)  # type: ignore[call-arg]
+        assert bad not in str(err.value)
+
+
 def test_every_setting_is_documented() -> None:
     """Every field is mirrored in .env.example (with a comment) and in the README table."""
     from pathlib import Path

@@ -30,3 +30,14 @@ def test_token_in_url_is_redacted(caplog: pytest.LogCaptureFixture) -> None:
 def test_unregistered_token_shape_is_redacted() -> None:
     other = "987654321:ZZZdqTcvCH1vGWJxfSeofSAs0K5PALDsaw9"
     assert other not in RedactingFilter().redact(f"url=/bot{other}/sendMessage")
+
+
+def test_short_secrets_are_redacted_too(caplog: pytest.LogCaptureFixture) -> None:
+    """Regression: registered secrets under 4 characters were logged in clear."""
+    logger = logging.getLogger("test.redact.short")
+    logger.addFilter(RedactingFilter(["pw", "k3y", ""]))
+    with caplog.at_level(logging.DEBUG, logger="test.redact.short"):
+        logger.debug("setWebhook secret_token=%s password=%s", "k3y", "pw")
+    assert caplog.records[0].getMessage() == (
+        "setWebhook secret_token=[REDACTED] password=[REDACTED]"
+    )
