@@ -10,8 +10,9 @@ chat, not per row, also keeps a chat's order across processes.
 
 A holder renews its leases in the background and before each row it works on; a crashed
 holder's leases expire after `ttl_s`, or are taken at once when the owner is a process of this
-machine and PID namespace that no longer runs (a restart after kill -9 need not wait). Lease times come from each
-process's clock: replicas on several machines need synchronised clocks (NTP), as usual.
+machine and PID namespace that no longer runs (a restart after kill -9 need not wait). Lease
+times come from each process's clock: replicas on several machines need synchronised clocks
+(NTP), as usual.
 """
 
 from __future__ import annotations
