@@ -194,9 +194,7 @@ class Leases:
         # instead of trusting a lease that is about to be deleted.
         self._held.pop(chat_id, None)
         written = self._written.pop(chat_id, None)
-        task = asyncio.create_task(
-            self._release_now(chat_id, written), name=f"release:{chat_id}"
-        )
+        task = asyncio.create_task(self._release_now(chat_id, written), name=f"release:{chat_id}")
         self._releasing.add(task)
         task.add_done_callback(self._releasing.discard)
 
