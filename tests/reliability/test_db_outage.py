@@ -142,6 +142,19 @@ async def test_sqlite_held_by_a_long_write_transaction_delays_but_loses_nothing(
         assert list(conn.execute("PRAGMA integrity_check")) == [("ok",)]
 
 
+async def _take_write_lock(conn: sqlite3.Connection) -> None:
+    """BEGIN IMMEDIATE, waiting while the service itself writes (its busy timeout is short,
+    ours is not, but SQLite can answer "locked" at once, e.g. during a WAL checkpoint)."""
+    for _ in range(100):
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("UPDATE sessions SET updated_at = updated_at")
+            return
+        except sqlite3.OperationalError:
+            await asyncio.sleep(0.05)
+    raise AssertionError("could not take SQLite's write lock")
+
+
 async def test_user_text_stays_out_of_logs_and_stored_errors_while_sqlite_is_locked(
     sqlite_url: str,
     tmp_path: Path,
@@ -164,8 +177,7 @@ async def test_user_text_stays_out_of_logs_and_stored_errors_while_sqlite_is_loc
             conn = sqlite3.connect(sqlite_file(sqlite_url), timeout=30)
             try:
                 # 1. Locked while the update is being stored.
-                conn.execute("BEGIN IMMEDIATE")
-                conn.execute("UPDATE sessions SET updated_at = updated_at")
+                await _take_write_lock(conn)
                 api.user_message(
                     chat, text, extra={"from": {"id": chat, "is_bot": False, "first_name": name}}
                 )
@@ -175,8 +187,7 @@ async def test_user_text_stays_out_of_logs_and_stored_errors_while_sqlite_is_loc
                 # 2. Locked while its turn is generated: committing the turn fails.
                 api.user_message(chat, late)
                 await api.wait_for(lambda: (chat, late) in engine.calls, what="the late turn")
-                conn.execute("BEGIN IMMEDIATE")
-                conn.execute("UPDATE sessions SET updated_at = updated_at")
+                await _take_write_lock(conn)
                 await asyncio.sleep(2.0)
                 conn.commit()
             finally:
