@@ -7,7 +7,9 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from bot.config import ConfigError, Settings, get_settings
+from pydantic import ValidationError
+
+from bot.config import ConfigError, Settings, describe_invalid_settings, get_settings
 
 DESCRIPTION = """\
 A Telegram bot that serves one shared ParlAI dialogue model (BlenderBot or the locally
@@ -158,6 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_admin(settings, args)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except ValidationError as err:
+        print(f"error: {describe_invalid_settings(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

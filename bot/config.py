@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path("data")
@@ -144,6 +144,16 @@ class Settings(BaseSettings):
                 "characters of A-Z, a-z, 0-9, _ and - so that only Telegram can post updates."
             )
         return token
+
+
+def describe_invalid_settings(err: ValidationError) -> str:
+    """One line per bad setting, named as in the environment; values are never echoed (a
+    mistyped variable may hold a secret)."""
+    lines = []
+    for problem in err.errors():
+        name = "_".join(str(part) for part in problem["loc"][:1]).upper() or "settings"
+        lines.append(f"{name}: {problem['msg']}")
+    return "invalid settings (environment or .env):\n  " + "\n  ".join(lines)
 
 
 @lru_cache(maxsize=1)

@@ -94,3 +94,21 @@ async def test_run_refuses_a_bad_webhook_secret_before_loading_anything(tmp_path
             assert "Traceback" not in proc.stderr + proc.stdout
             assert secret not in proc.stderr + proc.stdout
         assert api.calls == []  # refused before it even asked Telegram who it is
+
+
+def test_invalid_settings_are_one_clean_line_each_without_their_values(tmp_path: Path) -> None:
+    """Regression: WEBHOOK_PORT=abc printed pydantic's traceback (noticed with issue 11.8)."""
+    env = _env(
+        tmp_path, PYTHONPATH=str(ROOT), WEBHOOK_PORT="abc", BATCH_MAX_SIZE="0",
+        GROUP_POLICY="s3cr3t-typo", DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'b.sqlite3'}",
+    )  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "bot", "db", "current"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "error: invalid settings" in proc.stderr
+    for name in ("WEBHOOK_PORT", "BATCH_MAX_SIZE", "GROUP_POLICY"):
+        assert f"\n  {name}: " in proc.stderr
+    assert "s3cr3t-typo" not in proc.stderr
