@@ -110,7 +110,7 @@ def build_bench_model(directory: Path | None = None) -> str:
         started = time.perf_counter()
         import torch
 
-        from bot.agents import compat
+        from bot.inference import compat
 
         compat.apply()
         from parlai.core.agents import create_agent
@@ -153,12 +153,12 @@ def load_agent(
     quantize: bool = False,
     search_impl: str | None = None,
 ) -> Any:
-    """The shared agent, loaded the way the service loads it (bot.agents.model).
+    """The shared agent, loaded the way the service loads it (bot.inference.model).
 
     `search_impl` "parlai" keeps ParlAI's own tree search (stock ParlAI); None: the service's.
     """
-    from bot.agents.model import load_shared_agent
     from bot.config import Settings
+    from bot.inference.model import load_shared_agent
 
     gen = dict(BLENDER_BEAM if generation is None else generation)
     settings = Settings(  # type: ignore[call-arg]

@@ -2,7 +2,8 @@
 
     python -m bench.e2e --users 50 --messages 5 [--quick]
 
-A loopback Bot API server (tests/fakebotapi.py) plays Telegram; the bot polls it with its real
+A loopback Bot API server (tests/support/fakebotapi.py) plays Telegram; the bot polls it
+with its real
 settings, an SQLite database of its own and the BlenderBot-90M-architecture model (20-token
 replies; greedy by default so that the run stays short: the service's own overhead is the point
 here, `--decoding beam` for Blender's beam settings). Every user sets a persona, then sends
@@ -65,9 +66,9 @@ class Run:
 def _missing() -> str | None:
     """Why the end-to-end benchmark cannot run yet, or None."""
     if not (common.ROOT / "tests" / "fakebotapi.py").exists():
-        return "tests/fakebotapi.py (the loopback Bot API server) does not exist yet"
+        return "tests/support/fakebotapi.py (the loopback Bot API server) does not exist yet"
     if not (common.ROOT / "bot" / "service" / "app.py").exists():
-        return "bot/service/app.py (`python -m bot run`) does not exist yet"
+        return "bot/tg/app.py (`python -m bot run`) does not exist yet"
     return None
 
 
@@ -178,7 +179,7 @@ def _read_db(path: Path, run: Run, chats: set[int]) -> None:
 
 async def session(args: argparse.Namespace, model_file: str, tmp: Path) -> Run:
     """Start the server and the bot, run the users, stop the bot, read its database."""
-    from tests.fakebotapi import FakeBotAPI
+    from tests.support.fakebotapi import FakeBotAPI
 
     run = Run()
     common.corpus()  # load the message texts before anything is timed

@@ -26,7 +26,7 @@ def _fresh(text: str) -> str:
 
 def worker_sessions(model_file: str, n: int, history: int) -> dict[str, Any]:
     """In a fresh process: RSS added by `n` cached conversations."""
-    from bot.agents.cache import AgentCache
+    from bot.inference.cache import AgentCache
 
     agent = common.load_agent(model_file)
     cache = AgentCache(agent, capacity=n + 1)
@@ -64,7 +64,7 @@ def worker_sessions(model_file: str, n: int, history: int) -> dict[str, Any]:
 
 def worker_models(model_file: str, n: int) -> dict[str, Any]:
     """In a fresh process: RSS added by `n` more fresh agents (one per user)."""
-    from bot.agents import compat
+    from bot.inference import compat
 
     compat.apply()
     agents = [common.load_agent(model_file)]  # the first load pays one-time costs

@@ -2,8 +2,9 @@
 
     python -m bench.rehydrate [--sizes 10,100,1000] [--repeats 30] [--quick]
 
-The service path is what Engine.conversation does on a cache miss:
-SessionStore.load_context(session_id, tail=cache.tail_limit) + AgentCache.rebuild. The naive path
+The service path is what Responder.conversation does on a cache miss:
+ConversationStore.load_context(session_id, tail=cache.tail_limit) + AgentCache.rebuild.
+The naive path
 loads the whole conversation and replays it through observe()/self_observe() of a fresh clone,
 as a plain ParlAI agent would. Both on SQLite (a file, WAL) and on PostgreSQL
 (TEST_DATABASE_URL, a database created and dropped here; skipped with a note if unreachable).
@@ -92,7 +93,7 @@ def _naive_replay(agent: Any, persona: str, messages: list[tuple[str, str]]) -> 
     """What a plain ParlAI agent does: persona lines in the first observation, then replay."""
     from parlai.core.message import Message
 
-    from bot.agents.persona import join_turns, persona_lines
+    from bot.inference.persona import join_turns, persona_lines
 
     clone = agent.clone()
     head = "\n".join(persona_lines(persona))
@@ -116,12 +117,12 @@ async def measure_backend(
     naive_max: int,
 ) -> list[Point]:
     """Seed a migrated database at `url`, then time both paths for every size."""
-    from bot.agents.cache import AgentCache
+    from bot.conversations.store import ConversationStore
     from bot.db.engine import make_engine, make_sessionmaker
-    from bot.sessions import SessionStore
+    from bot.inference.cache import AgentCache
 
     engine = make_engine(url)
-    store = SessionStore(make_sessionmaker(engine))
+    store = ConversationStore(make_sessionmaker(engine))
     cache = AgentCache(agent, capacity=10)
     points: list[Point] = []
     try:
@@ -258,7 +259,8 @@ def main() -> None:
         ],
     )
     print(
-        "load = SessionStore.load_context(tail=cache.tail_limit), rebuild = AgentCache.rebuild; "
+        "load = ConversationStore.load_context(tail=cache.tail_limit), "
+        "rebuild = AgentCache.rebuild; "
         "naive = load every message + replay through observe()/self_observe()"
     )
     for note in notes:

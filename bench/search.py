@@ -1,4 +1,4 @@
-"""Beam search: ParlAI's own vs our batched one (bot/agents/fastgen.py), side by side.
+"""Beam search: ParlAI's own vs our batched one (bot/inference/fastgen.py), side by side.
 
     python -m bench.search --users 32 [--reps 3] [--threads 2] [--profile] [--quick]
 
@@ -37,7 +37,7 @@ def observations(agent: Any, users: int) -> list[Any]:
     """One observed message per chat, each in its own clone with its own persona and history."""
     from parlai.core.message import Message
 
-    from bot.agents.cache import AgentCache
+    from bot.inference.cache import AgentCache
 
     cache = AgentCache(agent, capacity=users + 1)
     out = []
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     model_file = common.build_bench_model()
     started = time.perf_counter()
     agent = common.load_agent(model_file, threads=args.threads)
-    from bot.agents import fastgen
+    from bot.inference import fastgen
 
     if not fastgen.is_accelerated(agent):
         # SEARCH_IMPL=parlai in the environment, or an older model loader

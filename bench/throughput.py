@@ -11,8 +11,8 @@ a persona, a 10-message history and one new message; all three ways get the same
   pool           a multiprocessing pool, one worker process (1 torch thread) per core, each
                  holding its own copy of the model and doing one-at-a-time
   stock          one-at-a-time on stock ParlAI (its own tree search instead of the service's
-                 batched one, bot/agents/fastgen.py), measured once per decoding
-  batcher        the service: bot.agents.batcher.Batcher + bot.agents.cache.AgentCache, all
+                 batched one, bot/inference/fastgen.py), measured once per decoding
+  batcher        the service: bot.inference.batcher.Batcher + bot.inference.cache.AgentCache, all
                  users asking at once (their clones are cached and reset to the same history
                  before each round, outside the timing), with our batched beam search
   batcher-parlai the same batcher with ParlAI's own search (SEARCH_IMPL=parlai), at 32 users
@@ -70,7 +70,7 @@ def serve_one(agent: Any, user: int) -> str:
     """The naive way: reset, replay the user's history, reply to the new message."""
     from parlai.core.message import Message
 
-    from bot.agents.persona import join_turns, persona_lines
+    from bot.inference.persona import join_turns, persona_lines
 
     agent.reset()
     head = "\n".join(persona_lines(common.persona(user)))
@@ -172,9 +172,9 @@ async def batched(
     agent: Any, users: int, budget_s: float, max_size: int, max_wait_ms: int
 ) -> tuple[int, float, Counter[int]]:
     """All users ask at once, round after round, until the budget is spent."""
-    from bot.agents.batcher import Batcher
-    from bot.agents.cache import AgentCache
-    from bot.agents.persona import join_turns
+    from bot.inference.batcher import Batcher
+    from bot.inference.cache import AgentCache
+    from bot.inference.persona import join_turns
 
     cache = AgentCache(agent, capacity=users + 1)
     histories = [join_turns(common.conversation(u, HISTORY)) for u in range(users)]

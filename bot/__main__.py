@@ -123,7 +123,7 @@ def _ensure_model(settings: Settings) -> None:
     Runs on the main thread, before any event loop: ParlAI's training loop installs a SIGINT
     handler, which Python allows only there.
     """
-    from bot.agents.model import ensure_model
+    from bot.inference.model import ensure_model
     from bot.logs import settings_secrets, setup_logging
 
     setup_logging(settings.log_level, settings_secrets(settings))
@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             settings.require_token()  # fail fast, before loading anything heavy
             _ensure_model(settings)
-            from bot.service.app import run_service
+            from bot.tg.app import run_service
 
             return run_service(settings)
         if args.command == "chat":
@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return asyncio.run(run_terminal(settings, chat_id=args.chat_id))
         if args.command == "train":
-            from bot.agents.training import train_cli
+            from bot.training.pipeline import train_cli
 
             return train_cli(
                 settings, minutes=args.minutes, if_missing=args.if_missing, out=args.out

@@ -11,16 +11,16 @@ import logging
 import sys
 from typing import TextIO
 
-from bot.chat import ChatService
 from bot.config import Settings
+from bot.conversations.actions import ChatActions
+from bot.conversations.store import ConversationStore
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.logs import settings_secrets, setup_logging
-from bot.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
 
-async def dispatch(chat: ChatService, chat_id: int, line: str) -> bool:
+async def dispatch(chat: ChatActions, chat_id: int, line: str) -> bool:
     """Act on one input line; False when the user asked to quit."""
     text = line.strip()
     if not text:
@@ -48,7 +48,7 @@ async def dispatch(chat: ChatService, chat_id: int, line: str) -> bool:
     return True
 
 
-async def deliver(store: SessionStore, chat_id: int, out: TextIO) -> None:
+async def deliver(store: ConversationStore, chat_id: int, out: TextIO) -> None:
     """Print what the outbox holds for this chat and mark it sent."""
     for row in await store.pending_outbox(chat_id):
         prefix = "bot> " if row.kind == "reply" else "** "
@@ -68,13 +68,13 @@ async def run_terminal(
         settings_secrets(settings),
     )
     from bot.db import migrate
-    from bot.engine import Engine
+    from bot.inference.responder import Responder
 
     await asyncio.to_thread(migrate.upgrade, settings.db_url)
     db = make_engine(settings.db_url)
-    store = SessionStore(make_sessionmaker(db))
-    engine = await Engine.start(settings, store)
-    chat = ChatService(store, engine, settings)
+    store = ConversationStore(make_sessionmaker(db))
+    responder = await Responder.start(settings, store)
+    chat = ChatActions(store, responder, settings)
     interactive = stdin.isatty()
     try:
         if interactive:
@@ -91,6 +91,6 @@ async def run_terminal(
                 break
             await deliver(store, chat_id, stdout)
     finally:
-        await engine.close()
+        await responder.close()
         await db.dispose()
     return 0

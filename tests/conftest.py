@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from bot.conversations.store import ConversationStore
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker
-from bot.sessions import SessionStore
-from tests.dbutil import create_pg_database, drop_pg_database
+from tests.support.dbutil import create_pg_database, drop_pg_database
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
@@ -46,16 +46,16 @@ def sqlite_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-async def store(db_url: str) -> AsyncIterator[SessionStore]:
-    """A SessionStore over a migrated database."""
+async def store(db_url: str) -> AsyncIterator[ConversationStore]:
+    """A ConversationStore over a migrated database."""
     engine = make_engine(db_url)
-    yield SessionStore(make_sessionmaker(engine))
+    yield ConversationStore(make_sessionmaker(engine))
     await engine.dispose()
 
 
 @pytest.fixture(scope="session")
 def tiny_model_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tiny real ParlAI model, built once per test run."""
-    from tests.tinymodel import build_tiny_model
+    from tests.support.tinymodel import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.getbasetemp() / "tinymodel")

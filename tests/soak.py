@@ -1,6 +1,7 @@
 """`make soak`: a bounded mixed load on the real `python -m bot run`, with injected faults.
 
-Loopback only: the Bot API is tests/fakebotapi.py, the model the tiny one from tests/tinymodel.py,
+Loopback only: the Bot API is tests/support/fakebotapi.py, the model the tiny one from
+tests/support/tinymodel.py,
 the database an SQLite file in a temporary folder. Each of `--chats` chats talks in a closed loop
 (a message, wait for the answer, think, the next one; within the flood limit) using texts,
 commands, stickers and edits, each of which deserves exactly one answer. Every `--fault-every`
@@ -34,9 +35,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.botprocess import ROOT, TOKEN, BotProcess, bot_env
-from tests.fakebotapi import FakeBotAPI, Fault
-from tests.tinymodel import build_tiny_model
+from tests.support.botprocess import ROOT, TOKEN, BotProcess, bot_env
+from tests.support.fakebotapi import FakeBotAPI, Fault
+from tests.support.tinymodel import build_tiny_model
 
 BLOCKED_CHAT = 8999  # blocked the bot: its sends get 403 and are not expected to arrive
 FIRST_CHAT = 8001

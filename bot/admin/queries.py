@@ -1,7 +1,7 @@
 """Admin queries: service health, conversations, exports, and read-only ad-hoc SQL.
 
 Everything here reads the same tables the service writes (bot/db/models.py). The only write is
-`forget_chat`, which goes through SessionStore so that it deletes exactly what /forget deletes.
+`forget_chat`, which goes through ConversationStore so that it deletes exactly what /forget deletes.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from sqlalchemy import case, func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from bot.conversations.store import ConversationStore
 from bot.db.models import Inbox, Message, Outbox, Session, utcnow
-from bot.sessions import SessionStore
 
 __all__ = [
     "EXPORT_COLUMNS",
@@ -389,7 +389,7 @@ async def forget_chat(
 ) -> ChatFootprint:
     """Delete everything stored for a chat, as /forget does; returns what was there."""
     before = await chat_footprint(sessionmaker, chat_id)
-    await SessionStore(sessionmaker).forget_chat(chat_id)
+    await ConversationStore(sessionmaker).forget_chat(chat_id)
     return before
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.botprocess import (
+from tests.support.botprocess import (
     SECRET,
     TOKEN,
     bot_env,
@@ -16,7 +16,7 @@ from tests.botprocess import (
     db_rows,
     free_port,
 )
-from tests.fakebotapi import FakeBotAPI
+from tests.support.fakebotapi import FakeBotAPI
 
 
 async def conversation(api: FakeBotAPI, chat: int, tmp_path: Path) -> None:
@@ -148,7 +148,7 @@ async def test_kill_9_while_generating_then_restart_answers_everything_exactly_o
 
 @pytest.mark.slow
 async def test_polling_survives_a_flaky_bot_api(tmp_path: Path, tiny_model_file: str) -> None:
-    from tests.fakebotapi import Fault
+    from tests.support.fakebotapi import Fault
 
     async with FakeBotAPI(TOKEN) as api:
         api.inject(

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.botprocess import SECRET, TOKEN, BotProcess, bot_env, free_port
-from tests.fakebotapi import FakeBotAPI, Fault
+from tests.support.botprocess import SECRET, TOKEN, BotProcess, bot_env, free_port
+from tests.support.fakebotapi import FakeBotAPI, Fault
 
 PROMPT_S = 10.0  # generous: a stop takes well under a second; the bug never stopped at all
 

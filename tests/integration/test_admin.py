@@ -23,11 +23,11 @@ from sqlalchemy import String, select, update
 from bot.admin import queries
 from bot.admin.cli import add_admin_parser, admin, format_table, run_admin
 from bot.config import Settings
+from bot.conversations.store import ConversationStore
 from bot.db import repository as repo
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import Base, Message, Session, utcnow
-from bot.sessions import SessionStore
-from tests.dbutil import drop_pg_role, make_readonly_role
+from tests.support.dbutil import drop_pg_role, make_readonly_role
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,7 +49,7 @@ class Seed:
         return (self.today - timedelta(days=days_ago)).date().isoformat()
 
 
-async def _ingest(store: SessionStore, update_id: int, chat_id: int, user_id: int) -> None:
+async def _ingest(store: ConversationStore, update_id: int, chat_id: int, user_id: int) -> None:
     payload = {"update_id": update_id, "message": {"chat": {"id": chat_id}, "from": user_id}}
     await store.ingest(
         update_id=update_id,
@@ -61,7 +61,12 @@ async def _ingest(store: SessionStore, update_id: int, chat_id: int, user_id: in
 
 
 async def _turn(
-    store: SessionStore, session_id: int, chat_id: int, user_id: int, update_id: int, *texts: Any
+    store: ConversationStore,
+    session_id: int,
+    chat_id: int,
+    user_id: int,
+    update_id: int,
+    *texts: Any,
 ) -> None:
     await _ingest(store, update_id, chat_id, user_id)
     user_text, reply, latency = texts
@@ -70,7 +75,7 @@ async def _turn(
     )
 
 
-async def _backdate(store: SessionStore, session_id: int, start: datetime) -> None:
+async def _backdate(store: ConversationStore, session_id: int, start: datetime) -> None:
     """Move a conversation into the past (use cases always stamp the current time)."""
     async with store.sessionmaker.begin() as db:
         ids = list(
@@ -94,7 +99,7 @@ async def _backdate(store: SessionStore, session_id: int, start: datetime) -> No
         )
 
 
-async def seed(store: SessionStore) -> Seed:
+async def seed(store: ConversationStore) -> Seed:
     """Three private chats (user id = chat id), four conversations, fourteen messages, some
     delivery trouble and failed updates."""
     now = utcnow()
@@ -162,7 +167,7 @@ async def run(db_url: str, *argv: str) -> tuple[int, str]:
     return status, out.getvalue()
 
 
-async def snapshot(store: SessionStore) -> dict[str, list[tuple[Any, ...]]]:
+async def snapshot(store: ConversationStore) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table."""
     async with store.sessionmaker() as db:
         return {
@@ -174,7 +179,7 @@ async def snapshot(store: SessionStore) -> dict[str, list[tuple[Any, ...]]]:
 # --- stats -------------------------------------------------------------------------------------
 
 
-async def test_stats_numbers_match_the_seed(store: SessionStore) -> None:
+async def test_stats_numbers_match_the_seed(store: ConversationStore) -> None:
     await seed(store)
     got = await queries.stats(store.sessionmaker, now=utcnow())
     assert (got.chats, got.sessions_active, got.sessions_ended) == (3, 2, 2)
@@ -190,7 +195,7 @@ async def test_stats_numbers_match_the_seed(store: SessionStore) -> None:
     assert everything.latency_p95_ms == 1000.0
 
 
-async def test_stats_on_an_empty_database(store: SessionStore) -> None:
+async def test_stats_on_an_empty_database(store: ConversationStore) -> None:
     got = await queries.stats(store.sessionmaker)
     assert (got.chats, got.messages_total, got.latency_samples) == (0, 0, 0)
     assert got.latency_p50_ms is None
@@ -229,7 +234,7 @@ def test_format_stats_shows_every_number() -> None:
         assert fragment in text
 
 
-async def test_stats_json_from_the_cli(store: SessionStore, db_url: str) -> None:
+async def test_stats_json_from_the_cli(store: ConversationStore, db_url: str) -> None:
     await seed(store)
     status, out = await run(db_url, "stats", "--json")
     assert status == 0
@@ -242,7 +247,9 @@ async def test_stats_json_from_the_cli(store: SessionStore, db_url: str) -> None
 # --- sessions, show, export --------------------------------------------------------------------
 
 
-async def test_sessions_most_recent_first_with_filters(store: SessionStore, db_url: str) -> None:
+async def test_sessions_most_recent_first_with_filters(
+    store: ConversationStore, db_url: str
+) -> None:
     s = await seed(store)
     rows = await queries.list_sessions(store.sessionmaker)
     assert [(r.id, r.messages) for r in rows] == [(s.s3, 4), (s.s2, 2), (s.s4, 2), (s.s1, 6)]
@@ -268,7 +275,7 @@ async def test_sessions_most_recent_first_with_filters(store: SessionStore, db_u
 
 
 async def test_show_prints_every_conversation_with_its_persona(
-    store: SessionStore, db_url: str
+    store: ConversationStore, db_url: str
 ) -> None:
     s = await seed(store)
     status, out = await run(db_url, "show", "1001")
@@ -296,7 +303,7 @@ async def test_show_prints_every_conversation_with_its_persona(
     assert (await run(db_url, "show", "424242"))[0] == 1
 
 
-async def test_export_jsonl_and_csv(store: SessionStore, db_url: str, tmp_path: Path) -> None:
+async def test_export_jsonl_and_csv(store: ConversationStore, db_url: str, tmp_path: Path) -> None:
     s = await seed(store)
     status, out = await run(db_url, "export", "1002")
     assert status == 0
@@ -346,7 +353,7 @@ def _mentions(table_name: str, row: tuple[Any, ...], chat_id: int) -> bool:
 
 
 async def test_forget_leaves_no_row_mentioning_the_chat(
-    store: SessionStore, db_url: str, monkeypatch: pytest.MonkeyPatch
+    store: ConversationStore, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await seed(store)
     before = await snapshot(store)
@@ -400,7 +407,7 @@ WRITES = [
 
 
 async def test_sql_refuses_writes_and_multiple_statements(
-    store: SessionStore, sql_url: str
+    store: ConversationStore, sql_url: str
 ) -> None:
     await seed(store)
     before = await snapshot(store)
@@ -420,7 +427,7 @@ async def test_sql_refuses_writes_and_multiple_statements(
 
 
 async def test_sql_refusal_is_one_clear_line_and_status_1(
-    store: SessionStore, db_url: str, sql_url: str, capsys: pytest.CaptureFixture[str]
+    store: ConversationStore, db_url: str, sql_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     await seed(store)
     settings = Settings(database_url=SecretStr(db_url), admin_database_url=SecretStr(sql_url))
@@ -433,7 +440,7 @@ async def test_sql_refusal_is_one_clear_line_and_status_1(
     assert len((await snapshot(store))["messages"]) == 14
 
 
-async def test_sql_select_prints_a_table_and_json(store: SessionStore, sql_url: str) -> None:
+async def test_sql_select_prints_a_table_and_json(store: ConversationStore, sql_url: str) -> None:
     await seed(store)
     status, out = await run(
         sql_url, "sql", "SELECT chat_id, COUNT(*) AS n FROM messages GROUP BY chat_id ORDER BY 1"
@@ -454,7 +461,7 @@ async def test_sql_select_prints_a_table_and_json(store: SessionStore, sql_url: 
 
 async def test_cli_subprocess_stats_json_and_refused_write(sqlite_url: str, tmp_path: Path) -> None:
     engine = make_engine(sqlite_url)
-    store = SessionStore(make_sessionmaker(engine))
+    store = ConversationStore(make_sessionmaker(engine))
     try:
         await seed(store)
     finally:

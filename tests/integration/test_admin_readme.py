@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from bot.admin.queries import readonly_sql
-from bot.sessions import SessionStore
+from bot.conversations.store import ConversationStore
 from tests.integration.test_admin import CATS, PIRATE, Seed, seed
 from tests.integration.test_admin import sql_url as sql_url  # the fixture: a read-only role
 
@@ -133,7 +133,7 @@ def test_readme_documents_8_to_10_queries_each_with_an_expectation() -> None:
 
 
 async def test_every_readme_query_returns_the_expected_rows(
-    store: SessionStore, db_url: str, sql_url: str
+    store: ConversationStore, db_url: str, sql_url: str
 ) -> None:
     s = await seed(store)
     backend = make_url(db_url).get_backend_name()

@@ -31,12 +31,17 @@ from sqlalchemy.engine import make_url
 from bot.admin import queries
 from bot.admin.pgrole import RoleError, ensure_readonly_role, role_problems, scram_sha256_verifier
 from bot.config import Settings
+from bot.conversations.store import ConversationStore
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.logs import settings_secrets
-from bot.sessions import SessionStore
-from tests.dbutil import create_pg_database, drop_pg_database, drop_pg_role, make_readonly_role
 from tests.integration.test_admin import seed, snapshot
+from tests.support.dbutil import (
+    create_pg_database,
+    drop_pg_database,
+    drop_pg_role,
+    make_readonly_role,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,10 +96,10 @@ def pg_url() -> Iterator[str]:
 
 
 @pytest.fixture
-async def pg_store(pg_url: str) -> AsyncIterator[SessionStore]:
+async def pg_store(pg_url: str) -> AsyncIterator[ConversationStore]:
     """The seeded bot tables of `pg_url`."""
     engine = make_engine(pg_url)
-    store = SessionStore(make_sessionmaker(engine))
+    store = ConversationStore(make_sessionmaker(engine))
     await seed(store)
     yield store
     await engine.dispose()
@@ -246,7 +251,7 @@ async def test_any_role_may_create_large_objects_and_notify_unless_revoked(
 
 
 async def test_superuser_connection_is_refused_before_anything_runs(
-    pg_url: str, pg_store: SessionStore, world: World, tmp_path: Path
+    pg_url: str, pg_store: ConversationStore, world: World, tmp_path: Path
 ) -> None:
     before = await snapshot(pg_store)
     for sql in world.statements():
@@ -275,7 +280,7 @@ async def test_superuser_connection_is_refused_before_anything_runs(
 
 
 async def test_the_read_only_role_is_refused_everything_by_the_database(
-    pg_url: str, pg_store: SessionStore, ro_url: str, world: World, tmp_path: Path
+    pg_url: str, pg_store: ConversationStore, ro_url: str, world: World, tmp_path: Path
 ) -> None:
     role = make_url(ro_url).username
     assert await role_problems(world.superuser, str(role)) == []  # admin sql's checks pass
@@ -348,7 +353,7 @@ async def test_the_read_only_role_is_refused_everything_by_the_database(
 
 
 async def test_a_role_that_can_do_more_than_read_is_refused_with_what_to_do(
-    pg_url: str, pg_store: SessionStore, world: World, extra_roles: list[str], tmp_path: Path
+    pg_url: str, pg_store: ConversationStore, world: World, extra_roles: list[str], tmp_path: Path
 ) -> None:
     tag = uuid.uuid4().hex[:8]
     setups = {

@@ -72,8 +72,8 @@ async def test_run_refuses_a_bad_webhook_secret_before_loading_anything(tmp_path
     from setWebhook after the model had loaded; a valid 3-character one was logged in clear."""
     import asyncio
 
-    from tests.botprocess import TOKEN
-    from tests.fakebotapi import FakeBotAPI
+    from tests.support.botprocess import TOKEN
+    from tests.support.fakebotapi import FakeBotAPI
 
     expected = "error: WEBHOOK_SECRET must be 16 to 256 characters of A-Z, a-z, 0-9, _ and -"
     async with FakeBotAPI(TOKEN) as api:

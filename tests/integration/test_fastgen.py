@@ -1,4 +1,4 @@
-"""The batched beam search (bot/agents/fastgen.py) against ParlAI's own, on real models.
+"""The batched beam search (bot/inference/fastgen.py) against ParlAI's own, on real models.
 
 Same results means bit for bit: the same top reply with the same score, and the same list of
 finished hypotheses in the same order with the same scores (what `beam_texts` shows). Random
@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from bot.agents import fastgen
-from bot.agents.model import load_shared_agent
 from bot.config import Settings
+from bot.inference import fastgen
+from bot.inference.model import load_shared_agent
 
 
 def _settings(model_file: str, tmp_path: Path, **kw: Any) -> Settings:
@@ -259,13 +259,14 @@ def test_unsupported_settings_fall_back_to_parlai(agent: Any) -> None:
 
 def build_blender90m_arch(directory: Path) -> str:
     """A random-weight model with BlenderBot-90M's architecture (8 layers, 512 dims, 16 heads,
-    FFN 2048, 54,944-token dictionary), built like tests/tinymodel.py builds the tiny one."""
+    FFN 2048, 54,944-token dictionary), built like tests/support/tinymodel.py builds the tiny
+    one."""
     model_file = directory / "model"
     if (directory / "model.opt").exists():
         return str(model_file)
     import torch
 
-    from bot.agents import compat
+    from bot.inference import compat
 
     compat.apply()
     from parlai.core.agents import create_agent

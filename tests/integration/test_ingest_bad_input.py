@@ -15,10 +15,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from bot.service.ingest import MAX_JSON_DEPTH, PollingIngest
-from tests.botprocess import free_port
-from tests.fakebotapi import SECRET_HEADER, FakeBotAPI
-from tests.service_harness import TOKEN, EchoEngine, make_settings, rows, running_service
+from bot.tg.ingest import MAX_JSON_DEPTH, PollingIngest
+from tests.support.botprocess import free_port
+from tests.support.fakebotapi import SECRET_HEADER, FakeBotAPI
+from tests.support.service_harness import TOKEN, EchoResponder, make_settings, rows, running_service
 
 SECRET = "bad-input-Secret_0123456789"
 HUGE = 2**64  # beyond any 64-bit column
@@ -74,7 +74,7 @@ async def test_webhook_answers_bad_inputs_with_4xx_or_stores_them_and_keeps_answ
             sqlite_url, api, tmp_path, webhook_url=url, webhook_secret=SECRET,
             webhook_listen="127.0.0.1", webhook_port=port,
         )  # fmt: skip
-        async with running_service(settings, EchoEngine()) as svc:
+        async with running_service(settings, EchoResponder()) as svc:
             await api.wait_for(lambda: api.webhook.url != "", 10, "setWebhook")
             next_id = iter(range(500, 600))
             answered = 0
@@ -175,7 +175,7 @@ async def test_polling_stores_or_skips_bad_updates_and_keeps_answering(
     chat = 7200
     async with RawUpdatesAPI(TOKEN) as api:
         settings = make_settings(sqlite_url, api, tmp_path)
-        async with running_service(settings, EchoEngine()) as svc:
+        async with running_service(settings, EchoResponder()) as svc:
             answered = 0
 
             async def still_answers() -> None:

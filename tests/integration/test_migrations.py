@@ -12,7 +12,7 @@ from alembic.script import ScriptDirectory
 from bot.db import migrate
 from bot.db.engine import make_engine
 from bot.db.models import Base
-from tests.dbutil import table_names
+from tests.support.dbutil import table_names
 
 TABLES = {"sessions", "messages", "outbox", "inbox", "alembic_version"}
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from bot.agents.batcher import Batcher
-from bot.agents.cache import AgentCache
-from bot.agents.model import load_shared_agent
 from bot.config import ConfigError, Settings
+from bot.inference.batcher import Batcher
+from bot.inference.cache import AgentCache
+from bot.inference.model import load_shared_agent
 
 
 def test_missing_model_says_how_to_get_one(tmp_path: Path) -> None:

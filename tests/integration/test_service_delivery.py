@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from bot.conversations.store import ConversationStore
 from bot.db import migrate
 from bot.db import repository as repo
 from bot.db.engine import make_engine, make_sessionmaker
-from bot.service.delivery import MAX_MESSAGE_UTF16, split_message, utf16_len
-from bot.sessions import SessionStore
-from tests.fakebotapi import FakeBotAPI, Fault
-from tests.service_harness import TOKEN, EchoEngine, make_settings, rows, running_service
+from bot.tg.delivery import MAX_MESSAGE_UTF16, split_message, utf16_len
+from tests.support.fakebotapi import FakeBotAPI, Fault
+from tests.support.service_harness import TOKEN, EchoResponder, make_settings, rows, running_service
 
 
 @pytest.mark.parametrize(
@@ -43,7 +43,9 @@ def test_split_message_never_sends_empty_text() -> None:
 async def test_a_429_delays_the_reply_but_delivers_it_once(sqlite_url: str, tmp_path: Path) -> None:
     async with FakeBotAPI(TOKEN) as api:
         api.inject(Fault("sendMessage", status=429, retry_after=1, times=1))
-        async with running_service(make_settings(sqlite_url, api, tmp_path), EchoEngine()) as svc:
+        async with running_service(
+            make_settings(sqlite_url, api, tmp_path), EchoResponder()
+        ) as svc:
             api.user_message(501, "please answer")
             assert await api.wait_for_texts(501, 1) == ["echo 501: please answer"]
             refused, accepted = api.calls_to("sendMessage")
@@ -69,7 +71,7 @@ async def test_server_errors_and_timeouts_are_retried(sqlite_url: str, tmp_path:
             Fault("sendChatAction", status=500, times=5),
         )
         settings = make_settings(sqlite_url, api, tmp_path)
-        async with running_service(settings, EchoEngine(), timeout_s=1.0) as svc:
+        async with running_service(settings, EchoResponder(), timeout_s=1.0) as svc:
             api.user_message(502, "are you there")
             assert await api.wait_for_texts(502, 1, timeout_s=15) == ["echo 502: are you there"]
             await api.wait_for(lambda: api.calls_to("sendMessage")[2].status is not None)
@@ -85,7 +87,7 @@ async def test_a_blocked_chat_stops_retrying_and_others_are_unaffected(
     blocked, fine = 601, 602
     async with FakeBotAPI(TOKEN) as api:
         api.inject(Fault("sendMessage", status=403, chat_id=blocked, times=100))
-        async with running_service(make_settings(db_url, api, tmp_path), EchoEngine()) as svc:
+        async with running_service(make_settings(db_url, api, tmp_path), EchoResponder()) as svc:
             api.user_message(blocked, "one")
             api.user_message(blocked, "two")
             api.user_message(fine, "hello")
@@ -122,9 +124,9 @@ async def test_a_long_reply_goes_out_in_parts_and_a_retry_resends_no_part(
     parts = split_message(long_reply)
     assert len(parts) == 5
     async with FakeBotAPI(TOKEN) as api:
-        engine = EchoEngine()
-        engine.reply_override = lambda chat, text: long_reply
-        async with running_service(make_settings(sqlite_url, api, tmp_path), engine) as svc:
+        responder = EchoResponder()
+        responder.reply_override = lambda chat, text: long_reply
+        async with running_service(make_settings(sqlite_url, api, tmp_path), responder) as svc:
             # The third part fails twice (5xx, then a 429); parts sent must not repeat.
             api.inject(
                 Fault("sendMessage", status=500, times=1, skip=2),
@@ -156,7 +158,7 @@ async def test_undelivered_texts_are_sent_at_start_resuming_after_sent_parts(
     await engine.dispose()
     async with FakeBotAPI(TOKEN) as api:
         settings = make_settings(sqlite_url, api, tmp_path)
-        async with running_service(settings, EchoEngine(), migrate_db=False):
+        async with running_service(settings, EchoResponder(), migrate_db=False):
             texts = await api.wait_for_texts(801, 3)
             await api.wait_for_texts(802, 1)
         assert texts == [parts[1], parts[2], "and then this"]
@@ -171,7 +173,7 @@ async def test_a_reply_deleted_by_forget_while_queued_is_never_sent(
     await asyncio.to_thread(migrate.upgrade, sqlite_url)
     engine = make_engine(sqlite_url)
     try:
-        store = SessionStore(make_sessionmaker(engine))
+        store = ConversationStore(make_sessionmaker(engine))
         session = await store.active_session(chat, chat)
         for text in ("one", "two", "three"):  # replies a crash left undelivered
             await store.record_turn(session.id, chat, text, f"reply to {text}")
@@ -180,7 +182,7 @@ async def test_a_reply_deleted_by_forget_while_queued_is_never_sent(
     async with FakeBotAPI(TOKEN) as api:
         api.inject(Fault("sendMessage", status=None, delay=1.5, times=1, chat_id=chat))
         settings = make_settings(sqlite_url, api, tmp_path)
-        async with running_service(settings, EchoEngine(), migrate_db=False) as svc:
+        async with running_service(settings, EchoResponder(), migrate_db=False) as svc:
             await api.wait_for(lambda: api.calls_to("sendMessage") != [], what="sendMessage")
             api.user_message(chat, "/forget")  # while "reply to one" is on its way
             texts = await api.wait_for_texts(chat, 2)

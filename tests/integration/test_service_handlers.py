@@ -7,18 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from bot.chat import HELP_TEXT
-from bot.service import handlers
-from bot.service.handlers import EDITED, NOT_TEXT, UNKNOWN_COMMAND, FloodGate
-from tests.fakebotapi import BOT_ID, BOT_USERNAME, FakeBotAPI
-from tests.service_harness import TOKEN, EchoEngine, make_settings, rows, running_service
+from bot.conversations.actions import HELP_TEXT
+from bot.tg import handlers
+from bot.tg.handlers import EDITED, NOT_TEXT, UNKNOWN_COMMAND, FloodGate
+from tests.support.fakebotapi import BOT_ID, BOT_USERNAME, FakeBotAPI
+from tests.support.service_harness import TOKEN, EchoResponder, make_settings, rows, running_service
 
 
 async def test_commands_persona_turns_done_and_forget(db_url: str, tmp_path: Path) -> None:
     chat = 101
     async with FakeBotAPI(TOKEN) as api:
-        engine = EchoEngine()
-        async with running_service(make_settings(db_url, api, tmp_path), engine) as service:
+        responder = EchoResponder()
+        async with running_service(make_settings(db_url, api, tmp_path), responder) as service:
             await api.wait_for(lambda: bool(api.commands), what="setMyCommands")
             assert [c["command"] for c in api.commands] == [
                 "start", "help", "persona", "done", "forget",
@@ -73,8 +73,8 @@ async def test_non_text_edits_and_unknown_commands_get_a_defined_answer(
 ) -> None:
     chat = 102
     async with FakeBotAPI(TOKEN) as api:
-        engine = EchoEngine()
-        async with running_service(make_settings(sqlite_url, api, tmp_path), engine) as service:
+        responder = EchoResponder()
+        async with running_service(make_settings(sqlite_url, api, tmp_path), responder) as service:
             api.user_message(chat, "/persona first")
             await api.wait_for_texts(chat, 1)
             sticker = {
@@ -101,7 +101,7 @@ async def test_non_text_edits_and_unknown_commands_get_a_defined_answer(
             assert texts[7].startswith("That persona is 1500 characters long")
             assert texts[8] == "Say something and I'll answer."
             assert texts[9].startswith("My persona: first")  # the edit changed nothing
-            assert engine.calls == []
+            assert responder.calls == []
             statuses = await rows(service, "SELECT DISTINCT status FROM inbox")
             assert statuses == [("done",)]
 
@@ -109,9 +109,9 @@ async def test_non_text_edits_and_unknown_commands_get_a_defined_answer(
 async def test_group_policy_mention(sqlite_url: str, tmp_path: Path) -> None:
     group = -5001
     async with FakeBotAPI(TOKEN) as api:
-        engine = EchoEngine()
+        responder = EchoResponder()
         settings = make_settings(sqlite_url, api, tmp_path, group_policy="mention")
-        async with running_service(settings, engine) as service:
+        async with running_service(settings, responder) as service:
             chatter = api.user_message(group, "people talking", chat_type="group", user_id=1)
             api.user_message(group, "/help@other_bot", chat_type="group", user_id=1)
             api.user_message(group, "/unknown", chat_type="group", user_id=1)
@@ -147,9 +147,9 @@ async def test_group_policy_all_and_ignore(
     group = -5002
     private = 5002
     async with FakeBotAPI(TOKEN) as api:
-        engine = EchoEngine()
+        responder = EchoResponder()
         settings = make_settings(sqlite_url, api, tmp_path, group_policy=policy)
-        async with running_service(settings, engine):
+        async with running_service(settings, responder):
             api.user_message(group, "hello group", chat_type="supergroup", user_id=1)
             api.user_message(group, "/help", chat_type="supergroup", user_id=1)
             api.user_message(private, "private still works")
@@ -164,9 +164,9 @@ async def test_flood_limit_keeps_messages_and_sends_one_notice(
 ) -> None:
     flooder, calm = 201, 202
     async with FakeBotAPI(TOKEN) as api:
-        engine = EchoEngine()
+        responder = EchoResponder()
         settings = make_settings(sqlite_url, api, tmp_path, flood_max_messages=3, flood_window_s=60)
-        async with running_service(settings, engine) as service:
+        async with running_service(settings, responder) as service:
             for i in range(8):
                 api.user_message(flooder, f"spam {i}")
             api.user_message(calm, "just one")
@@ -200,8 +200,8 @@ async def test_typing_indicator_is_repeated_while_the_model_works(
 ) -> None:
     monkeypatch.setattr(handlers, "TYPING_INTERVAL_S", 0.2)
     async with FakeBotAPI(TOKEN) as api:
-        engine = EchoEngine(delay_s=1.0)
-        async with running_service(make_settings(sqlite_url, api, tmp_path), engine):
+        responder = EchoResponder(delay_s=1.0)
+        async with running_service(make_settings(sqlite_url, api, tmp_path), responder):
             api.user_message(301, "think hard")
             await api.wait_for_texts(301, 1)
             actions = api.calls_to("sendChatAction")
@@ -216,7 +216,7 @@ async def test_stats_is_for_admins_only(sqlite_url: str, tmp_path: Path) -> None
     admin, user = 401, 402
     async with FakeBotAPI(TOKEN) as api:
         settings = make_settings(sqlite_url, api, tmp_path, admin_user_ids=[admin])
-        async with running_service(settings, EchoEngine()):
+        async with running_service(settings, EchoResponder()):
             api.user_message(user, "hello")
             api.user_message(user, "/stats")
             await api.wait_for_texts(user, 2)
@@ -237,12 +237,12 @@ async def test_a_message_right_after_forget_is_still_answered(
 ) -> None:
     # Regression: /forget deletes the chat's inbox rows, the still-pending next update included.
     async with FakeBotAPI(TOKEN) as api:
-        engine = EchoEngine()
-        async with running_service(make_settings(sqlite_url, api, tmp_path), engine) as service:
+        responder = EchoResponder()
+        async with running_service(make_settings(sqlite_url, api, tmp_path), responder) as service:
             api.user_message(103, "/forget")
             api.user_message(103, "hello after forget")
             texts = await api.wait_for_texts(103, 2)
             assert texts[1] == "echo 103: hello after forget"
-            assert engine.calls == [(103, "hello after forget")]
+            assert responder.calls == [(103, "hello after forget")]
             statuses = await rows(service, "SELECT status FROM inbox ORDER BY update_id")
             assert statuses == [("done",), ("done",)]

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import aiohttp
 
-from bot.service.app import serve
-from tests.botprocess import free_port
-from tests.fakebotapi import SECRET_HEADER, FakeBotAPI
-from tests.service_harness import (
+from bot.tg.app import serve
+from tests.support.botprocess import free_port
+from tests.support.fakebotapi import SECRET_HEADER, FakeBotAPI
+from tests.support.service_harness import (
     TOKEN,
-    EchoEngine,
+    EchoResponder,
     make_settings,
     rows,
     running_service,
@@ -38,8 +38,8 @@ async def test_polling_confirms_an_update_only_after_its_inbox_row_is_committed(
                 unsafe.append((offset, confirmed))
 
         api.on_get_updates = check
-        engine = EchoEngine()
-        async with running_service(make_settings(sqlite_url, api, tmp_path), engine):
+        responder = EchoResponder()
+        async with running_service(make_settings(sqlite_url, api, tmp_path), responder):
             ids = [api.user_message(11, f"message {i}") for i in range(5)]
             await api.wait_for_texts(11, 5)
             await api.wait_for(lambda: any(o and o > max(ids) for o in api.offsets))
@@ -49,8 +49,8 @@ async def test_polling_confirms_an_update_only_after_its_inbox_row_is_committed(
 
 async def test_a_duplicated_update_produces_one_turn(db_url: str, tmp_path: Path) -> None:
     async with FakeBotAPI(TOKEN) as api:
-        engine = EchoEngine()
-        async with running_service(make_settings(db_url, api, tmp_path), engine) as service:
+        responder = EchoResponder()
+        async with running_service(make_settings(db_url, api, tmp_path), responder) as service:
             first = api.user_message(21, "only once")
             api.redeliver(first)  # in the same getUpdates batch
             await api.wait_for_texts(21, 1)
@@ -59,7 +59,7 @@ async def test_a_duplicated_update_produces_one_turn(db_url: str, tmp_path: Path
             # The next poll starts only once the duplicate went through ingest.
             await api.wait_for(lambda: len(api.offsets) >= polls + 1, what="another poll")
             await asyncio.sleep(0.2)
-            assert engine.calls == [(21, "only once")]
+            assert responder.calls == [(21, "only once")]
             assert api.texts(21) == ["echo 21: only once"]
             messages = await rows(service, "SELECT role, text FROM messages ORDER BY id")
             assert messages == [("user", "only once"), ("bot", "echo 21: only once")]
@@ -71,8 +71,8 @@ async def test_channel_posts_are_stored_closed_and_never_answered(
     sqlite_url: str, tmp_path: Path
 ) -> None:
     async with FakeBotAPI(TOKEN) as api:
-        engine = EchoEngine()
-        async with running_service(make_settings(sqlite_url, api, tmp_path), engine) as service:
+        responder = EchoResponder()
+        async with running_service(make_settings(sqlite_url, api, tmp_path), responder) as service:
             post = api.channel_post(-100123, "news")
             api.user_message(22, "after the post")
             await api.wait_for_texts(22, 1)
@@ -80,7 +80,7 @@ async def test_channel_posts_are_stored_closed_and_never_answered(
         # allowed_updates keeps channel posts away from a real Telegram; ours sends them anyway.
         assert inbox.get(post) in (None, "ignored")
         assert api.texts(-100123) == []
-        assert engine.calls == [(22, "after the post")]
+        assert responder.calls == [(22, "after the post")]
 
 
 async def test_webhook_answers_403_without_the_secret_and_stores_nothing(
@@ -93,8 +93,8 @@ async def test_webhook_answers_403_without_the_secret_and_stores_nothing(
             db_url, api, tmp_path, webhook_url=url, webhook_secret=SECRET,
             webhook_listen="127.0.0.1", webhook_port=port,
         )  # fmt: skip
-        engine = EchoEngine()
-        async with running_service(settings, engine) as service:
+        responder = EchoResponder()
+        async with running_service(settings, responder) as service:
             assert api.webhook.url == url and api.webhook.secret == SECRET
             assert api.webhook.allowed_updates == ["message", "edited_message"]
             forged = {
@@ -117,12 +117,12 @@ async def test_webhook_answers_403_without_the_secret_and_stores_nothing(
             api.user_message(31, "hello over the webhook")
             assert await api.wait_for_texts(31, 1) == ["echo 31: hello over the webhook"]
             assert all(status == 200 for _, status in api.webhook_posts)
-            assert engine.calls == [(31, "hello over the webhook")]
+            assert responder.calls == [(31, "hello over the webhook")]
             # A webhook retry of an already stored update changes nothing.
             update = api.history[-1]
             assert await api.post_to_webhook(update, secret=SECRET) == 200
             await asyncio.sleep(0.3)
-            assert engine.calls == [(31, "hello over the webhook")]
+            assert responder.calls == [(31, "hello over the webhook")]
             assert len(api.texts(31)) == 1
         assert api.calls_to("getUpdates") == []
 
@@ -137,13 +137,13 @@ async def test_webhook_keeps_redelivering_while_the_bot_is_down(
             sqlite_url, api, tmp_path, webhook_url=url, webhook_secret=SECRET,
             webhook_listen="127.0.0.1", webhook_port=port,
         )  # fmt: skip
-        async with running_service(settings, EchoEngine()):
+        async with running_service(settings, EchoResponder()):
             pass
         # The bot is down; the webhook stays registered and Telegram keeps trying.
         api.user_message(41, "while you were away")
         await api.wait_for(lambda: len(api.webhook_posts) >= 2, what="failed posts")
         assert all(status != 200 for _, status in api.webhook_posts)
-        async with running_service(settings, EchoEngine(), migrate_db=False):
+        async with running_service(settings, EchoResponder(), migrate_db=False):
             assert await api.wait_for_texts(41, 1) == ["echo 41: while you were away"]
 
 
@@ -152,9 +152,9 @@ async def test_a_rejected_token_ends_the_service_with_status_1(
 ) -> None:
     async with FakeBotAPI("111:other-token-entirely-different") as api:
         settings = make_settings(sqlite_url, api, tmp_path)
-        assert await asyncio.wait_for(serve(settings, engine_factory=_never), 30) == 1
+        assert await asyncio.wait_for(serve(settings, responder_factory=_never), 30) == 1
         assert [c.method for c in api.calls] == []  # 401 before any method ran
 
 
-async def _never(*_args: object) -> EchoEngine:
-    raise AssertionError("the engine must not load when Telegram refuses the token")
+async def _never(*_args: object) -> EchoResponder:
+    raise AssertionError("the responder must not load when Telegram refuses the token")

@@ -5,23 +5,23 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from bot.service.sequencer import APOLOGY
-from tests.fakebotapi import FakeBotAPI
-from tests.service_harness import TOKEN, EchoEngine, make_settings, rows, running_service
+from bot.tg.inbox_worker import APOLOGY
+from tests.support.fakebotapi import FakeBotAPI
+from tests.support.service_harness import TOKEN, EchoResponder, make_settings, rows, running_service
 
 
 async def test_five_messages_at_once_are_answered_in_order(db_url: str, tmp_path: Path) -> None:
     rng = random.Random(5)
     async with FakeBotAPI(TOKEN) as api:
         # Random generation times would reorder the replies of a sequencer that did not wait.
-        engine = EchoEngine(delay_s=lambda chat, text: rng.uniform(0.0, 0.15))
-        async with running_service(make_settings(db_url, api, tmp_path), engine) as svc:
+        responder = EchoResponder(delay_s=lambda chat, text: rng.uniform(0.0, 0.15))
+        async with running_service(make_settings(db_url, api, tmp_path), responder) as svc:
             sent = [f"message {i}" for i in range(5)]
             for text in sent:
                 api.user_message(901, text)
             texts = await api.wait_for_texts(901, 5)
             assert texts == [f"echo 901: {t}" for t in sent]
-            assert engine.calls == [(901, t) for t in sent]
+            assert responder.calls == [(901, t) for t in sent]
             history = await rows(svc, "SELECT role, text FROM messages ORDER BY id")
             expected = []
             for text in sent:
@@ -36,14 +36,14 @@ async def test_twenty_chats_at_once_get_their_own_replies(db_url: str, tmp_path:
 
     def delay(chat: int, text: str) -> float:
         nonlocal in_parallel, peak
-        in_parallel = engine.in_progress
+        in_parallel = responder.in_progress
         peak = max(peak, in_parallel)
         return 0.2
 
     async with FakeBotAPI(TOKEN) as api:
-        engine = EchoEngine(delay_s=delay)
+        responder = EchoResponder(delay_s=delay)
         settings = make_settings(db_url, api, tmp_path, max_concurrent_chats=8)
-        async with running_service(settings, engine) as svc:
+        async with running_service(settings, responder) as svc:
             for round_ in range(2):
                 for chat in chats:
                     api.user_message(chat, f"chat {chat} says {round_}")
@@ -65,8 +65,8 @@ async def test_twenty_chats_at_once_get_their_own_replies(db_url: str, tmp_path:
 
 async def test_a_slow_chat_does_not_block_another(sqlite_url: str, tmp_path: Path) -> None:
     async with FakeBotAPI(TOKEN) as api:
-        engine = EchoEngine(delay_s=lambda chat, text: 1.5 if chat == 1101 else 0.0)
-        async with running_service(make_settings(sqlite_url, api, tmp_path), engine):
+        responder = EchoResponder(delay_s=lambda chat, text: 1.5 if chat == 1101 else 0.0)
+        async with running_service(make_settings(sqlite_url, api, tmp_path), responder):
             api.user_message(1101, "slow one")
             api.user_message(1102, "quick one")
             await api.wait_for_texts(1102, 1)
@@ -78,18 +78,18 @@ async def test_a_failing_update_is_retried_then_apologised_for_and_the_chat_goes
     sqlite_url: str, tmp_path: Path
 ) -> None:
     async with FakeBotAPI(TOKEN) as api:
-        engine = EchoEngine()
-        engine.fail_on = {"boom"}
-        async with running_service(make_settings(sqlite_url, api, tmp_path), engine) as svc:
+        responder = EchoResponder()
+        responder.fail_on = {"boom"}
+        async with running_service(make_settings(sqlite_url, api, tmp_path), responder) as svc:
             bad = api.user_message(1201, "boom")
             api.user_message(1201, "after the boom")
             texts = await api.wait_for_texts(1201, 2)
             assert texts == [APOLOGY, "echo 1201: after the boom"]
-            assert engine.calls.count((1201, "boom")) == 3
+            assert responder.calls.count((1201, "boom")) == 3
             (row,) = await rows(
                 svc, f"SELECT status, attempts, error FROM inbox WHERE update_id = {bad}"
             )
-            assert row[0] == "failed" and row[1] >= 2 and "engine exploded" in row[2]
+            assert row[0] == "failed" and row[1] >= 2 and "responder exploded" in row[2]
             # The failed turn left nothing half-written.
             history = await rows(svc, "SELECT text FROM messages ORDER BY id")
             assert history == [("after the boom",), ("echo 1201: after the boom",)]
@@ -99,27 +99,27 @@ async def test_stop_finishes_the_turn_in_progress_and_sends_its_reply(
     sqlite_url: str, tmp_path: Path
 ) -> None:
     async with FakeBotAPI(TOKEN) as api:
-        engine = EchoEngine(delay_s=1.0)
+        responder = EchoResponder(delay_s=1.0)
         settings = make_settings(sqlite_url, api, tmp_path, shutdown_grace_s=5)
-        async with running_service(settings, engine):
+        async with running_service(settings, responder):
             api.user_message(1301, "answer before you go")
-            await api.wait_for(lambda: engine.in_progress == 1, what="generation")
+            await api.wait_for(lambda: responder.in_progress == 1, what="generation")
         # running_service's exit was the graceful stop.
         assert api.texts(1301) == ["echo 1301: answer before you go"]
-        assert engine.closed
+        assert responder.closed
 
 
 async def test_a_turn_cut_off_by_the_grace_period_is_answered_after_restart(
     sqlite_url: str, tmp_path: Path
 ) -> None:
     async with FakeBotAPI(TOKEN) as api:
-        slow = EchoEngine(delay_s=30.0)
+        slow = EchoResponder(delay_s=30.0)
         settings = make_settings(sqlite_url, api, tmp_path, shutdown_grace_s=0.3)
         async with running_service(settings, slow):
             api.user_message(1401, "too slow")
             await api.wait_for(lambda: slow.in_progress == 1, what="generation")
         assert api.texts(1401) == []
-        fast = EchoEngine()
+        fast = EchoResponder()
         async with running_service(settings, fast, migrate_db=False) as svc:
             assert await api.wait_for_texts(1401, 1) == ["echo 1401: too slow"]
             assert fast.calls == [(1401, "too slow")]

@@ -6,12 +6,12 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
+from bot.conversations.store import ConversationStore
 from bot.db import repository as repo
 from bot.db.models import Inbox, Message, Outbox, Session
-from bot.sessions import SessionStore
 
 
-async def _count(store: SessionStore, model: type, **where: object) -> int:
+async def _count(store: ConversationStore, model: type, **where: object) -> int:
     async with store.sessionmaker() as db:
         stmt = select(func.count()).select_from(model)
         for key, value in where.items():
@@ -19,14 +19,14 @@ async def _count(store: SessionStore, model: type, **where: object) -> int:
         return int(await db.scalar(stmt) or 0)
 
 
-async def test_ingest_is_idempotent_per_update_id(store: SessionStore) -> None:
+async def test_ingest_is_idempotent_per_update_id(store: ConversationStore) -> None:
     first = await store.ingest(update_id=10, chat_id=1, user_id=2, kind="message", payload="{}")
     again = await store.ingest(update_id=10, chat_id=1, user_id=2, kind="message", payload="{}")
     assert (first, again) == (True, False)
     assert await _count(store, Inbox) == 1
 
 
-async def test_at_most_one_active_session_per_chat(store: SessionStore) -> None:
+async def test_at_most_one_active_session_per_chat(store: ConversationStore) -> None:
     a = await store.active_session(100, 7)
     b = await store.active_session(100, 7)
     assert a.id == b.id
@@ -35,7 +35,7 @@ async def test_at_most_one_active_session_per_chat(store: SessionStore) -> None:
             await repo.create_session(db, 100, 7, "")
 
 
-async def test_persona_carries_over_after_done(store: SessionStore) -> None:
+async def test_persona_carries_over_after_done(store: ConversationStore) -> None:
     await store.set_persona(5, 5, "My name is Sarah.", notice="ok")
     ended = await store.end_session(5, notice="bye")
     assert ended is not None
@@ -46,7 +46,7 @@ async def test_persona_carries_over_after_done(store: SessionStore) -> None:
     assert await _count(store, Session, chat_id=5, status="done") == 1
 
 
-async def test_record_turn_is_one_transaction_and_closes_update(store: SessionStore) -> None:
+async def test_record_turn_is_one_transaction_and_closes_update(store: ConversationStore) -> None:
     await store.ingest(update_id=1, chat_id=9, user_id=9, kind="message", payload="{}")
     session = await store.active_session(9, 9)
     await store.record_turn(session.id, 9, "hi", "hello!", latency_ms=12.5, update_id=1)
@@ -58,7 +58,7 @@ async def test_record_turn_is_one_transaction_and_closes_update(store: SessionSt
     assert [p.text for p in pending] == ["hello!"]
 
 
-async def test_failed_turn_leaves_nothing_behind(store: SessionStore) -> None:
+async def test_failed_turn_leaves_nothing_behind(store: ConversationStore) -> None:
     session = await store.active_session(3, 3)
     with pytest.raises(IntegrityError):
         # role 'robot' violates the check constraint after the user row was added
@@ -68,7 +68,7 @@ async def test_failed_turn_leaves_nothing_behind(store: SessionStore) -> None:
     assert await _count(store, Message) == 0
 
 
-async def test_tail_messages_keeps_order(store: SessionStore) -> None:
+async def test_tail_messages_keeps_order(store: ConversationStore) -> None:
     session = await store.active_session(4, 4)
     for i in range(10):
         await store.record_turn(session.id, 4, f"u{i}", f"b{i}")
@@ -76,7 +76,7 @@ async def test_tail_messages_keeps_order(store: SessionStore) -> None:
     assert [m.text for m in ctx.messages] == ["b8", "u9", "b9"]
 
 
-async def test_outbox_delivery_marks_message(store: SessionStore) -> None:
+async def test_outbox_delivery_marks_message(store: ConversationStore) -> None:
     session = await store.active_session(6, 6)
     outbox_id = (await store.record_turn(session.id, 6, "hi", "yo")).outbox_id
     async with store.sessionmaker.begin() as db:
@@ -87,7 +87,7 @@ async def test_outbox_delivery_marks_message(store: SessionStore) -> None:
     assert delivered is not None
 
 
-async def test_forget_removes_every_row_of_the_chat(store: SessionStore) -> None:
+async def test_forget_removes_every_row_of_the_chat(store: ConversationStore) -> None:
     await store.ingest(update_id=1, chat_id=8, user_id=8, kind="message", payload='{"x": 1}')
     session = await store.active_session(8, 8)
     await store.record_turn(session.id, 8, "secret", "ok", update_id=1)
@@ -101,7 +101,7 @@ async def test_forget_removes_every_row_of_the_chat(store: SessionStore) -> None
     assert await store.forget_chat(8) == 0
 
 
-async def test_forget_keeps_update_deduplicated(store: SessionStore) -> None:
+async def test_forget_keeps_update_deduplicated(store: ConversationStore) -> None:
     await store.ingest(update_id=5, chat_id=8, user_id=8, kind="message", payload="{}")
     await store.forget_chat(8, notice="forgotten", update_id=5)
     again = await store.ingest(update_id=5, chat_id=8, user_id=8, kind="message", payload="{}")
@@ -109,7 +109,7 @@ async def test_forget_keeps_update_deduplicated(store: SessionStore) -> None:
     assert await _count(store, Inbox, chat_id=8) == 0
 
 
-async def test_forgotten_session_id_is_never_reused(store: SessionStore) -> None:
+async def test_forgotten_session_id_is_never_reused(store: ConversationStore) -> None:
     """Regression: SQLite reused the highest deleted id, and the agent cache is keyed by id, so
     after `admin forget` the next chat could be served the forgotten chat's cached clone."""
     first = await store.active_session(21, 21)
@@ -118,7 +118,7 @@ async def test_forgotten_session_id_is_never_reused(store: SessionStore) -> None
     assert second.id > first.id
 
 
-async def test_forget_keeps_updates_that_came_after_it(store: SessionStore) -> None:
+async def test_forget_keeps_updates_that_came_after_it(store: ConversationStore) -> None:
     """Regression: /forget deleted the chat's pending inbox rows, so a message sent right after
     it was never answered."""
     for update_id in (1, 2, 3):
@@ -130,7 +130,9 @@ async def test_forget_keeps_updates_that_came_after_it(store: SessionStore) -> N
         assert await repo.get_inbox_status(db, 3) == "pending"
 
 
-async def test_a_turn_for_an_update_closed_elsewhere_is_rolled_back(store: SessionStore) -> None:
+async def test_a_turn_for_an_update_closed_elsewhere_is_rolled_back(
+    store: ConversationStore,
+) -> None:
     """Fence: if another process already closed the update, this turn leaves no rows."""
     await store.ingest(update_id=40, chat_id=40, user_id=40, kind="message", payload="{}")
     session = await store.active_session(40, 40)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.agents import training
-from bot.agents.batcher import Batcher, Generated
-from bot.agents.training import Example, Recipe
 from bot.config import Settings
+from bot.inference.batcher import Batcher, Generated
+from bot.training import pipeline as training
+from bot.training.pipeline import Example, Recipe
 
 # A model that trains in seconds; its replies are not meant to be read.
 TINY = Recipe(
@@ -86,7 +86,7 @@ def test_persona_lines_come_from_the_replying_speaker_and_never_give_away_the_la
         ):
             lines = example.text.split("\n")
             personas = [line for line in lines if line.startswith("your persona: ")]
-            # Persona lines lead the context, like bot/agents/persona.py pins them.
+            # Persona lines lead the context, like bot/inference/persona.py pins them.
             assert lines[: len(personas)] == personas
             replier = (i + 1) % 2
             allowed = set(training.persona_candidates(CONVERSATION, replier))
@@ -176,7 +176,7 @@ def test_if_missing_skips_a_complete_model_and_retrains_a_partial_one(
 
 
 def test_train_then_serve_with_a_persona(tmp_path: Path) -> None:
-    from bot.agents.model import load_shared_agent
+    from bot.inference.model import load_shared_agent
 
     out = tmp_path / "models" / "model"
     stale = out.parent / ".model.train-killed"  # what a run killed by SIGKILL leaves
@@ -210,7 +210,7 @@ def test_train_then_serve_with_a_persona(tmp_path: Path) -> None:
 
 async def _reply(agent: object, persona: str, text: str) -> Generated:
     """One reply the way the engine produces it: a persona-pinned clone, a batched generation."""
-    from bot.agents.cache import new_clone
+    from bot.inference.cache import new_clone
 
     batcher = Batcher(agent, max_size=4, max_wait_ms=5)
     await batcher.start()

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakebotapi import FakeBotAPI, Fault
-from tests.reliability.procs import TOKEN, bot_env, check_database, db_rows, start_bot
+from tests.support.fakebotapi import FakeBotAPI, Fault
+from tests.support.procs import TOKEN, bot_env, check_database, db_rows, start_bot
 
 pytestmark = pytest.mark.slow
 

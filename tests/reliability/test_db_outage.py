@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from bot.db import engine as db_engine
-from tests.fakebotapi import FakeBotAPI
-from tests.pgserver import PrivatePostgres
-from tests.service_harness import (
+from tests.support.fakebotapi import FakeBotAPI
+from tests.support.pgserver import PrivatePostgres
+from tests.support.service_harness import (
     TOKEN,
-    EchoEngine,
+    EchoResponder,
     make_settings,
     rows,
     running_service,
@@ -58,9 +58,9 @@ async def test_postgres_stopped_during_traffic_then_back(tmp_path: Path) -> None
     try:
         async with FakeBotAPI(TOKEN) as api:
             # Replies take a while, so the server goes down in the middle of turns too.
-            engine = EchoEngine(delay_s=0.3)
+            responder = EchoResponder(delay_s=0.3)
             settings = make_settings(pg.url, api, tmp_path, log_level="INFO")
-            async with running_service(settings, engine) as svc:
+            async with running_service(settings, responder) as svc:
                 for chat in CHATS:
                     api.user_message(chat, "before the outage")
                 await asyncio.sleep(0.15)  # turns are generating now
@@ -103,8 +103,8 @@ async def test_sqlite_held_by_a_long_write_transaction_delays_but_loses_nothing(
     sqlite_url: str, tmp_path: Path
 ) -> None:
     async with FakeBotAPI(TOKEN) as api:
-        engine = EchoEngine()
-        async with running_service(make_settings(sqlite_url, api, tmp_path), engine) as svc:
+        responder = EchoResponder()
+        async with running_service(make_settings(sqlite_url, api, tmp_path), responder) as svc:
             for chat in CHATS:
                 api.user_message(chat, "first")
             for chat in CHATS:
@@ -167,11 +167,11 @@ async def test_user_text_stays_out_of_logs_and_stored_errors_while_sqlite_is_loc
     monkeypatch.setattr(db_engine, "SQLITE_BUSY_TIMEOUT_MS", 200)
     text, name, late = "canary text 5821", "Canaryfirstname", "late canary 7315"
     chat = 9300
-    engine = EchoEngine(delay_s=lambda _chat, t: 1.0 if t == late else 0.0)
+    responder = EchoResponder(delay_s=lambda _chat, t: 1.0 if t == late else 0.0)
     async with FakeBotAPI(TOKEN) as api:
         settings = make_settings(sqlite_url, api, tmp_path, log_level="INFO")
         caplog.set_level(logging.INFO)
-        async with running_service(settings, engine) as svc:
+        async with running_service(settings, responder) as svc:
             api.user_message(chat, "first")
             await api.wait_for_texts(chat, 1)
             conn = sqlite3.connect(sqlite_file(sqlite_url), timeout=30)
@@ -186,7 +186,7 @@ async def test_user_text_stays_out_of_logs_and_stored_errors_while_sqlite_is_loc
                 await api.wait_for_texts(chat, 2, timeout_s=30)
                 # 2. Locked while its turn is generated: committing the turn fails.
                 api.user_message(chat, late)
-                await api.wait_for(lambda: (chat, late) in engine.calls, what="the late turn")
+                await api.wait_for(lambda: (chat, late) in responder.calls, what="the late turn")
                 await _take_write_lock(conn)
                 await asyncio.sleep(2.0)
                 conn.commit()

@@ -12,9 +12,9 @@ import statistics
 import time
 from pathlib import Path
 
-from bot.service.app import Service
-from tests.fakebotapi import FakeBotAPI
-from tests.service_harness import TOKEN, EchoEngine, make_settings, rows, running_service
+from bot.tg.app import Service
+from tests.support.fakebotapi import FakeBotAPI
+from tests.support.service_harness import TOKEN, EchoResponder, make_settings, rows, running_service
 
 FLOODER = 4000
 OTHERS = list(range(4001, 4021))
@@ -36,11 +36,11 @@ async def _round(api: FakeBotAPI, svc: Service, tag: str, flood: bool) -> tuple[
             chat, text = OTHERS[i % len(OTHERS)], f"{tag} {i // len(OTHERS)}"
             api.user_message(chat, text)
             asked[(chat, text)] = time.time()
-        peak = max(peak, svc.sequencer.busy)
+        peak = max(peak, svc.inbox_worker.busy)
         await asyncio.sleep(0.01)
     for chat in OTHERS:
         await api.wait_for_texts(chat, before[chat] + PER_OTHER, timeout_s=60)
-    await api.wait_for(lambda: svc.sequencer.busy == 0, 60, "the backlog to be worked off")
+    await api.wait_for(lambda: svc.inbox_worker.busy == 0, 60, "the backlog to be worked off")
     for chat in OTHERS:
         assert api.texts(chat)[before[chat] :] == [
             f"echo {chat}: {tag} {n}" for n in range(PER_OTHER)
@@ -64,7 +64,7 @@ async def test_a_flooder_is_limited_with_one_notice_and_the_others_are_unaffecte
     async with FakeBotAPI(TOKEN) as api:
         settings = make_settings(sqlite_url, api, tmp_path, log_level="INFO")
         limit = settings.flood_max_messages
-        async with running_service(settings, EchoEngine(delay_s=0.02)) as svc:
+        async with running_service(settings, EchoResponder(delay_s=0.02)) as svc:
             alone, _ = await _round(api, svc, "calm", flood=False)
             flooded, peak = await _round(api, svc, "busy", flood=True)
             stored = await rows(
@@ -75,7 +75,7 @@ async def test_a_flooder_is_limited_with_one_notice_and_the_others_are_unaffecte
             # sender is left behind.
             assert len(svc.handlers.flood._accepted[FLOODER]) <= limit
             await asyncio.sleep(0.5)
-            assert not svc.sequencer._queues
+            assert not svc.inbox_worker._queues
         flooder = api.texts(FLOODER)
         notices = [t for t in flooder if t.startswith("You're writing faster")]
         assert len(notices) == 1
@@ -95,7 +95,7 @@ async def test_commands_and_edits_count_against_the_flood_limit_but_forget_alway
     async with FakeBotAPI(TOKEN) as api:
         settings = make_settings(sqlite_url, api, tmp_path, log_level="INFO")
         limit = settings.flood_max_messages
-        async with running_service(settings, EchoEngine()) as svc:
+        async with running_service(settings, EchoResponder()) as svc:
             t0 = int(time.time())
             api.user_message(chat, "hello")  # a conversation whose /forget has work to do
             for i in range(150):

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.dbutil import table_names
-from tests.fakebotapi import FakeBotAPI, utf16_len
-from tests.service_harness import TOKEN, EchoEngine, make_settings, rows, running_service
+from tests.support.dbutil import table_names
+from tests.support.fakebotapi import FakeBotAPI, utf16_len
+from tests.support.service_harness import TOKEN, EchoResponder, make_settings, rows, running_service
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = [
@@ -40,7 +40,7 @@ async def test_hostile_personas_and_texts(db_url: str, tmp_path: Path) -> None:
         settings = make_settings(
             db_url, api, tmp_path, log_level="INFO", message_max_chars=4096, flood_max_messages=100
         )
-        async with running_service(settings, EchoEngine()) as svc:
+        async with running_service(settings, EchoResponder()) as svc:
             n = 0
 
             async def say(text: str) -> list[str]:
@@ -49,7 +49,7 @@ async def test_hostile_personas_and_texts(db_url: str, tmp_path: Path) -> None:
                 api.user_message(chat, text)
                 n += 1
                 await api.wait_for_texts(chat, before + 1, timeout_s=20)
-                await api.wait_for(lambda: svc.sequencer.busy == 0, 20, "idle")
+                await api.wait_for(lambda: svc.inbox_worker.busy == 0, 20, "idle")
                 await svc.delivery._scan()
                 await api.wait_for(lambda: not svc.delivery._tasks, 20, "sent")
                 return api.texts(chat)[before:]
@@ -98,8 +98,8 @@ async def test_nul_characters_are_dropped_on_both_backends(db_url: str, tmp_path
     chat = 5002
     async with FakeBotAPI(TOKEN) as api:
         settings = make_settings(db_url, api, tmp_path, log_level="INFO")
-        engine = EchoEngine()
-        async with running_service(settings, engine) as svc:
+        responder = EchoResponder()
+        async with running_service(settings, responder) as svc:
             api.user_message(chat, "/persona I am\x00 Sarah\x00.")
             api.user_message(chat, "hel\x00lo\x00 there")
             api.user_message(chat, "/persona \x00\x00")
@@ -112,7 +112,7 @@ async def test_nul_characters_are_dropped_on_both_backends(db_url: str, tmp_path
                 "send /persona followed by a few words about me.",
                 "Say something and I'll answer.",
             ]
-            assert engine.calls == [(chat, "hello there")]  # generated once, no apology
+            assert responder.calls == [(chat, "hello there")]  # generated once, no apology
             assert await rows(svc, "SELECT persona FROM sessions WHERE chat_id = :c", c=chat) == [
                 ("I am Sarah.",)
             ]
@@ -167,7 +167,7 @@ async def test_an_unparseable_update_does_not_stop_polling(sqlite_url: str, tmp_
     chat = 5101
     async with FakeBotAPI(TOKEN) as api:
         settings = make_settings(sqlite_url, api, tmp_path)
-        async with running_service(settings, EchoEngine()) as svc:
+        async with running_service(settings, EchoResponder()) as svc:
             poison = api.add_update(_unreadable(api, chat))
             api.user_message(chat, "still there?")
             assert await api.wait_for_texts(chat, 1) == [f"echo {chat}: still there?"]
@@ -180,7 +180,7 @@ async def test_an_unparseable_update_does_not_stop_polling(sqlite_url: str, tmp_
 async def test_an_unparseable_update_is_acknowledged_on_the_webhook(
     sqlite_url: str, tmp_path: Path
 ) -> None:
-    from tests.botprocess import SECRET, free_port
+    from tests.support.botprocess import SECRET, free_port
 
     chat = 5102
     port = free_port()
@@ -189,7 +189,7 @@ async def test_an_unparseable_update_is_acknowledged_on_the_webhook(
             sqlite_url, api, tmp_path, webhook_url=f"http://127.0.0.1:{port}/hook",
             webhook_secret=SECRET, webhook_listen="127.0.0.1", webhook_port=port,
         )  # fmt: skip
-        async with running_service(settings, EchoEngine()) as svc:
+        async with running_service(settings, EchoResponder()) as svc:
             await api.wait_for(lambda: api.webhook.url != "", 10, "setWebhook")
             poison = api.add_update(_unreadable(api, chat))
             api.user_message(chat, "still there?")

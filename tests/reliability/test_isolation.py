@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from bot.agents.batcher import Generated
+from bot.conversations.store import ConversationStore
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.repository import SessionRow
-from bot.engine import Engine
-from bot.sessions import SessionStore
-from tests.fakebotapi import FakeBotAPI
-from tests.service_harness import TOKEN, make_settings, running_service
+from bot.inference.batcher import Generated
+from bot.inference.responder import Responder
+from tests.support.fakebotapi import FakeBotAPI
+from tests.support.service_harness import TOKEN, make_settings, running_service
 
 A, B = 6001, 6002
 CANARY = "canary-Zq81xWv3"
@@ -51,19 +51,19 @@ async def test_a_canary_in_one_chat_never_reaches_another(
             sqlite_url, api, tmp_path, bot_model=tiny_model_file, batch_max_wait_ms=150,
             model_device="cpu", torch_threads=1,
         )  # fmt: skip
-        engine = await Engine.start(settings, SessionStore(make_sessionmaker(db_engine)))
-        generate = engine.generate
+        responder = await Responder.start(settings, ConversationStore(make_sessionmaker(db_engine)))
+        generate = responder.generate
 
         async def spy(session: SessionRow, user_text: str) -> Generated:
             result = await generate(session, user_text)
-            entry = await engine.conversation(session)
-            decoded = str(engine.shared_agent.dict.vec2txt(result.model_input))
+            entry = await responder.conversation(session)
+            decoded = str(responder.shared_agent.dict.vec2txt(result.model_input))
             inputs[session.chat_id].append((entry.clone.history.get_history_str() or "", decoded))
             return result
 
-        engine.generate = spy  # type: ignore[method-assign]
+        responder.generate = spy  # type: ignore[method-assign]
         try:
-            async with running_service(settings, engine) as svc:  # type: ignore[arg-type]
+            async with running_service(settings, responder) as svc:  # type: ignore[arg-type]
                 api.user_message(A, "/persona my name is jessica. i love pizza.")
                 await api.wait_for_texts(A, 1, timeout_s=30)
                 api.user_message(A, f"remember the code {CANARY} please")
@@ -75,9 +75,9 @@ async def test_a_canary_in_one_chat_never_reaches_another(
                     await api.wait_for_texts(B, i + 1, timeout_s=60)
                 await api.wait_for_texts(A, 2 + len(PROBES), timeout_s=60)
                 await asyncio.sleep(0.5)
-                batched = svc.engine.batcher.stats.sizes  # type: ignore[attr-defined]
+                batched = svc.responder.batcher.stats.sizes  # type: ignore[attr-defined]
         finally:
-            await engine.close()
+            await responder.close()
             await db_engine.dispose()
     assert any(size >= 2 for size in batched), batched  # A and B really were batched together
     assert any(CANARY in history for history, _ in inputs[A])  # the canary is really in A's

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.botprocess import SECRET, free_port
-from tests.fakebotapi import FakeBotAPI, Fault
-from tests.pgserver import PrivatePostgres
-from tests.reliability.procs import ROOT, TOKEN, BotProcess, bot_env
+from tests.support.botprocess import SECRET, free_port
+from tests.support.fakebotapi import FakeBotAPI, Fault
+from tests.support.pgserver import PrivatePostgres
+from tests.support.procs import ROOT, TOKEN, BotProcess, bot_env
 
 PASSWORD = "Pw-Db-Secret-4f9c2e"
 

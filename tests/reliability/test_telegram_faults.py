@@ -10,8 +10,8 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 
-from tests.fakebotapi import FakeBotAPI, Fault
-from tests.service_harness import TOKEN, EchoEngine, make_settings, rows, running_service
+from tests.support.fakebotapi import FakeBotAPI, Fault
+from tests.support.service_harness import TOKEN, EchoResponder, make_settings, rows, running_service
 
 CHATS = list(range(3001, 3011))
 BLOCKED = 3099
@@ -32,7 +32,7 @@ async def test_a_storm_of_faults_delivers_everything_once_with_bounded_retries(
             Fault("sendMessage", status=403, chat_id=BLOCKED, times=10**6),  # user blocked us
         )
         settings = make_settings(sqlite_url, api, tmp_path, log_level="INFO")
-        async with running_service(settings, EchoEngine(), timeout_s=1.0) as svc:
+        async with running_service(settings, EchoResponder(), timeout_s=1.0) as svc:
             for round_ in range(2):
                 for chat in [*CHATS, BLOCKED]:
                     api.user_message(chat, f"message {round_}")

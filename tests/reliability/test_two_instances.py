@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakebotapi import FakeBotAPI
-from tests.reliability.procs import TOKEN, bot_env, check_database, start_bot
-from tests.service_harness import TOKEN as IN_PROCESS_TOKEN
-from tests.service_harness import EchoEngine, make_settings, running_service
+from tests.support.fakebotapi import FakeBotAPI
+from tests.support.procs import TOKEN, bot_env, check_database, start_bot
+from tests.support.service_harness import TOKEN as IN_PROCESS_TOKEN
+from tests.support.service_harness import EchoResponder, make_settings, running_service
 
 CHATS = range(301, 307)
 PER_CHAT = 4
@@ -60,7 +60,7 @@ async def test_two_services_in_one_process_share_the_work_without_double_answers
 ) -> None:
     """The same claim, fast: two Service instances (two owners) on one SQLite file."""
     async with FakeBotAPI(IN_PROCESS_TOKEN) as api:
-        engines = (EchoEngine(delay_s=0.05), EchoEngine(delay_s=0.05))
+        engines = (EchoResponder(delay_s=0.05), EchoResponder(delay_s=0.05))
         settings = make_settings(sqlite_url, api, tmp_path, log_level="INFO")
         async with (
             running_service(settings, engines[0]),
@@ -77,9 +77,9 @@ async def test_two_services_in_one_process_share_the_work_without_double_answers
                 await api.wait_for_texts(chat, PER_CHAT * 2, timeout_s=30)
             await asyncio.sleep(1.0)  # time for a duplicate to show up
         assert [c for c in api.calls_to("getUpdates") if c.status == 409]
-        assert all(engine.calls for engine in engines)  # both did part of the work
+        assert all(responder.calls for responder in engines)  # both did part of the work
     for chat in CHATS:
         # Exactly once each, and in order, though two processes took turns.
         assert api.texts(chat) == [f"echo {chat}: {t}" for t in sent[chat]]
-    calls = Counter(call for engine in engines for call in engine.calls)
+    calls = Counter(call for responder in engines for call in responder.calls)
     assert set(calls.values()) == {1}  # no update was even generated twice

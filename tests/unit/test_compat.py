@@ -10,7 +10,7 @@ import inspect
 import pytest
 import torch
 
-from bot.agents import compat
+from bot.inference import compat
 
 
 @pytest.fixture(autouse=True)

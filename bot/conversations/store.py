@@ -30,7 +30,7 @@ class StoredTurn:
     outbox_id: int
 
 
-class SessionStore:
+class ConversationStore:
     """The conversation store; the only code that opens transactions for user actions."""
 
     def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:

@@ -6,8 +6,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from bot.agents import compat
 from bot.config import ConfigError, Settings
+from bot.inference import compat
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def load_shared_agent(settings: Settings, extra_overrides: dict[str, Any] | None
             agent.model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
         )
     if settings.search_impl == "fast":
-        from bot.agents import fastgen
+        from bot.inference import fastgen
 
         # batched beam search, same replies; other model types come back unchanged
         agent = fastgen.accelerate(agent)
@@ -111,7 +111,7 @@ def ensure_model(settings: Settings) -> None:
     """Train the default model once when BOT_MODEL is unset and none exists yet."""
     if settings.bot_model or Path(str(settings.default_model_file) + ".opt").exists():
         return
-    from bot.agents.training import train_cli
+    from bot.training.pipeline import train_cli
 
     log.warning(
         "BOT_MODEL is not set and no default model exists yet: training one now "

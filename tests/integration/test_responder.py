@@ -1,4 +1,4 @@
-"""The engine on a real (tiny) ParlAI model: isolation, invisible eviction, pinned persona,
+"""The responder on a real (tiny) ParlAI model: isolation, invisible eviction, pinned persona,
 batching. "Model input" below is the token vector the model actually receives."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from bot.agents.batcher import Batcher, BatchError
-from bot.agents.cache import AgentCache
-from bot.agents.model import load_shared_agent
-from bot.agents.persona import persona_lines
-from bot.chat import ChatService, EngineError
 from bot.config import Settings
-from bot.engine import Engine
-from bot.sessions import SessionStore
+from bot.conversations.actions import ChatActions, GenerationError
+from bot.conversations.store import ConversationStore
+from bot.inference.batcher import Batcher, BatchError
+from bot.inference.cache import AgentCache
+from bot.inference.model import load_shared_agent
+from bot.inference.persona import persona_lines
+from bot.inference.responder import Responder
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,10 +56,10 @@ def _normalize(text: str) -> str:
 
 
 @pytest.fixture
-async def engine(
-    shared_agent: Any, store: SessionStore, tmp_path: Path, tiny_model_file: str
-) -> AsyncIterator[Engine]:
-    eng = Engine(shared_agent, store, _settings(tiny_model_file, tmp_path, agent_cache_size=50))
+async def responder(
+    shared_agent: Any, store: ConversationStore, tmp_path: Path, tiny_model_file: str
+) -> AsyncIterator[Responder]:
+    eng = Responder(shared_agent, store, _settings(tiny_model_file, tmp_path, agent_cache_size=50))
     await eng.batcher.start()
     yield eng
     await eng.close()
@@ -89,27 +89,31 @@ async def test_isolation_inside_one_batch(shared_agent: Any, tmp_path: Path) -> 
 
 
 async def test_eviction_and_restart_are_invisible(
-    engine: Engine, store: SessionStore, db_url: str, tiny_model_file: str, tmp_path: Path
+    responder: Responder,
+    store: ConversationStore,
+    db_url: str,
+    tiny_model_file: str,
+    tmp_path: Path,
 ) -> None:
-    chat = ChatService(store, engine, engine.settings)
+    chat = ChatActions(store, responder, responder.settings)
     await chat.set_persona(7, 7, "My name is Sarah. I love hiking.")
     for text in ["hello", "how are you", "what do you like"]:
         await chat.text(7, 7, text)
     session = await store.active_session(7)
     probe = "tell me about your family"
-    cached = await engine.generate(session, probe)
-    engine.evict(session.id)
-    assert session.id not in engine.cache
-    rebuilt = await engine.generate(session, probe)
+    cached = await responder.generate(session, probe)
+    responder.evict(session.id)
+    assert session.id not in responder.cache
+    rebuilt = await responder.generate(session, probe)
     assert rebuilt.model_input == cached.model_input
-    assert engine.cache.stats.misses >= 1
+    assert responder.cache.stats.misses >= 1
 
     # A fresh process rebuilding from the same database sees the same input too.
     # The cached turn above advanced the clone; the database still ends before the probe.
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "tests.rebuild_probe",
+        "tests.support.rebuild_probe",
         tiny_model_file,
         db_url,
         str(tmp_path / "d"),
@@ -127,44 +131,48 @@ async def test_eviction_and_restart_are_invisible(
     assert json.loads(line.removeprefix("INPUT=")) == cached.model_input
 
 
-async def test_persona_stays_at_head_after_200_turns(engine: Engine, store: SessionStore) -> None:
-    chat = ChatService(store, engine, engine.settings)
+async def test_persona_stays_at_head_after_200_turns(
+    responder: Responder, store: ConversationStore
+) -> None:
+    chat = ChatActions(store, responder, responder.settings)
     persona = "My name is Jessica. I love cats."
     await chat.set_persona(9, 9, persona)
     for i in range(200):
         await chat.text(9, 9, f"turn {['one', 'two', 'three'][i % 3]} do you like dogs")
     session = await store.active_session(9)
-    result = await engine.generate(session, "what is your name")
-    agent = engine.shared_agent
+    result = await responder.generate(session, "what is your name")
+    agent = responder.shared_agent
     head = agent.dict.txt2vec(_expected(persona, []) + "\n")
     tail = agent.dict.txt2vec("what is your name")
     assert result.model_input[: len(head)] == head, _decode(agent, result.model_input)
     assert result.model_input[-len(tail) :] == tail
-    assert len(result.model_input) <= engine.shared_agent.text_truncate
+    assert len(result.model_input) <= responder.shared_agent.text_truncate
     # the live clone kept only what can reach the model, not 400 turns
-    assert len(engine.cache.get(session.id).clone.history.history_vecs) < 40  # type: ignore[union-attr]
+    assert len(responder.cache.get(session.id).clone.history.history_vecs) < 40  # type: ignore[union-attr]
 
 
-async def test_persona_change_takes_effect_next_turn(engine: Engine, store: SessionStore) -> None:
-    chat = ChatService(store, engine, engine.settings)
+async def test_persona_change_takes_effect_next_turn(
+    responder: Responder, store: ConversationStore
+) -> None:
+    chat = ChatActions(store, responder, responder.settings)
     await chat.set_persona(11, 11, "I love dogs.")
     await chat.text(11, 11, "hello")
     await chat.set_persona(11, 11, "I love cats.")
     session = await store.active_session(11)
-    result = await engine.generate(session, "hello again")
-    text = _normalize(_decode(engine.shared_agent, result.model_input))
+    result = await responder.generate(session, "hello again")
+    text = _normalize(_decode(responder.shared_agent, result.model_input))
     assert "love cats" in text and "love dogs" not in text
 
 
 async def test_two_user_messages_in_a_row_become_one_turn(
-    engine: Engine, store: SessionStore
+    responder: Responder, store: ConversationStore
 ) -> None:
-    chat = ChatService(store, engine, engine.settings)
+    chat = ChatActions(store, responder, responder.settings)
     await chat.text(12, 12, "hello")
     await chat.unanswered(12, 12, "are you there", notice=None)
     session = await store.active_session(12)
-    await engine.generate(session, "please talk to me")
-    history = engine.cache.get(session.id).clone.history  # type: ignore[union-attr]
+    await responder.generate(session, "please talk to me")
+    history = responder.cache.get(session.id).clone.history  # type: ignore[union-attr]
     # one user turn holding both messages, then the bot's reply
     assert history.history_raw_strings[-2] == "are you there\nplease talk to me"
     assert history.history_raw_strings[-3] != "are you there"
@@ -213,36 +221,36 @@ async def test_batches_form_under_concurrency_and_errors_stay_in_their_batch(
 
 
 async def test_engine_error_is_reported_and_message_kept(
-    engine: Engine, store: SessionStore
+    responder: Responder, store: ConversationStore
 ) -> None:
-    chat = ChatService(store, engine, engine.settings)
-    original = engine.shared_agent.batch_act
-    engine.shared_agent.batch_act = lambda obs: (_ for _ in ()).throw(RuntimeError("boom"))
+    chat = ChatActions(store, responder, responder.settings)
+    original = responder.shared_agent.batch_act
+    responder.shared_agent.batch_act = lambda obs: (_ for _ in ()).throw(RuntimeError("boom"))
     try:
         session = await store.active_session(13)
-        with pytest.raises(EngineError):
-            await engine.respond(session, "hello")
+        with pytest.raises(GenerationError):
+            await responder.respond(session, "hello")
         await chat.text(13, 13, "hello")
     finally:
-        engine.shared_agent.batch_act = original
+        responder.shared_agent.batch_act = original
     ctx = await store.load_context(session.id, tail=None)
     assert [(m.role, m.text) for m in ctx.messages] == [("user", "hello")]
 
 
 async def test_a_clone_behind_the_database_is_rebuilt(
-    shared_agent: Any, store: SessionStore, tmp_path: Path, tiny_model_file: str
+    shared_agent: Any, store: ConversationStore, tmp_path: Path, tiny_model_file: str
 ) -> None:
     # Issue 11.2: two processes on one database. A answers turn 1, B answers turn 2, then A
     # answers turn 3 from its cache, which never saw turn 2: its model input lacked it.
     settings = _settings(tiny_model_file, tmp_path)
-    a, b, fresh = (Engine(shared_agent, store, settings) for _ in range(3))
+    a, b, fresh = (Responder(shared_agent, store, settings) for _ in range(3))
     for eng in (a, b, fresh):
         await eng.batcher.start()
     try:
-        await ChatService(store, a, settings).set_persona(21, 21, "My name is Sarah.")
-        await ChatService(store, a, settings).text(21, 21, "hello")
-        await ChatService(store, b, settings).text(21, 21, "do you like dogs")
-        await ChatService(store, a, settings).text(21, 21, "how are you")
+        await ChatActions(store, a, settings).set_persona(21, 21, "My name is Sarah.")
+        await ChatActions(store, a, settings).text(21, 21, "hello")
+        await ChatActions(store, b, settings).text(21, 21, "do you like dogs")
+        await ChatActions(store, a, settings).text(21, 21, "how are you")
         session = await store.active_session(21)
         probe = "what do you like"
         from_a = await a.generate(session, probe)
@@ -252,7 +260,7 @@ async def test_a_clone_behind_the_database_is_rebuilt(
         assert "do you like dogs" in text and "how are you" in text
         # ... and a clone that is up to date stays cached: no rebuild per turn.
         misses = a.cache.stats.misses
-        await ChatService(store, a, settings).text(21, 21, "i love cats")
+        await ChatActions(store, a, settings).text(21, 21, "i love cats")
         assert a.cache.stats.misses == misses
     finally:
         for eng in (a, b, fresh):

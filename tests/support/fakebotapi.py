@@ -11,7 +11,8 @@ once `setWebhook` is called, POSTed to the webhook URL with the secret header, r
 non-2xx answer the way Telegram does. `inject` queues faults: a 429 with retry_after, 5xx, 403,
 409, delays longer than the client's timeout.
 
-Run it alone (`python -m tests.fakebotapi --port 8081 --token ...`) to point a real bot at it.
+Run it alone (`python -m tests.support.fakebotapi --port 8081 --token ...`) to point a real
+bot at it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The engine facade: shared model, agent cache and batcher behind bot.chat.EngineProtocol."""
+"""The responder: shared model, agent cache and batcher behind ResponderProtocol
+(bot.conversations.actions)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,20 @@ import logging
 import time
 from typing import Any
 
-from bot.agents.batcher import Batcher, BatchError, Generated
-from bot.agents.cache import AgentCache, Conversation
-from bot.chat import EngineError, Reply
 from bot.config import Settings
+from bot.conversations.actions import GenerationError, Reply
+from bot.conversations.store import ConversationStore
 from bot.db.repository import SessionRow
-from bot.sessions import SessionStore
+from bot.inference.batcher import Batcher, BatchError, Generated
+from bot.inference.cache import AgentCache, Conversation
 
 log = logging.getLogger(__name__)
 
 
-class Engine:
+class Responder:
     """One shared ParlAI agent serving every conversation."""
 
-    def __init__(self, shared_agent: Any, store: SessionStore, settings: Settings) -> None:
+    def __init__(self, shared_agent: Any, store: ConversationStore, settings: Settings) -> None:
         self.shared_agent = shared_agent
         self.store = store
         self.settings = settings
@@ -33,15 +34,15 @@ class Engine:
         )
 
     @classmethod
-    async def start(cls, settings: Settings, store: SessionStore) -> Engine:
+    async def start(cls, settings: Settings, store: ConversationStore) -> Responder:
         """Load the model off the event loop and start the batcher."""
-        from bot.agents.model import load_shared_agent, route_parlai_logging
+        from bot.inference.model import load_shared_agent, route_parlai_logging
 
         route_parlai_logging(logging.getLogger().level)
         agent = await asyncio.to_thread(load_shared_agent, settings)
-        engine = cls(agent, store, settings)
-        await engine.batcher.start()
-        return engine
+        responder = cls(agent, store, settings)
+        await responder.batcher.start()
+        return responder
 
     async def close(self) -> None:
         """Stop the batcher (a running batch finishes first)."""
@@ -86,7 +87,7 @@ class Engine:
             return await self.batcher.generate(entry.clone, user_text)
         except BatchError as err:
             self.cache.evict(session.id)
-            raise EngineError(str(err)) from err
+            raise GenerationError(str(err)) from err
         finally:
             entry.busy = False
 

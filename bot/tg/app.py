@@ -1,6 +1,6 @@
 """`python -m bot run`: the Telegram service, wired along DESIGN.md's data flow.
 
-ingest (polling or webhook) -> inbox -> sequencer -> handlers -> ChatService (+ engine)
+ingest (polling or webhook) -> inbox -> inbox worker -> handlers -> ChatActions (+ responder)
 -> outbox -> delivery. python-telegram-bot supplies the Bot API client, the rate limiter and
 handler dispatch; its Updater is not used, because it acknowledges updates before they are
 handled (see the ingest module).
@@ -19,18 +19,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from telegram.error import InvalidToken, NetworkError, RetryAfter
 from telegram.ext import AIORateLimiter, ApplicationBuilder
 
-from bot.chat import ChatService, EngineProtocol
 from bot.config import ConfigError, Settings
+from bot.conversations.actions import ChatActions, ResponderProtocol
+from bot.conversations.store import ConversationStore
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker, safe_url
 from bot.logs import settings_secrets, setup_logging
-from bot.service.backoff import Backoff, Interrupted, retry_after_s, unless_stopped
-from bot.service.delivery import Delivery
-from bot.service.handlers import COMMANDS, App, Handlers, UpdateRunner
-from bot.service.ingest import BoundedJsonRequest, PollingIngest, WebhookIngest
-from bot.service.leases import Leases, new_owner
-from bot.service.sequencer import Sequencer
-from bot.sessions import SessionStore
+from bot.tg.backoff import Backoff, Interrupted, retry_after_s, unless_stopped
+from bot.tg.delivery import Delivery
+from bot.tg.handlers import COMMANDS, App, Handlers, UpdateRunner
+from bot.tg.inbox_worker import InboxWorker
+from bot.tg.ingest import BoundedJsonRequest, PollingIngest, WebhookIngest
+from bot.tg.leases import Leases, new_owner
 
 log = logging.getLogger(__name__)
 
@@ -40,21 +40,21 @@ RATE_LIMIT_RETRIES = 3
 BAD_TOKEN = "the Bot API rejected TELEGRAM_BOT_TOKEN; check the token from @BotFather"
 
 
-class ServingEngine(EngineProtocol, Protocol):
-    """The engine as the service runs it: the conversation API plus a clean shutdown."""
+class ServingResponder(ResponderProtocol, Protocol):
+    """The responder as the service runs it: the conversation API plus a clean shutdown."""
 
     async def close(self) -> None:
         """Stop generating (a running batch finishes first)."""
         ...
 
 
-EngineFactory = Callable[[Settings, SessionStore], Awaitable[ServingEngine]]
+ResponderFactory = Callable[[Settings, ConversationStore], Awaitable[ServingResponder]]
 
 
-async def _load_engine(settings: Settings, store: SessionStore) -> ServingEngine:
-    from bot.engine import Engine
+async def _load_responder(settings: Settings, store: ConversationStore) -> ServingResponder:
+    from bot.inference.responder import Responder
 
-    return await Engine.start(settings, store)
+    return await Responder.start(settings, store)
 
 
 def build_application(settings: Settings, *, timeout_s: float = 15.0) -> App:
@@ -93,7 +93,7 @@ class Service:
         settings: Settings,
         db_engine: AsyncEngine,
         sessionmaker: async_sessionmaker[AsyncSession],
-        engine: ServingEngine,
+        responder: ServingResponder,
         application: App,
         *,
         backoff: Backoff | None = None,
@@ -101,10 +101,10 @@ class Service:
         self.settings = settings
         self.db_engine = db_engine
         self.sessionmaker = sessionmaker
-        self.store = SessionStore(sessionmaker)
-        self.engine = engine
+        self.store = ConversationStore(sessionmaker)
+        self.responder = responder
         self.application = application
-        self.chat = ChatService(self.store, engine, settings)
+        self.chat = ChatActions(self.store, responder, settings)
         self.handlers = Handlers(self.chat, settings, sessionmaker)
         self.handlers.register(application)
         bot = application.bot
@@ -122,7 +122,7 @@ class Service:
             backoff=backoff,
             leases=self.leases[1],
         )
-        self.sequencer = Sequencer(
+        self.inbox_worker = InboxWorker(
             sessionmaker,
             UpdateRunner(application, self.handlers, sessionmaker),
             max_concurrent=settings.max_concurrent_chats,
@@ -136,7 +136,7 @@ class Service:
             self.ingest = WebhookIngest(
                 bot,
                 self.store,
-                self.sequencer.wake,
+                self.inbox_worker.wake,
                 url=settings.webhook_url,
                 secret=secret,
                 listen=settings.webhook_listen,
@@ -144,7 +144,7 @@ class Service:
                 backoff=backoff,
             )
         else:
-            self.ingest = PollingIngest(bot, self.store, self.sequencer.wake, backoff=backoff)
+            self.ingest = PollingIngest(bot, self.store, self.inbox_worker.wake, backoff=backoff)
         self._commands_task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -152,12 +152,12 @@ class Service:
         cls,
         settings: Settings,
         *,
-        engine_factory: EngineFactory | None = None,
+        responder_factory: ResponderFactory | None = None,
         backoff: Backoff | None = None,
         timeout_s: float = 15.0,
         stop: asyncio.Event | None = None,
     ) -> Service:
-        """Connect to the database and Telegram (getMe) and load the engine.
+        """Connect to the database and Telegram (getMe) and load the responder.
 
         Raises Interrupted if `stop` is set while getMe is still being retried.
         """
@@ -168,13 +168,15 @@ class Service:
         try:
             await _initialize(application, backoff or Backoff(), stop)
             log.info("connected to the Bot API as @%s", application.bot.username)
-            engine = await (engine_factory or _load_engine)(settings, SessionStore(sessionmaker))
+            responder = await (responder_factory or _load_responder)(
+                settings, ConversationStore(sessionmaker)
+            )
         except BaseException:
             with contextlib.suppress(Exception):
                 await application.shutdown()
             await db_engine.dispose()
             raise
-        return cls(settings, db_engine, sessionmaker, engine, application, backoff=backoff)
+        return cls(settings, db_engine, sessionmaker, responder, application, backoff=backoff)
 
     async def start(self, stop: asyncio.Event | None = None) -> None:
         """Send leftovers, process pending updates, then take new ones.
@@ -185,7 +187,7 @@ class Service:
         for leases in self.leases:
             leases.start()
         await self.delivery.start()
-        await self.sequencer.start()
+        await self.inbox_worker.start()
         await self.ingest.start(stop)
         mode = "webhook" if isinstance(self.ingest, WebhookIngest) else "polling"
         log.info("serving Telegram (%s mode); database %s", mode, safe_url(self.settings.db_url))
@@ -206,12 +208,12 @@ class Service:
         grace = self.settings.shutdown_grace_s
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
-        log.info("stopping: no new updates; %d in progress", self.sequencer.busy)
+        log.info("stopping: no new updates; %d in progress", self.inbox_worker.busy)
         try:
             await self.ingest.stop()
         except Exception as err:  # noqa: BLE001 - stopping goes on regardless
             log.warning("stopping ingest: %s: %s", type(err).__name__, err)
-        await self.sequencer.stop(grace)
+        await self.inbox_worker.stop(grace)
         # Replies of the last turns go out too, within what is left of the grace period.
         await self.delivery.stop(max(deadline - loop.time(), min(grace, 3.0)))
         for leases in self.leases:
@@ -222,9 +224,9 @@ class Service:
                 await self._commands_task
 
     async def close(self) -> None:
-        """Release the engine, the Bot API client and the database."""
+        """Release the responder, the Bot API client and the database."""
         try:
-            await self.engine.close()
+            await self.responder.close()
         finally:
             with contextlib.suppress(Exception):
                 await self.application.shutdown()
@@ -269,7 +271,7 @@ async def serve(
     settings: Settings,
     *,
     stop: asyncio.Event | None = None,
-    engine_factory: EngineFactory | None = None,
+    responder_factory: ResponderFactory | None = None,
 ) -> int:
     """Run the service until SIGTERM/SIGINT (or `stop`); returns the exit status."""
     stop = stop or asyncio.Event()
@@ -279,7 +281,7 @@ async def serve(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     try:
-        return await _serve(settings, stop, engine_factory)
+        return await _serve(settings, stop, responder_factory)
     finally:
         for sig in signals:
             with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -287,12 +289,12 @@ async def serve(
 
 
 async def _serve(
-    settings: Settings, stop: asyncio.Event, engine_factory: EngineFactory | None
+    settings: Settings, stop: asyncio.Event, responder_factory: ResponderFactory | None
 ) -> int:
     # Alembic is the only thing that creates tables; running it here makes `make run` just work.
     await asyncio.to_thread(migrate.upgrade, settings.db_url)
     try:
-        service = await Service.open(settings, engine_factory=engine_factory, stop=stop)
+        service = await Service.open(settings, responder_factory=responder_factory, stop=stop)
     except InvalidToken:
         log.error(BAD_TOKEN)
         return 1

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from tests.fakebotapi import FakeBotAPI
+from tests.support.fakebotapi import FakeBotAPI
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "987654321:AAFakeTokenForEndToEndTests_abcdefg"

@@ -1,8 +1,9 @@
 """The service in-process against the loopback Bot API, for tests/integration/test_service_*.
 
-The model engine is replaced by `EchoEngine`, a deterministic EngineProtocol whose reply names
+The model responder is replaced by `EchoResponder`, a deterministic ResponderProtocol whose
+reply names
 the chat and the text it answers, so that tests can tell exactly which reply went where. The
-real engine (tiny model) runs in tests/e2e against the real `python -m bot run` process.
+real responder (tiny model) runs in tests/e2e against the real `python -m bot run` process.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bot.chat import Reply
 from bot.config import Settings
+from bot.conversations.actions import Reply
 from bot.db import migrate
 from bot.db.repository import SessionRow
-from bot.service.app import Service
-from bot.service.backoff import Backoff
-from tests.fakebotapi import FakeBotAPI
+from bot.tg.app import Service
+from bot.tg.backoff import Backoff
+from tests.support.fakebotapi import FakeBotAPI
 
 # The shape of a real token: bot id, colon, 35 characters.
 TOKEN = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw4"
@@ -30,7 +31,7 @@ assert len(TOKEN.split(":")[1]) == 35
 FAST = Backoff(initial_s=0.05, factor=2.0, cap_s=0.5, jitter=0.0)
 
 
-class EchoEngine:
+class EchoResponder:
     """Replies "echo <chat>: <text>"; can be slowed down or made to fail per text."""
 
     def __init__(self, delay_s: float | Callable[[int, str], float] = 0.0) -> None:
@@ -54,7 +55,7 @@ class EchoEngine:
             if delay:
                 await asyncio.sleep(delay)
             if user_text in self.fail_on:
-                raise RuntimeError(f"engine exploded on {user_text!r}")
+                raise RuntimeError(f"responder exploded on {user_text!r}")
             if self.reply_override is not None:
                 return Reply(self.reply_override(session.chat_id, user_text), 1.0)
             return Reply(f"echo {session.chat_id}: {user_text}", 1.0)
@@ -93,17 +94,17 @@ def make_settings(db_url: str, api: FakeBotAPI, tmp_path: Path, **overrides: Any
 
 @asynccontextmanager
 async def running_service(
-    settings: Settings, engine: EchoEngine, *, timeout_s: float = 5.0, migrate_db: bool = True
+    settings: Settings, responder: EchoResponder, *, timeout_s: float = 5.0, migrate_db: bool = True
 ) -> AsyncIterator[Service]:
     """A started Service; stopped (gracefully) and closed on exit."""
     if migrate_db:
         await asyncio.to_thread(migrate.upgrade, settings.db_url)
 
-    async def factory(_settings: Settings, _store: object) -> EchoEngine:
-        return engine
+    async def factory(_settings: Settings, _store: object) -> EchoResponder:
+        return responder
 
     service = await Service.open(
-        settings, engine_factory=factory, backoff=FAST, timeout_s=timeout_s
+        settings, responder_factory=factory, backoff=FAST, timeout_s=timeout_s
     )
     try:
         await service.start()

@@ -56,7 +56,7 @@ class PrivatePostgres:
     def __init__(self, password: str = "pw-Private-Pg-9f3a") -> None:
         why = unavailable()
         if why:
-            from tests.dbutil import postgres_unavailable
+            from tests.support.dbutil import postgres_unavailable
 
             # CI that has a PostgreSQL server but not its binaries here is misconfigured.
             if os.environ.get("CI", "").lower() == "true" and postgres_unavailable() is None:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from bot.config import Settings
+from bot.conversations.store import ConversationStore
 from bot.db.repository import SessionRow
-from bot.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +32,18 @@ HELP_TEXT = (
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """What the engine produced for one turn."""
+    """What the responder produced for one turn."""
 
     text: str
     latency_ms: float
 
 
-class EngineError(Exception):
+class GenerationError(Exception):
     """Generation failed for this request; the message is safe to log."""
 
 
-class EngineProtocol(Protocol):
-    """What the conversation layer needs from the model engine."""
+class ResponderProtocol(Protocol):
+    """What the conversation layer needs from the model responder."""
 
     async def respond(self, session: SessionRow, user_text: str) -> Reply:
         """Generate the bot's reply to `user_text` in `session`'s context."""
@@ -76,12 +76,14 @@ def clean_text(text: str) -> str:
     return storable(text).strip()
 
 
-class ChatService:
+class ChatActions:
     """User actions of one chat, each ending in exactly one transaction."""
 
-    def __init__(self, store: SessionStore, engine: EngineProtocol, settings: Settings) -> None:
+    def __init__(
+        self, store: ConversationStore, responder: ResponderProtocol, settings: Settings
+    ) -> None:
         self.store = store
-        self.engine = engine
+        self.responder = responder
         self.settings = settings
 
     async def notice(self, chat_id: int, text: str, *, update_id: int | None = None) -> None:
@@ -139,7 +141,7 @@ class ChatService:
         session = await self.store.set_persona(
             chat_id, user_id, persona, notice=notice, update_id=update_id
         )
-        self.engine.set_persona(session.id, persona)
+        self.responder.set_persona(session.id, persona)
 
     async def done(self, chat_id: int, *, update_id: int | None = None) -> None:
         """/done: end the conversation; history stays for admins, the persona carries over."""
@@ -149,7 +151,7 @@ class ChatService:
             update_id=update_id,
         )
         if session is not None:
-            self.engine.evict(session.id)
+            self.responder.evict(session.id)
 
     async def forget(self, chat_id: int, *, update_id: int | None = None) -> None:
         """/forget: delete everything stored for this chat."""
@@ -160,7 +162,7 @@ class ChatService:
             update_id=update_id,
         )
         if active is not None:
-            self.engine.evict(active)
+            self.responder.evict(active)
 
     async def unanswered(
         self,
@@ -184,7 +186,7 @@ class ChatService:
             notice=notice,
         )
         # The cached clone has not seen this message; rebuilding it from the database will.
-        self.engine.evict(session.id)
+        self.responder.evict(session.id)
 
     async def text(
         self,
@@ -211,10 +213,10 @@ class ChatService:
             return
         session = await self.store.active_session(chat_id, user_id)
         try:
-            reply = await self.engine.respond(session, text)
-        except EngineError as err:
+            reply = await self.responder.respond(session, text)
+        except GenerationError as err:
             log.warning("generation failed for chat %s: %s", chat_id, err)
-            self.engine.evict(session.id)
+            self.responder.evict(session.id)
             await self.unanswered(
                 chat_id,
                 user_id,
@@ -236,6 +238,6 @@ class ChatService:
             )
         except BaseException:
             # The clone already heard this turn but the database did not keep it.
-            self.engine.evict(session.id)
+            self.responder.evict(session.id)
             raise
-        self.engine.turn_stored(session.id, stored.bot_message_id)
+        self.responder.turn_stored(session.id, stored.bot_message_id)

@@ -7,7 +7,7 @@ TrainLoop. Steps:
 1. Every conversation becomes examples in ParlAI's dialog text format ("fromfile"): the last few
    turns as context, the next turn as the label, both speakers' sides. A share of examples gets
    `your persona: ...` lines made of sentences the replying speaker says elsewhere in the same
-   conversation, so persona lines at the head of the context (how bot/agents/persona.py pins a
+   conversation, so persona lines at the head of the context (how bot/inference/persona.py pins a
    chat's persona) are familiar input rather than noise.
 2. A lower-cased BPE dictionary (subword-nmt, learnt offline from the training split) is built.
 3. TrainLoop trains until the time budget is spent, validating on held-out conversations, and
@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bot.agents import compat
 from bot.config import Settings
+from bot.inference import compat
 
 log = logging.getLogger(__name__)
 
@@ -187,9 +187,9 @@ def make_examples(
 
     With probability `recipe.persona_rate` the context starts with one or two `your persona:`
     lines taken from the replying speaker's own first-person sentences elsewhere in the
-    conversation (never from the label itself), the shape bot/agents/persona.py gives the input.
+    conversation (never from the label itself), the shape bot/inference/persona.py gives the input.
     """
-    from bot.agents.persona import PERSONA_PREFIX
+    from bot.inference.persona import PERSONA_PREFIX
 
     texts = [_join(turn) for turn in turns]
     personas = [persona_candidates(turns, 0), persona_candidates(turns, 1)]

@@ -1,6 +1,6 @@
 """Run in a fresh process: rebuild a chat's agent from the database and print the model input.
 
-Usage: python -m tests.rebuild_probe MODEL_FILE DATABASE_URL DATA_DIR CHAT_ID TEXT
+Usage: python -m tests.support.rebuild_probe MODEL_FILE DATABASE_URL DATA_DIR CHAT_ID TEXT
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import json
 import sys
 
 from bot.config import Settings
+from bot.conversations.store import ConversationStore
 from bot.db.engine import make_engine, make_sessionmaker
-from bot.engine import Engine
-from bot.sessions import SessionStore
+from bot.inference.responder import Responder
 
 
 async def main(model_file: str, db_url: str, data_dir: str, chat_id: int, text: str) -> None:
@@ -21,13 +21,13 @@ async def main(model_file: str, db_url: str, data_dir: str, chat_id: int, text: 
         _env_file=None, bot_model=model_file, database_url=db_url, data_dir=data_dir
     )
     db = make_engine(settings.db_url)
-    store = SessionStore(make_sessionmaker(db))
-    engine = await Engine.start(settings, store)
+    store = ConversationStore(make_sessionmaker(db))
+    responder = await Responder.start(settings, store)
     try:
         session = await store.active_session(chat_id)
-        out = await engine.generate(session, text)
+        out = await responder.generate(session, text)
     finally:
-        await engine.close()
+        await responder.close()
         await db.dispose()
     print("INPUT=" + json.dumps(out.model_input))
 

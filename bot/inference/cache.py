@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.agents.persona import PersonaHistory, join_turns
+from bot.inference.persona import PersonaHistory, join_turns
 
 
 @dataclass

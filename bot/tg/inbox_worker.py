@@ -1,4 +1,5 @@
-"""The per-chat sequencer: one update at a time per chat, in update_id order; chats in parallel.
+"""The inbox worker (the per-chat sequencer): one update at a time per chat, in update_id
+order; chats in parallel.
 
 The inbox table is the queue. A scan reads pending rows oldest first and appends each to its
 chat's in-memory queue; one worker per chat drains that queue, and at most `max_concurrent`
@@ -24,8 +25,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db import repository as repo
 from bot.db.repository import InboxRow
-from bot.service.backoff import Backoff, wait_event
-from bot.service.leases import Leases
+from bot.tg.backoff import Backoff, wait_event
+from bot.tg.leases import Leases
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ APOLOGY = "Sorry, something went wrong on my side with that message. Please send
 Handle = Callable[[InboxRow], Awaitable[None]]
 
 
-class Sequencer:
+class InboxWorker:
     """Runs `handle` for every pending inbox row with per-chat order and bounded parallelism."""
 
     def __init__(
@@ -74,7 +75,7 @@ class Sequencer:
 
     async def start(self) -> None:
         """Start scanning; the first scan picks up whatever an earlier run left pending."""
-        self._runner = asyncio.create_task(self._run(), name="sequencer")
+        self._runner = asyncio.create_task(self._run(), name="inbox-worker")
 
     @property
     def busy(self) -> int:

@@ -44,7 +44,7 @@ def build_tiny_model(
             return str(model_file)
         import torch
 
-        from bot.agents import compat
+        from bot.inference import compat
 
         compat.apply()
         from parlai.core.agents import create_agent

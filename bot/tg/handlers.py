@@ -1,7 +1,7 @@
-"""Handlers: Telegram updates -> ChatService use cases. Registered in one ordered function.
+"""Handlers: Telegram updates -> ChatActions use cases. Registered in one ordered function.
 
 Handlers never send anything themselves (except the typing indicator): every answer is an outbox
-row that ChatService writes in the same transaction that closes the update's inbox row, and
+row that ChatActions writes in the same transaction that closes the update's inbox row, and
 delivery sends it.
 """
 
@@ -33,8 +33,8 @@ from telegram.ext import (
 )
 
 from bot.admin.queries import format_stats, stats
-from bot.chat import ChatService
 from bot.config import Settings
+from bot.conversations.actions import ChatActions
 from bot.db import repository as repo
 from bot.db.repository import InboxRow
 
@@ -165,11 +165,11 @@ def _command_argument(message: Message) -> str:
 
 
 class Handlers:
-    """The conversation's Telegram handlers; each ends in one ChatService call."""
+    """The conversation's Telegram handlers; each ends in one ChatActions call."""
 
     def __init__(
         self,
-        chat: ChatService,
+        chat: ChatActions,
         settings: Settings,
         sessionmaker: async_sessionmaker[AsyncSession],
     ) -> None:
@@ -360,7 +360,7 @@ class Handlers:
     # --- errors ----------------------------------------------------------------------------
 
     async def on_error(self, update: object, context: Context) -> None:
-        """The one error handler: hand a handler's failure to the sequencer, which retries."""
+        """The one error handler: hand a handler's failure to the inbox worker, which retries."""
         if isinstance(update, Update) and context.error is not None:
             self.failures[update.update_id] = context.error
         else:
@@ -368,7 +368,7 @@ class Handlers:
 
 
 class UpdateRunner:
-    """Runs one inbox row through the PTB application (the sequencer's `handle`)."""
+    """Runs one inbox row through the PTB application (the inbox worker's `handle`)."""
 
     def __init__(
         self,
@@ -381,7 +381,7 @@ class UpdateRunner:
         self.sessionmaker = sessionmaker
 
     async def __call__(self, row: InboxRow) -> None:
-        """Process the update; raise what its handler raised, so the sequencer can retry."""
+        """Process the update; raise what its handler raised, so the inbox worker can retry."""
         update = Update.de_json(json.loads(row.payload), self.application.bot)
         self.handlers.failures.pop(row.update_id, None)
         started = time.perf_counter()

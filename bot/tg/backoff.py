@@ -1,4 +1,4 @@
-"""Retry delays shared by ingest, the sequencer and delivery."""
+"""Retry delays shared by ingest, the inbox worker and delivery."""
 
 from __future__ import annotations
 

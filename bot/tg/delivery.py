@@ -29,8 +29,8 @@ from telegram.error import (
 
 from bot.db import repository as repo
 from bot.db.repository import OutboxRow
-from bot.service.backoff import Backoff, retry_after_s, wait_event
-from bot.service.leases import Leases
+from bot.tg.backoff import Backoff, retry_after_s, wait_event
+from bot.tg.leases import Leases
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")

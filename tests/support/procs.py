@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.botprocess import ROOT, START_TIMEOUT_S, TOKEN, BotProcess, bot_env
-from tests.fakebotapi import FakeBotAPI
+from tests.support.botprocess import ROOT, START_TIMEOUT_S, TOKEN, BotProcess, bot_env
+from tests.support.fakebotapi import FakeBotAPI
 
 __all__ = ["ROOT", "TOKEN", "BotProcess", "bot_env", "check_database", "db_rows", "start_bot"]
 

@@ -1,7 +1,8 @@
 """Ingest: Telegram updates into the inbox, acknowledged only once the row is committed.
 
 Polling: an update is confirmed by the next getUpdates whose offset is above its update_id, so
-the offset only moves past an update after `SessionStore.ingest` committed it. Webhook: the HTTP
+the offset only moves past an update after `ConversationStore.ingest` committed it. Webhook:
+the HTTP
 200 is the acknowledgement, so it is answered after the commit; anything else makes Telegram
 retry. The inbox's unique update_id makes every redelivery a no-op.
 """
@@ -32,7 +33,8 @@ from telegram.error import (
 from telegram.request import HTTPXRequest
 from telegram.warnings import PTBUserWarning
 
-from bot.service.backoff import (
+from bot.conversations.store import ConversationStore
+from bot.tg.backoff import (
     Backoff,
     Interrupted,
     pause,
@@ -40,7 +42,6 @@ from bot.service.backoff import (
     unless_stopped,
     wait_event,
 )
-from bot.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def _clean(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text)
 
 
-async def store_update(store: SessionStore, update: Update, payload: str) -> bool:
+async def store_update(store: ConversationStore, update: Update, payload: str) -> bool:
     """Commit one update to the inbox; False if its update_id was there already."""
     payload = _clean(payload)
     data = json.loads(payload)
@@ -175,7 +176,7 @@ async def store_update(store: SessionStore, update: Update, payload: str) -> boo
     return new
 
 
-async def store_unreadable(store: SessionStore, data: Mapping[str, Any]) -> bool:
+async def store_unreadable(store: ConversationStore, data: Mapping[str, Any]) -> bool:
     """Keep an update python-telegram-bot cannot parse, closed ("ignored"), for the record."""
     chat = next(
         (v.get("chat") for k, v in data.items() if k != "update_id" and isinstance(v, dict)),
@@ -197,7 +198,7 @@ class PollingIngest:
     def __init__(
         self,
         bot: Bot,
-        store: SessionStore,
+        store: ConversationStore,
         on_stored: Callable[[], None],
         *,
         poll_timeout_s: int = POLL_TIMEOUT_S,
@@ -375,7 +376,7 @@ class WebhookIngest:
     def __init__(
         self,
         bot: Bot,
-        store: SessionStore,
+        store: ConversationStore,
         on_stored: Callable[[], None],
         *,
         url: str,
