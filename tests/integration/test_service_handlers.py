@@ -9,7 +9,8 @@ import pytest
 
 from bot.conversations.actions import HELP_TEXT
 from bot.tg import handlers
-from bot.tg.handlers import EDITED, NOT_TEXT, UNKNOWN_COMMAND, FloodGate
+from bot.tg.flood import FloodGate
+from bot.tg.handlers import EDITED, NOT_TEXT, UNKNOWN_COMMAND
 from tests.support.fakebotapi import BOT_ID, BOT_USERNAME, FakeBotAPI
 from tests.support.service_harness import TOKEN, EchoResponder, make_settings, rows, running_service
 
