@@ -66,7 +66,7 @@ class Point:
 
 async def _seed(store: Any, sizes: list[int]) -> dict[int, int]:
     """One session per size, filled with a real-text conversation; returns size -> session id."""
-    from bot.db import repository as repo
+    from bot.db import conversations
     from bot.db.models import Message, utcnow
 
     ids: dict[int, int] = {}
@@ -83,7 +83,7 @@ async def _seed(store: Any, sizes: list[int]) -> dict[int, int]:
             for role, text in common.conversation(chat_id, n)
         ]
         async with store.sessionmaker.begin() as db:
-            await repo.set_session_persona(db, session.id, common.persona(chat_id))
+            await conversations.set_session_persona(db, session.id, common.persona(chat_id))
             await db.execute(insert(Message), rows)
         ids[n] = session.id
     return ids

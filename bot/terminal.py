@@ -15,6 +15,7 @@ from bot.config import Settings
 from bot.conversations.actions import ChatActions
 from bot.conversations.store import ConversationStore
 from bot.db.engine import make_engine, make_sessionmaker
+from bot.db.models import OutboxKind
 from bot.logs import settings_secrets, setup_logging
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ async def dispatch(chat: ChatActions, chat_id: int, line: str) -> bool:
 async def deliver(store: ConversationStore, chat_id: int, out: TextIO) -> None:
     """Print what the outbox holds for this chat and mark it sent."""
     for row in await store.pending_outbox(chat_id):
-        prefix = "bot> " if row.kind == "reply" else "** "
+        prefix = "bot> " if row.kind == OutboxKind.REPLY else "** "
         out.write(prefix + row.text.replace("\n", "\n" + " " * len(prefix)) + "\n")
         out.flush()
         await store.mark_sent(row.id)

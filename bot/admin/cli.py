@@ -27,6 +27,7 @@ from bot.admin import queries
 from bot.admin.queries import AdminError
 from bot.config import Settings
 from bot.db.engine import make_engine, make_sessionmaker, safe_url
+from bot.db.models import Role, SessionStatus
 
 MAX_CELL = 60
 
@@ -146,7 +147,9 @@ async def _show(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> i
     print(f"chat {args.chat_id}: {len(transcripts)} conversation(s), oldest first", file=out)
     for t in transcripts:
         s = t.session
-        state = "active (current)" if s.status == "active" else "ended " + _when(s.ended_at)
+        state = (
+            "active (current)" if s.status == SessionStatus.ACTIVE else "ended " + _when(s.ended_at)
+        )
         user = f"user {s.user_id}" if s.user_id is not None else "no user id"
         print(
             f"\n== session {s.id} · {state} · {user} · started {_when(s.created_at)} "
@@ -156,7 +159,7 @@ async def _show(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> i
         print(f"persona: {_indent(s.persona, '         ') if s.persona else '(none)'}", file=out)
         for m in t.messages:
             note = ""
-            if m.role == "bot":
+            if m.role == Role.BOT:
                 parts = []
                 if m.latency_ms is not None:
                     parts.append(f"{m.latency_ms:.0f} ms")

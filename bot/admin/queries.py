@@ -21,7 +21,17 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from bot.conversations.store import ConversationStore
-from bot.db.models import Inbox, Message, Outbox, Session, utcnow
+from bot.db.models import (
+    Inbox,
+    InboxStatus,
+    Message,
+    Outbox,
+    OutboxKind,
+    Role,
+    Session,
+    SessionStatus,
+    utcnow,
+)
 
 __all__ = [
     "EXPORT_COLUMNS",
@@ -96,7 +106,7 @@ async def _latency_percentiles(
             func.count().over().label("n"),
         )
         .where(
-            Message.role == "bot",
+            Message.role == Role.BOT,
             Message.latency_ms.is_not(None),
             Message.created_at >= since,
         )
@@ -143,22 +153,22 @@ async def stats(
                 select(
                     func.count(),
                     func.count(Outbox.failed_at),
-                ).where(Outbox.kind == "reply", Outbox.sent_at.is_(None))
+                ).where(Outbox.kind == OutboxKind.REPLY, Outbox.sent_at.is_(None))
             )
         ).one()
         inbox = dict(
             (
                 await db.execute(
                     select(Inbox.status, func.count())
-                    .where(Inbox.status.in_(("pending", "failed")))
+                    .where(Inbox.status.in_((InboxStatus.PENDING, InboxStatus.FAILED)))
                     .group_by(Inbox.status)
                 )
             ).all()
         )
     return Stats(
         chats=int(chats or 0),
-        sessions_active=int(by_status.get("active", 0)),
-        sessions_ended=int(by_status.get("done", 0)),
+        sessions_active=int(by_status.get(SessionStatus.ACTIVE, 0)),
+        sessions_ended=int(by_status.get(SessionStatus.DONE, 0)),
         messages_today=int(messages_today or 0),
         messages_total=int(messages_total or 0),
         latency_p50_ms=p50,
@@ -167,8 +177,8 @@ async def stats(
         latency_window_s=latency_window.total_seconds(),
         undelivered_replies=int(undelivered or 0),
         replies_given_up=int(given_up or 0),
-        inbox_pending=int(inbox.get("pending", 0)),
-        inbox_failed=int(inbox.get("failed", 0)),
+        inbox_pending=int(inbox.get(InboxStatus.PENDING, 0)),
+        inbox_failed=int(inbox.get(InboxStatus.FAILED, 0)),
         generated_at=now,
     )
 
@@ -243,7 +253,7 @@ async def list_sessions(
     """Conversations, most recently active first."""
     stmt = _summaries_stmt()
     if active_only:
-        stmt = stmt.where(Session.status == "active")
+        stmt = stmt.where(Session.status == SessionStatus.ACTIVE)
     stmt = stmt.order_by(Session.updated_at.desc(), Session.id.desc()).limit(limit)
     async with sessionmaker() as db:
         rows = (await db.execute(stmt)).all()

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from bot.config import Settings
 from bot.conversations.store import ConversationStore
-from bot.db.repository import SessionRow
+from bot.db.conversations import SessionRow
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.db import repository as repo
-from bot.db.models import Session
-from bot.db.repository import MessageRow, SessionRow
+from bot.db import conversations, inbox, outbox
+from bot.db.conversations import MessageRow, SessionRow
+from bot.db.models import InboxStatus, OutboxKind, Role, Session
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +39,12 @@ class ConversationStore:
     async def _active_or_new(
         self, db: AsyncSession, chat_id: int, user_id: int | None
     ) -> SessionRow:
-        current = await repo.get_active_session(db, chat_id)
+        current = await conversations.get_active_session(db, chat_id)
         if current is not None:
             return current
         # A new conversation keeps the persona of the previous one.
-        persona = await repo.latest_persona(db, chat_id)
-        return await repo.create_session(db, chat_id, user_id, persona)
+        persona = await conversations.latest_persona(db, chat_id)
+        return await conversations.create_session(db, chat_id, user_id, persona)
 
     async def ingest(
         self,
@@ -54,11 +54,11 @@ class ConversationStore:
         user_id: int | None,
         kind: str,
         payload: str,
-        status: str = "pending",
+        status: InboxStatus = InboxStatus.PENDING,
     ) -> bool:
         """Store an update in the inbox; False if this update_id was seen before."""
         async with self.sessionmaker.begin() as db:
-            return await repo.insert_inbox(
+            return await inbox.insert(
                 db,
                 update_id=update_id,
                 chat_id=chat_id,
@@ -76,14 +76,14 @@ class ConversationStore:
     async def active_session_id(self, chat_id: int) -> int | None:
         """The id of the chat's active conversation, without starting one."""
         async with self.sessionmaker() as db:
-            active = await repo.get_active_session(db, chat_id)
+            active = await conversations.get_active_session(db, chat_id)
             return active.id if active else None
 
     async def current_persona(self, chat_id: int) -> str:
         """The persona the next reply of this chat will use."""
         async with self.sessionmaker() as db:
-            active = await repo.get_active_session(db, chat_id)
-            return active.persona if active else await repo.latest_persona(db, chat_id)
+            active = await conversations.get_active_session(db, chat_id)
+            return active.persona if active else await conversations.latest_persona(db, chat_id)
 
     async def load_context(self, session_id: int, tail: int | None) -> Context:
         """A conversation's persona and its last `tail` messages (all if None)."""
@@ -91,7 +91,7 @@ class ConversationStore:
             s = await db.get(Session, session_id)
             if s is None:
                 raise LookupError(f"session {session_id} does not exist")
-            messages = await repo.tail_messages(db, session_id, tail)
+            messages = await conversations.tail_messages(db, session_id, tail)
             return Context(session_id, s.chat_id, s.persona, messages)
 
     async def set_persona(
@@ -106,10 +106,12 @@ class ConversationStore:
         """Set (or clear, with '') the persona of the chat's conversation and confirm it."""
         async with self.sessionmaker.begin() as db:
             session = await self._active_or_new(db, chat_id, user_id)
-            await repo.set_session_persona(db, session.id, persona)
-            await repo.enqueue(db, chat_id=chat_id, kind="notice", text=notice, update_id=update_id)
+            await conversations.set_session_persona(db, session.id, persona)
+            await outbox.enqueue(
+                db, chat_id=chat_id, kind=OutboxKind.NOTICE, text=notice, update_id=update_id
+            )
             if update_id is not None:
-                await repo.finish_inbox(db, update_id)
+                await inbox.finish(db, update_id)
             return session
 
     async def end_session(
@@ -117,12 +119,14 @@ class ConversationStore:
     ) -> SessionRow | None:
         """End the chat's conversation (history kept for admins) and confirm it."""
         async with self.sessionmaker.begin() as db:
-            session = await repo.get_active_session(db, chat_id)
+            session = await conversations.get_active_session(db, chat_id)
             if session is not None:
-                await repo.end_session(db, session.id)
-            await repo.enqueue(db, chat_id=chat_id, kind="notice", text=notice, update_id=update_id)
+                await conversations.end_session(db, session.id)
+            await outbox.enqueue(
+                db, chat_id=chat_id, kind=OutboxKind.NOTICE, text=notice, update_id=update_id
+            )
             if update_id is not None:
-                await repo.finish_inbox(db, update_id)
+                await inbox.finish(db, update_id)
             return session
 
     async def forget_chat(
@@ -134,20 +138,20 @@ class ConversationStore:
         redelivery of it is still recognised as a duplicate.
         """
         async with self.sessionmaker.begin() as db:
-            deleted = await repo.delete_chat(db, chat_id, keep_after_update_id=update_id)
+            deleted = await conversations.delete_chat(db, chat_id, keep_after_update_id=update_id)
             if update_id is not None:
-                await repo.insert_inbox(
+                await inbox.insert(
                     db,
                     update_id=update_id,
                     chat_id=None,
                     user_id=None,
                     kind="forget",
                     payload="{}",
-                    status="done",
+                    status=InboxStatus.DONE,
                 )
             if notice is not None:
-                await repo.enqueue(
-                    db, chat_id=chat_id, kind="notice", text=notice, update_id=update_id
+                await outbox.enqueue(
+                    db, chat_id=chat_id, kind=OutboxKind.NOTICE, text=notice, update_id=update_id
                 )
             return deleted
 
@@ -157,33 +161,33 @@ class ConversationStore:
         text: str,
         *,
         update_id: int | None = None,
-        inbox_status: str = "done",
+        inbox_status: InboxStatus = InboxStatus.DONE,
     ) -> int:
         """Queue a notice for a chat and close its update; returns the outbox id."""
         async with self.sessionmaker.begin() as db:
-            outbox_id = await repo.enqueue(
-                db, chat_id=chat_id, kind="notice", text=text, update_id=update_id
+            outbox_id = await outbox.enqueue(
+                db, chat_id=chat_id, kind=OutboxKind.NOTICE, text=text, update_id=update_id
             )
             if update_id is not None:
-                await repo.finish_inbox(db, update_id, status=inbox_status)
+                await inbox.finish(db, update_id, status=inbox_status)
             return outbox_id
 
-    async def pending_outbox(self, chat_id: int | None = None) -> list[repo.OutboxRow]:
+    async def pending_outbox(self, chat_id: int | None = None) -> list[outbox.OutboxRow]:
         """Texts waiting to be sent, oldest first."""
         async with self.sessionmaker() as db:
-            return await repo.pending_outbox(db, chat_id)
+            return await outbox.pending(db, chat_id)
 
     async def mark_sent(self, outbox_id: int, telegram_message_id: int | None = None) -> None:
         """Record that a queued text went out (and its bot message was delivered)."""
         async with self.sessionmaker.begin() as db:
-            await repo.outbox_sent(db, outbox_id, telegram_message_id)
+            await outbox.sent(db, outbox_id, telegram_message_id)
 
     async def finish_update(
-        self, update_id: int, status: str = "done", error: str | None = None
+        self, update_id: int, status: InboxStatus = InboxStatus.DONE, error: str | None = None
     ) -> None:
         """Close an update that needs no reply."""
         async with self.sessionmaker.begin() as db:
-            await repo.finish_inbox(db, update_id, status=status, error=error)
+            await inbox.finish(db, update_id, status=status, error=error)
 
     async def record_user_message(
         self,
@@ -197,21 +201,21 @@ class ConversationStore:
     ) -> int:
         """Store a user message that gets no model reply (flood-limited, or the model failed)."""
         async with self.sessionmaker.begin() as db:
-            message_id = await repo.add_message(
+            message_id = await conversations.add_message(
                 db,
                 session_id=session_id,
                 chat_id=chat_id,
-                role="user",
+                role=Role.USER,
                 text=text,
                 update_id=update_id,
                 telegram_message_id=telegram_message_id,
             )
             if notice is not None:
-                await repo.enqueue(
-                    db, chat_id=chat_id, kind="notice", text=notice, update_id=update_id
+                await outbox.enqueue(
+                    db, chat_id=chat_id, kind=OutboxKind.NOTICE, text=notice, update_id=update_id
                 )
             if update_id is not None:
-                await repo.finish_inbox(db, update_id)
+                await inbox.finish(db, update_id)
             return message_id
 
     async def record_turn(
@@ -227,33 +231,33 @@ class ConversationStore:
     ) -> StoredTurn:
         """Store a user message, the bot's reply (queued for sending) and close the update."""
         async with self.sessionmaker.begin() as db:
-            user_id = await repo.add_message(
+            user_id = await conversations.add_message(
                 db,
                 session_id=session_id,
                 chat_id=chat_id,
-                role="user",
+                role=Role.USER,
                 text=user_text,
                 update_id=update_id,
                 telegram_message_id=telegram_message_id,
             )
-            bot_id = await repo.add_message(
+            bot_id = await conversations.add_message(
                 db,
                 session_id=session_id,
                 chat_id=chat_id,
-                role="bot",
+                role=Role.BOT,
                 text=reply,
                 latency_ms=latency_ms,
             )
-            await repo.touch_session(db, session_id)
-            outbox_id = await repo.enqueue(
+            await conversations.touch_session(db, session_id)
+            outbox_id = await outbox.enqueue(
                 db,
                 chat_id=chat_id,
-                kind="reply",
+                kind=OutboxKind.REPLY,
                 text=reply,
                 message_id=bot_id,
                 update_id=update_id,
                 reply_to_message_id=telegram_message_id,
             )
             if update_id is not None:
-                await repo.finish_inbox(db, update_id)
+                await inbox.finish(db, update_id)
             return StoredTurn(user_id, bot_id, outbox_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from enum import StrEnum
 
 from sqlalchemy import (
     BigInteger,
@@ -53,6 +54,36 @@ class UtcDateTime(TypeDecorator[datetime]):
 def utcnow() -> datetime:
     """The current time, timezone-aware UTC."""
     return datetime.now(UTC)
+
+
+class SessionStatus(StrEnum):
+    """`sessions.status`."""
+
+    ACTIVE = "active"
+    DONE = "done"  # ended by /done; kept for the admins
+
+
+class Role(StrEnum):
+    """`messages.role`: who said it."""
+
+    USER = "user"
+    BOT = "bot"
+
+
+class OutboxKind(StrEnum):
+    """`outbox.kind`."""
+
+    REPLY = "reply"  # a model reply, tied to its `messages` row
+    NOTICE = "notice"  # anything else the bot says (command answers, refusals, apologies)
+
+
+class InboxStatus(StrEnum):
+    """`inbox.status`."""
+
+    PENDING = "pending"  # waiting for the inbox worker
+    DONE = "done"
+    FAILED = "failed"  # gave up after retries (the chat got an apology)
+    IGNORED = "ignored"  # closed without an answer (not for us, unusable, over the flood limit)
 
 
 class Base(DeclarativeBase):

@@ -11,7 +11,7 @@ from typing import Any
 from bot.config import Settings
 from bot.conversations.actions import GenerationError, Reply
 from bot.conversations.store import ConversationStore
-from bot.db.repository import SessionRow
+from bot.db.conversations import SessionRow
 from bot.inference.batcher import Batcher, BatchError, Generated
 from bot.inference.cache import AgentCache, Conversation
 

@@ -27,8 +27,8 @@ from telegram.error import (
     TelegramError,
 )
 
-from bot.db import repository as repo
-from bot.db.repository import OutboxRow
+from bot.db import outbox
+from bot.db.outbox import OutboxRow
 from bot.tg.backoff import Backoff, retry_after_s, wait_event
 from bot.tg.leases import Leases
 
@@ -160,7 +160,7 @@ class Delivery:
     async def _scan(self) -> None:
         """Start a sender for every chat with pending texts that has none running."""
         async with self.sessionmaker() as db:
-            rows = await repo.pending_outbox(db)
+            rows = await outbox.pending(db)
         for chat_id in dict.fromkeys(r.chat_id for r in rows):
             if chat_id not in self._tasks:
                 task = asyncio.create_task(self._deliver_chat(chat_id), name=f"deliver:{chat_id}")
@@ -182,7 +182,7 @@ class Delivery:
                     return
                 # Read after taking the lease: another process may have sent some meanwhile.
                 async with self.sessionmaker() as db:
-                    rows = await repo.pending_outbox(db, chat_id)
+                    rows = await outbox.pending(db, chat_id)
                 if not rows:
                     return
                 for row in rows:
@@ -218,7 +218,7 @@ class Delivery:
         while True:
             # Re-read the row before every part: a /forget (or another process) may have
             # deleted or sent it since the chat's rows were read.
-            current = await self._write(repo.outbox_still_pending, row.id)
+            current = await self._write(outbox.still_pending, row.id)
             if current is None or current >= len(parts):
                 return True
             sent = current
@@ -274,20 +274,20 @@ class Delivery:
                 continue
             sent += 1
             if sent < len(parts):
-                await self._write(repo.outbox_part_sent, row.id, sent)
+                await self._write(outbox.part_sent, row.id, sent)
             else:
-                await self._write(repo.outbox_sent, row.id, message.message_id)
+                await self._write(outbox.sent, row.id, message.message_id)
                 return True
 
     async def _give_up_chat(self, chat_id: int, reason: str) -> None:
         async def give_up(db: AsyncSession) -> None:
-            for row in await repo.pending_outbox(db, chat_id):
-                await repo.outbox_attempt_failed(db, row.id, reason, give_up=True)
+            for row in await outbox.pending(db, chat_id):
+                await outbox.attempt_failed(db, row.id, reason, give_up=True)
 
         await self._write(give_up)  # type: ignore[arg-type]
 
     async def _failed(self, outbox_id: int, error: str, give_up: bool = False) -> None:
-        await self._write(repo.outbox_attempt_failed, outbox_id, error[:1000], give_up)
+        await self._write(outbox.attempt_failed, outbox_id, error[:1000], give_up)
 
     async def _write(
         self,

@@ -33,8 +33,9 @@ from telegram.ext import (
 from bot.admin.queries import format_stats, stats
 from bot.config import Settings
 from bot.conversations.actions import ChatActions
-from bot.db import repository as repo
-from bot.db.repository import InboxRow
+from bot.db import inbox
+from bot.db.inbox import InboxRow
+from bot.db.models import InboxStatus
 from bot.tg.flood import Flood, FloodGate
 
 log = logging.getLogger(__name__)
@@ -336,8 +337,8 @@ class UpdateRunner:
             raise error
         async with self.sessionmaker.begin() as db:
             # No handler closed it (a group message not for us, a service message): done with it.
-            if await repo.get_inbox_status(db, row.update_id) == "pending":
-                await repo.finish_inbox(db, row.update_id, status="ignored")
+            if await inbox.status_of(db, row.update_id) == InboxStatus.PENDING:
+                await inbox.finish(db, row.update_id, status=InboxStatus.IGNORED)
         log.debug(
             "update %s processed in %.0f ms", row.update_id, (time.perf_counter() - started) * 1000
         )

@@ -23,8 +23,9 @@ from functools import partial
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.db import repository as repo
-from bot.db.repository import InboxRow
+from bot.db import inbox, outbox
+from bot.db.inbox import InboxRow
+from bot.db.models import InboxStatus, OutboxKind
 from bot.tg.backoff import Backoff, wait_event
 from bot.tg.leases import Leases
 
@@ -113,7 +114,7 @@ class InboxWorker:
             self._wake.clear()
             try:
                 async with self.sessionmaker() as db:
-                    rows = await repo.pending_inbox(db, limit=self.scan_limit)
+                    rows = await inbox.pending(db, limit=self.scan_limit)
                 failures = 0
             except Exception as err:  # noqa: BLE001 - whatever the database does, keep going
                 failures += 1
@@ -201,7 +202,7 @@ class InboxWorker:
 
     async def _status(self, update_id: int) -> str | None:
         async with self.sessionmaker() as db:
-            return await repo.get_inbox_status(db, update_id)
+            return await inbox.status_of(db, update_id)
 
     async def _process(self, row: InboxRow) -> bool:
         """Handle one row with retries; True once the row is closed (or was already)."""
@@ -209,7 +210,7 @@ class InboxWorker:
         while True:
             try:
                 status = await self._status(row.update_id)
-                if status != "pending":
+                if status != InboxStatus.PENDING:
                     # Closed meanwhile (a redelivery race, another replica), or deleted by an
                     # admin's forget (a user's /forget keeps the updates that came after it).
                     return True
@@ -233,9 +234,7 @@ class InboxWorker:
     async def _count_failure(self, row: InboxRow, err: Exception, attempts: int) -> int:
         try:
             async with self.sessionmaker.begin() as db:
-                return max(
-                    attempts, await repo.bump_inbox_attempts(db, row.update_id, _describe(err))
-                )
+                return max(attempts, await inbox.count_failure(db, row.update_id, _describe(err)))
         except Exception:  # noqa: BLE001
             return attempts  # the database is what failed; count in memory
 
@@ -244,14 +243,16 @@ class InboxWorker:
         try:
             async with self.sessionmaker.begin() as db:
                 if row.chat_id is not None:
-                    await repo.enqueue(
+                    await outbox.enqueue(
                         db,
                         chat_id=row.chat_id,
-                        kind="notice",
+                        kind=OutboxKind.NOTICE,
                         text=APOLOGY,
                         update_id=row.update_id,
                     )
-                await repo.finish_inbox(db, row.update_id, status="failed", error=_describe(err))
+                await inbox.finish(
+                    db, row.update_id, status=InboxStatus.FAILED, error=_describe(err)
+                )
         except Exception as db_err:  # noqa: BLE001 - the row stays pending for a later try
             log.error(
                 "could not mark update %s failed (%s); it stays pending", row.update_id, db_err

@@ -34,6 +34,7 @@ from telegram.request import HTTPXRequest
 from telegram.warnings import PTBUserWarning
 
 from bot.conversations.store import ConversationStore
+from bot.db.models import InboxStatus
 from bot.tg.backoff import (
     Backoff,
     Interrupted,
@@ -168,7 +169,9 @@ async def store_update(store: ConversationStore, update: Update, payload: str) -
         kind=kind,
         payload=payload,
         status=(
-            "pending" if kind in HANDLED_KINDS and chat is not None and not unusable else "ignored"
+            InboxStatus.PENDING
+            if kind in HANDLED_KINDS and chat is not None and not unusable
+            else InboxStatus.IGNORED
         ),
     )
     if not new:
@@ -188,7 +191,7 @@ async def store_unreadable(store: ConversationStore, data: Mapping[str, Any]) ->
         user_id=None,
         kind=_clean(update_kind(data))[:32],
         payload=_clean(json.dumps(data, ensure_ascii=False)),
-        status="ignored",
+        status=InboxStatus.IGNORED,
     )
 
 

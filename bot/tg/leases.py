@@ -26,12 +26,10 @@ import time
 import uuid
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.db.models import ChatLease, utcnow
+from bot.db import leases
+from bot.db.models import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -148,32 +146,12 @@ class Leases:
         return won
 
     async def _take(self, db: AsyncSession, chat_id: int, now: datetime, until: datetime) -> bool:
-        mine = (ChatLease.chat_id == chat_id) & (ChatLease.kind == self.kind)
-        taken = await db.execute(
-            update(ChatLease)
-            .where(mine, (ChatLease.owner == self.owner) | (ChatLease.lease_until < now))
-            .values(owner=self.owner, lease_until=until)
-        )
-        if getattr(taken, "rowcount", 0) == 1:
+        if await leases.take(db, chat_id, self.kind, self.owner, now, until):
             return True
-        dialect = db.get_bind().dialect.name
-        ins = pg_insert(ChatLease) if dialect == "postgresql" else sqlite_insert(ChatLease)
-        inserted = await db.execute(
-            ins.values(
-                chat_id=chat_id, kind=self.kind, owner=self.owner, lease_until=until
-            ).on_conflict_do_nothing(index_elements=["chat_id", "kind"])
-        )
-        if getattr(inserted, "rowcount", 0) == 1:
-            return True
-        holder = await db.scalar(select(ChatLease.owner).where(mine))
+        holder = await leases.holder(db, chat_id, self.kind)
         if holder is None or not _dead_here(holder):
             return False
-        taken = await db.execute(
-            update(ChatLease)
-            .where(mine, ChatLease.owner == holder)
-            .values(owner=self.owner, lease_until=until)
-        )
-        if getattr(taken, "rowcount", 0) == 1:
+        if await leases.take_from(db, chat_id, self.kind, self.owner, holder, until):
             log.info(
                 "took over the %s lease of chat %s from %s (exited)", self.kind, chat_id, holder
             )
@@ -204,14 +182,7 @@ class Leases:
             return
         try:
             async with self.sessionmaker.begin() as db:
-                await db.execute(
-                    delete(ChatLease).where(
-                        ChatLease.chat_id == chat_id,
-                        ChatLease.kind == self.kind,
-                        ChatLease.owner == self.owner,
-                        ChatLease.lease_until == written,
-                    )
-                )
+                await leases.give_back(db, chat_id, self.kind, self.owner, written)
         except Exception as err:  # noqa: BLE001 - the lease runs out by itself
             log.warning("releasing the %s lease of chat %s failed: %s", self.kind, chat_id, err)
 
@@ -223,15 +194,7 @@ class Leases:
         until = utcnow() + timedelta(seconds=self.ttl_s)
         chats = list(self._held)
         async with self.sessionmaker.begin() as db:
-            await db.execute(
-                update(ChatLease)
-                .where(
-                    ChatLease.kind == self.kind,
-                    ChatLease.owner == self.owner,
-                    ChatLease.chat_id.in_(chats),
-                )
-                .values(lease_until=until)
-            )
+            await leases.renew(db, chats, self.kind, self.owner, until)
         for chat_id in chats:
             if chat_id in self._held:
                 self._held[chat_id] = started + self.ttl_s

@@ -24,7 +24,7 @@ from bot.admin import queries
 from bot.admin.cli import add_admin_parser, admin, format_table, run_admin
 from bot.config import Settings
 from bot.conversations.store import ConversationStore
-from bot.db import repository as repo
+from bot.db import outbox
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import Base, Message, Session, utcnow
 from tests.support.dbutil import drop_pg_role, make_readonly_role
@@ -135,17 +135,17 @@ async def seed(store: ConversationStore) -> Seed:
 
     # Delivery: everything went out except two replies.
     async with store.sessionmaker.begin() as db:
-        for row in await repo.pending_outbox(db):
+        for row in await outbox.pending(db):
             if row.text == "arr matey":  # the user blocked the bot
                 for attempt in range(5):
-                    await repo.outbox_attempt_failed(
+                    await outbox.attempt_failed(
                         db, row.id, "Forbidden: bot was blocked by the user", give_up=attempt == 4
                     )
             elif row.text == "buried":  # still being retried
                 for _ in range(2):
-                    await repo.outbox_attempt_failed(db, row.id, "Timed out")
+                    await outbox.attempt_failed(db, row.id, "Timed out")
             else:
-                await repo.outbox_sent(db, row.id, telegram_message_id=5000 + row.id)
+                await outbox.sent(db, row.id, telegram_message_id=5000 + row.id)
 
     # Past conversations: old enough to fall outside the 24 h latency window.
     await _backdate(store, s1, today - timedelta(days=3) + timedelta(hours=10))

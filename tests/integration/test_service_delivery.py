@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from bot.conversations.store import ConversationStore
-from bot.db import migrate
-from bot.db import repository as repo
+from bot.db import migrate, outbox
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.tg.delivery import MAX_MESSAGE_UTF16, split_message, utf16_len
 from tests.support.fakebotapi import FakeBotAPI, Fault
@@ -151,10 +150,10 @@ async def test_undelivered_texts_are_sent_at_start_resuming_after_sent_parts(
     engine = make_engine(sqlite_url)
     sm = make_sessionmaker(engine)
     async with sm.begin() as db:
-        first = await repo.enqueue(db, chat_id=801, kind="notice", text=text)
-        await repo.outbox_part_sent(db, first, 1)  # a crash after the first part went out
-        await repo.enqueue(db, chat_id=801, kind="notice", text="and then this")
-        await repo.enqueue(db, chat_id=802, kind="notice", text="for someone else")
+        first = await outbox.enqueue(db, chat_id=801, kind="notice", text=text)
+        await outbox.part_sent(db, first, 1)  # a crash after the first part went out
+        await outbox.enqueue(db, chat_id=801, kind="notice", text="and then this")
+        await outbox.enqueue(db, chat_id=802, kind="notice", text="for someone else")
     await engine.dispose()
     async with FakeBotAPI(TOKEN) as api:
         settings = make_settings(sqlite_url, api, tmp_path)

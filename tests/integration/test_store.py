@@ -7,7 +7,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from bot.conversations.store import ConversationStore
-from bot.db import repository as repo
+from bot.db import conversations, inbox, outbox
 from bot.db.models import Inbox, Message, Outbox, Session
 
 
@@ -32,7 +32,7 @@ async def test_at_most_one_active_session_per_chat(store: ConversationStore) -> 
     assert a.id == b.id
     with pytest.raises(IntegrityError):
         async with store.sessionmaker.begin() as db:
-            await repo.create_session(db, 100, 7, "")
+            await conversations.create_session(db, 100, 7, "")
 
 
 async def test_persona_carries_over_after_done(store: ConversationStore) -> None:
@@ -53,8 +53,8 @@ async def test_record_turn_is_one_transaction_and_closes_update(store: Conversat
     ctx = await store.load_context(session.id, tail=None)
     assert [(m.role, m.text) for m in ctx.messages] == [("user", "hi"), ("bot", "hello!")]
     async with store.sessionmaker() as db:
-        assert await repo.get_inbox_status(db, 1) == "done"
-        pending = await repo.pending_outbox(db, 9)
+        assert await inbox.status_of(db, 1) == "done"
+        pending = await outbox.pending(db, 9)
     assert [p.text for p in pending] == ["hello!"]
 
 
@@ -63,8 +63,12 @@ async def test_failed_turn_leaves_nothing_behind(store: ConversationStore) -> No
     with pytest.raises(IntegrityError):
         # role 'robot' violates the check constraint after the user row was added
         async with store.sessionmaker.begin() as db:
-            await repo.add_message(db, session_id=session.id, chat_id=3, role="user", text="a")
-            await repo.add_message(db, session_id=session.id, chat_id=3, role="robot", text="b")
+            await conversations.add_message(
+                db, session_id=session.id, chat_id=3, role="user", text="a"
+            )
+            await conversations.add_message(
+                db, session_id=session.id, chat_id=3, role="robot", text="b"
+            )
     assert await _count(store, Message) == 0
 
 
@@ -80,9 +84,9 @@ async def test_outbox_delivery_marks_message(store: ConversationStore) -> None:
     session = await store.active_session(6, 6)
     outbox_id = (await store.record_turn(session.id, 6, "hi", "yo")).outbox_id
     async with store.sessionmaker.begin() as db:
-        await repo.outbox_sent(db, outbox_id, telegram_message_id=77)
+        await outbox.sent(db, outbox_id, telegram_message_id=77)
     async with store.sessionmaker() as db:
-        assert await repo.pending_outbox(db) == []
+        assert await outbox.pending(db) == []
         delivered = await db.scalar(select(Message.delivered_at).where(Message.role == "bot"))
     assert delivered is not None
 
@@ -126,8 +130,8 @@ async def test_forget_keeps_updates_that_came_after_it(store: ConversationStore)
     await store.finish_update(1)
     await store.forget_chat(8, notice="forgotten", update_id=2)
     async with store.sessionmaker() as db:
-        assert await repo.get_inbox_status(db, 1) is None
-        assert await repo.get_inbox_status(db, 3) == "pending"
+        assert await inbox.status_of(db, 1) is None
+        assert await inbox.status_of(db, 3) == "pending"
 
 
 async def test_a_turn_for_an_update_closed_elsewhere_is_rolled_back(
@@ -137,7 +141,7 @@ async def test_a_turn_for_an_update_closed_elsewhere_is_rolled_back(
     await store.ingest(update_id=40, chat_id=40, user_id=40, kind="message", payload="{}")
     session = await store.active_session(40, 40)
     await store.finish_update(40)  # another replica answered it meanwhile
-    with pytest.raises(repo.StaleUpdate):
+    with pytest.raises(inbox.StaleUpdate):
         await store.record_turn(session.id, 40, "hi", "hello", update_id=40)
     assert await _count(store, Message, chat_id=40) == 0
     assert await _count(store, Outbox, chat_id=40) == 0

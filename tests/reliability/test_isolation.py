@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from bot.conversations.store import ConversationStore
+from bot.db.conversations import SessionRow
 from bot.db.engine import make_engine, make_sessionmaker
-from bot.db.repository import SessionRow
 from bot.inference.batcher import Generated
 from bot.inference.responder import Responder
 from tests.support.fakebotapi import FakeBotAPI

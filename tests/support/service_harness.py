@@ -20,7 +20,7 @@ from sqlalchemy import text
 from bot.config import Settings
 from bot.conversations.actions import Reply
 from bot.db import migrate
-from bot.db.repository import SessionRow
+from bot.db.conversations import SessionRow
 from bot.tg.app import Service
 from bot.tg.backoff import Backoff
 from tests.support.fakebotapi import FakeBotAPI

@@ -1,0 +1,167 @@
+"""Conversation queries: sessions and their messages, and deleting a whole chat. Functions
+take an AsyncSession, never commit, and return plain dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from bot.db.models import Inbox, InboxStatus, Message, Outbox, Role, Session, SessionStatus, utcnow
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRow:
+    """A conversation, detached from the ORM."""
+
+    id: int
+    chat_id: int
+    user_id: int | None
+    persona: str
+    status: str
+    created_at: datetime
+    ended_at: datetime | None
+    # The id of the conversation's newest message when this row was read (None: no message
+    # yet): a cached agent is only used while it has seen exactly this far.
+    last_message_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRow:
+    """One utterance of a conversation."""
+
+    id: int
+    session_id: int
+    role: str
+    text: str
+
+
+def _session_row(s: Session, last_message_id: int | None = None) -> SessionRow:
+    return SessionRow(
+        s.id, s.chat_id, s.user_id, s.persona, s.status, s.created_at, s.ended_at, last_message_id
+    )
+
+
+# --- sessions ------------------------------------------------------------------------------
+
+
+async def get_active_session(db: AsyncSession, chat_id: int) -> SessionRow | None:
+    """The chat's active conversation, if any, with its newest message id (same transaction)."""
+    s = await db.scalar(
+        select(Session).where(Session.chat_id == chat_id, Session.status == SessionStatus.ACTIVE)
+    )
+    if s is None:
+        return None
+    last = await db.scalar(select(func.max(Message.id)).where(Message.session_id == s.id))
+    return _session_row(s, last)
+
+
+async def latest_persona(db: AsyncSession, chat_id: int) -> str:
+    """The persona of the chat's most recent conversation ('' if none)."""
+    persona = await db.scalar(
+        select(Session.persona)
+        .where(Session.chat_id == chat_id)
+        .order_by(Session.id.desc())
+        .limit(1)
+    )
+    return persona or ""
+
+
+async def create_session(
+    db: AsyncSession, chat_id: int, user_id: int | None, persona: str
+) -> SessionRow:
+    """Start a conversation (the caller made sure none is active)."""
+    s = Session(chat_id=chat_id, user_id=user_id, persona=persona, status=SessionStatus.ACTIVE)
+    db.add(s)
+    await db.flush()
+    return _session_row(s)
+
+
+async def set_session_persona(db: AsyncSession, session_id: int, persona: str) -> None:
+    """Change a conversation's persona."""
+    await db.execute(
+        update(Session).where(Session.id == session_id).values(persona=persona, updated_at=utcnow())
+    )
+
+
+async def end_session(db: AsyncSession, session_id: int) -> None:
+    """Mark a conversation done; its messages stay for the admins."""
+    now = utcnow()
+    await db.execute(
+        update(Session)
+        .where(Session.id == session_id, Session.status == SessionStatus.ACTIVE)
+        .values(status=SessionStatus.DONE, ended_at=now, updated_at=now)
+    )
+
+
+async def touch_session(db: AsyncSession, session_id: int) -> None:
+    """Record activity on a conversation."""
+    await db.execute(update(Session).where(Session.id == session_id).values(updated_at=utcnow()))
+
+
+# --- messages ------------------------------------------------------------------------------
+
+
+async def add_message(
+    db: AsyncSession,
+    *,
+    session_id: int,
+    chat_id: int,
+    role: Role,
+    text: str,
+    update_id: int | None = None,
+    telegram_message_id: int | None = None,
+    latency_ms: float | None = None,
+) -> int:
+    """Append an utterance; returns its id."""
+    m = Message(
+        session_id=session_id,
+        chat_id=chat_id,
+        role=role,
+        text=text,
+        update_id=update_id,
+        telegram_message_id=telegram_message_id,
+        latency_ms=latency_ms,
+    )
+    db.add(m)
+    await db.flush()
+    return m.id
+
+
+async def tail_messages(db: AsyncSession, session_id: int, limit: int | None) -> list[MessageRow]:
+    """The last `limit` messages of a conversation (all if None), oldest first."""
+    stmt = select(Message.id, Message.session_id, Message.role, Message.text).where(
+        Message.session_id == session_id
+    )
+    if limit is not None:
+        stmt = stmt.order_by(Message.id.desc()).limit(limit)
+        rows = list(await db.execute(stmt))
+        rows.reverse()
+    else:
+        rows = list(await db.execute(stmt.order_by(Message.id)))
+    return [MessageRow(r.id, r.session_id, r.role, r.text) for r in rows]
+
+
+# --- whole chats ---------------------------------------------------------------------------
+
+
+async def delete_chat(
+    db: AsyncSession, chat_id: int, keep_after_update_id: int | None = None
+) -> int:
+    """Delete every row that mentions a chat; returns how many sessions went.
+
+    With `keep_after_update_id` (a user's /forget), updates that arrived after that one and are
+    still waiting are kept: they were sent after the /forget and are still owed an answer.
+    """
+    await db.execute(delete(Outbox).where(Outbox.chat_id == chat_id))
+    await db.execute(delete(Message).where(Message.chat_id == chat_id))
+    result = await db.execute(delete(Session).where(Session.chat_id == chat_id))
+    inbox = delete(Inbox).where(Inbox.chat_id == chat_id)
+    if keep_after_update_id is not None:
+        inbox = inbox.where(
+            ~((Inbox.status == InboxStatus.PENDING) & (Inbox.update_id > keep_after_update_id))
+        )
+    await db.execute(inbox)
+    return int(getattr(result, "rowcount", 0) or 0)

@@ -1,0 +1,122 @@
+"""Inbox queries: one row per Telegram update. Functions take an AsyncSession, never commit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import distinct, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from bot.db.dialect import insert_unless_present
+from bot.db.models import Inbox, InboxStatus, utcnow
+
+
+@dataclass(frozen=True, slots=True)
+class InboxRow:
+    """A stored Telegram update."""
+
+    update_id: int
+    chat_id: int | None
+    kind: str
+    payload: str
+    status: str
+    attempts: int
+
+
+class StaleUpdate(Exception):
+    """The update was closed (or deleted) by someone else while this turn was being made."""
+
+
+def _row(r: Inbox) -> InboxRow:
+    return InboxRow(r.update_id, r.chat_id, r.kind, r.payload, r.status, r.attempts)
+
+
+async def insert(
+    db: AsyncSession,
+    *,
+    update_id: int,
+    chat_id: int | None,
+    user_id: int | None,
+    kind: str,
+    payload: str,
+    status: InboxStatus = InboxStatus.PENDING,
+) -> bool:
+    """Store an update unless its update_id is already there; True if it was new."""
+    now = utcnow()
+    values = {
+        "update_id": update_id,
+        "chat_id": chat_id,
+        "user_id": user_id,
+        "kind": kind,
+        "payload": payload,
+        "status": status,
+        "received_at": now,
+        "processed_at": now if status != InboxStatus.PENDING else None,
+    }
+    return await insert_unless_present(db, Inbox, values, ["update_id"])
+
+
+async def pending(db: AsyncSession, limit: int = 1000) -> list[InboxRow]:
+    """Updates not yet processed, oldest first."""
+    rows = await db.scalars(
+        select(Inbox)
+        .where(Inbox.status == InboxStatus.PENDING)
+        .order_by(Inbox.update_id)
+        .limit(limit)
+    )
+    return [_row(r) for r in rows]
+
+
+async def pending_chats(db: AsyncSession, limit: int = 1000) -> list[int]:
+    """Chats with updates waiting (rows without a chat are stored closed, never pending)."""
+    rows = await db.scalars(
+        select(distinct(Inbox.chat_id))
+        .where(Inbox.status == InboxStatus.PENDING, Inbox.chat_id.is_not(None))
+        .limit(limit)
+    )
+    return [int(chat_id) for chat_id in rows if chat_id is not None]
+
+
+async def pending_of_chat(db: AsyncSession, chat_id: int) -> list[InboxRow]:
+    """One chat's waiting updates, in update_id order."""
+    rows = await db.scalars(
+        select(Inbox)
+        .where(Inbox.status == InboxStatus.PENDING, Inbox.chat_id == chat_id)
+        .order_by(Inbox.update_id)
+    )
+    return [_row(r) for r in rows]
+
+
+async def status_of(db: AsyncSession, update_id: int) -> str | None:
+    """The status of one update, or None if it was never stored."""
+    return await db.scalar(select(Inbox.status).where(Inbox.update_id == update_id))
+
+
+async def finish(
+    db: AsyncSession,
+    update_id: int,
+    status: InboxStatus = InboxStatus.DONE,
+    error: str | None = None,
+) -> None:
+    """Close a pending update (done, failed or ignored).
+
+    This is the fence of every turn: if the update is no longer pending (another process took
+    it over after our lease ran out, or an admin deleted it), raising rolls back the whole turn.
+    """
+    result = await db.execute(
+        update(Inbox)
+        .where(Inbox.update_id == update_id, Inbox.status == InboxStatus.PENDING)
+        .values(status=status, error=error, processed_at=utcnow())
+    )
+    if not getattr(result, "rowcount", 0):
+        raise StaleUpdate(f"update {update_id} is no longer pending")
+
+
+async def count_failure(db: AsyncSession, update_id: int, error: str) -> int:
+    """Count a failed try at an update; returns the new count."""
+    await db.execute(
+        update(Inbox)
+        .where(Inbox.update_id == update_id)
+        .values(attempts=Inbox.attempts + 1, error=error)
+    )
+    return int(await db.scalar(select(Inbox.attempts).where(Inbox.update_id == update_id)) or 0)

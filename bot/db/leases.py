@@ -1,0 +1,75 @@
+"""Chat lease queries: which process works on a chat's inbox or outbox rows, until when.
+Functions take an AsyncSession and never commit; bot/tg/leases.py decides when to call them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import ColumnElement, delete, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from bot.db.dialect import insert_unless_present
+from bot.db.models import ChatLease
+
+
+def _of(chat_id: int, kind: str) -> ColumnElement[bool]:
+    return (ChatLease.chat_id == chat_id) & (ChatLease.kind == kind)
+
+
+async def take(
+    db: AsyncSession, chat_id: int, kind: str, owner: str, now: datetime, until: datetime
+) -> bool:
+    """Take the lease if it is free, ours, or expired; True if `owner` holds it now.
+
+    One conditional UPDATE (or an INSERT when there is no row) whose row count says who won:
+    SQLite serialises writers and PostgreSQL's row lock re-checks the WHERE, so both decide
+    atomically.
+    """
+    taken = await db.execute(
+        update(ChatLease)
+        .where(_of(chat_id, kind), (ChatLease.owner == owner) | (ChatLease.lease_until < now))
+        .values(owner=owner, lease_until=until)
+    )
+    if getattr(taken, "rowcount", 0) == 1:
+        return True
+    values = {"chat_id": chat_id, "kind": kind, "owner": owner, "lease_until": until}
+    return await insert_unless_present(db, ChatLease, values, ["chat_id", "kind"])
+
+
+async def holder(db: AsyncSession, chat_id: int, kind: str) -> str | None:
+    """Who holds the lease (expired or not), if anyone."""
+    return await db.scalar(select(ChatLease.owner).where(_of(chat_id, kind)))
+
+
+async def take_from(
+    db: AsyncSession, chat_id: int, kind: str, owner: str, previous: str, until: datetime
+) -> bool:
+    """Take the lease from `previous` (known to have exited) unless someone else came first."""
+    taken = await db.execute(
+        update(ChatLease)
+        .where(_of(chat_id, kind), ChatLease.owner == previous)
+        .values(owner=owner, lease_until=until)
+    )
+    return getattr(taken, "rowcount", 0) == 1
+
+
+async def give_back(
+    db: AsyncSession, chat_id: int, kind: str, owner: str, written: datetime
+) -> None:
+    """Delete the lease row `owner` wrote, unless it was renewed or taken again since."""
+    await db.execute(
+        delete(ChatLease).where(
+            _of(chat_id, kind), ChatLease.owner == owner, ChatLease.lease_until == written
+        )
+    )
+
+
+async def renew(
+    db: AsyncSession, chat_ids: list[int], kind: str, owner: str, until: datetime
+) -> None:
+    """Push back the expiry of every lease `owner` holds among `chat_ids` (one statement)."""
+    await db.execute(
+        update(ChatLease)
+        .where(ChatLease.kind == kind, ChatLease.owner == owner, ChatLease.chat_id.in_(chat_ids))
+        .values(lease_until=until)
+    )

@@ -1,0 +1,113 @@
+"""Outbox queries: every text the bot must send, until Telegram accepts it. Functions take an
+AsyncSession, never commit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import distinct, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from bot.db.models import Message, Outbox, OutboxKind, utcnow
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """A text waiting to be sent."""
+
+    id: int
+    chat_id: int
+    kind: str
+    text: str
+    message_id: int | None
+    reply_to_message_id: int | None
+    parts_sent: int
+    attempts: int
+
+
+_WAITING = (Outbox.sent_at.is_(None), Outbox.failed_at.is_(None))
+
+
+async def enqueue(
+    db: AsyncSession,
+    *,
+    chat_id: int,
+    kind: OutboxKind,
+    text: str,
+    message_id: int | None = None,
+    update_id: int | None = None,
+    reply_to_message_id: int | None = None,
+) -> int:
+    """Queue a text for sending; returns the outbox id."""
+    o = Outbox(
+        chat_id=chat_id,
+        kind=kind,
+        text=text,
+        message_id=message_id,
+        update_id=update_id,
+        reply_to_message_id=reply_to_message_id,
+    )
+    db.add(o)
+    await db.flush()
+    return o.id
+
+
+async def pending(db: AsyncSession, chat_id: int | None = None) -> list[OutboxRow]:
+    """Texts not yet sent nor given up on, oldest first (of one chat, or of all)."""
+    stmt = select(Outbox).where(*_WAITING)
+    if chat_id is not None:
+        stmt = stmt.where(Outbox.chat_id == chat_id)
+    rows = await db.scalars(stmt.order_by(Outbox.id))
+    return [
+        OutboxRow(
+            r.id,
+            r.chat_id,
+            r.kind,
+            r.text,
+            r.message_id,
+            r.reply_to_message_id,
+            r.parts_sent,
+            r.attempts,
+        )
+        for r in rows
+    ]
+
+
+async def pending_chats(db: AsyncSession, limit: int = 1000) -> list[int]:
+    """Chats with texts waiting to be sent."""
+    rows = await db.scalars(select(distinct(Outbox.chat_id)).where(*_WAITING).limit(limit))
+    return [int(chat_id) for chat_id in rows]
+
+
+async def still_pending(db: AsyncSession, outbox_id: int) -> int | None:
+    """How many parts of a text went out, if it still waits to be sent; None when it was
+    sent, given up on or deleted (a /forget) since it was read."""
+    return await db.scalar(select(Outbox.parts_sent).where(Outbox.id == outbox_id, *_WAITING))
+
+
+async def part_sent(db: AsyncSession, outbox_id: int, parts_sent: int) -> None:
+    """Record that the first `parts_sent` parts of a long text went out."""
+    await db.execute(update(Outbox).where(Outbox.id == outbox_id).values(parts_sent=parts_sent))
+
+
+async def sent(db: AsyncSession, outbox_id: int, telegram_message_id: int | None = None) -> None:
+    """Mark a text sent, and its bot message delivered."""
+    now = utcnow()
+    await db.execute(update(Outbox).where(Outbox.id == outbox_id).values(sent_at=now))
+    message_id = await db.scalar(select(Outbox.message_id).where(Outbox.id == outbox_id))
+    if message_id is not None:
+        await db.execute(
+            update(Message)
+            .where(Message.id == message_id)
+            .values(delivered_at=now, telegram_message_id=telegram_message_id)
+        )
+
+
+async def attempt_failed(
+    db: AsyncSession, outbox_id: int, error: str, give_up: bool = False
+) -> None:
+    """Count a failed send; with give_up the text is not tried again."""
+    values: dict[str, object] = {"attempts": Outbox.attempts + 1, "last_error": error}
+    if give_up:
+        values["failed_at"] = utcnow()
+    await db.execute(update(Outbox).where(Outbox.id == outbox_id).values(**values))
