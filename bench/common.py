@@ -95,54 +95,45 @@ def build_bench_model(directory: Path | None = None) -> str:
 
     The dictionary is real BPE learned on the chitchat dataset (so tokenizing costs what it does
     in production), padded with unused entries to BlenderBot-90M's 54,944, which sizes the
-    embedding and the output projection exactly like the original.
+    embedding and the output projection exactly like the original. Built the way the tests' tiny
+    model is (tests/support/tinymodel.py), only bigger.
     """
-    import fcntl
+    from tests.support.tinymodel import build_model
 
     directory = directory or MODEL_DIR
-    directory.mkdir(parents=True, exist_ok=True)
-    model_file = directory / "model"
-    with open(directory / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (directory / "model.opt").exists():
-            return str(model_file)
+    started = time.perf_counter()
+    filler = 0
+
+    def announce() -> None:
+        nonlocal started
         print(f"building the BlenderBot-90M-architecture model in {directory} (once)", flush=True)
         started = time.perf_counter()
-        import torch
-
-        from bot.inference import compat
-
-        compat.apply()
-        from parlai.core.agents import create_agent
-        from parlai.core.dict import DictionaryAgent
-        from parlai.core.params import ParlaiParser
-
-        torch.manual_seed(0)
         os.environ.setdefault("TQDM_DISABLE", "1")  # subword-nmt's progress bar
-        opt = ParlaiParser(True, True).parse_args(_model_args(model_file))
-        dictionary = DictionaryAgent(opt)
+
+    def fill_dictionary(dictionary: Any, dict_file: str) -> None:
+        nonlocal filler
         for text in corpus():
             dictionary.add_to_dict(dictionary.tokenize(text))
         # learns the BPE codecs and keeps only BPE tokens
-        dictionary.save(str(model_file) + ".dict", sort=True)
-        filler = 0
+        dictionary.save(dict_file, sort=True)
         while len(dictionary) < DICT_SIZE:
             token = f"__unused{filler}__"
             dictionary.add_token(token)
             dictionary.freq[token] = 1
             filler += 1
         dictionary.resize_to_max(DICT_SIZE)
-        dictionary.save(str(model_file) + ".dict", sort=False)
-        agent = create_agent(opt)
+        dictionary.save(dict_file, sort=False)
+
+    def built(agent: Any) -> None:
         assert len(agent.dict) == DICT_SIZE, len(agent.dict)
-        agent.save(str(model_file))
         print(
             f"model built in {time.perf_counter() - started:.0f} s "
             f"({sum(p.numel() for p in agent.model.parameters()) / 1e6:.1f} M parameters, "
             f"{DICT_SIZE - filler} BPE tokens + {filler} unused)",
             flush=True,
         )
-        return str(model_file)
+
+    return build_model(directory, _model_args, fill_dictionary, announce=announce, built=built)
 
 
 def load_agent(

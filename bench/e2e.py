@@ -65,9 +65,9 @@ class Run:
 
 def _missing() -> str | None:
     """Why the end-to-end benchmark cannot run yet, or None."""
-    if not (common.ROOT / "tests" / "fakebotapi.py").exists():
+    if not (common.ROOT / "tests" / "support" / "fakebotapi.py").exists():
         return "tests/support/fakebotapi.py (the loopback Bot API server) does not exist yet"
-    if not (common.ROOT / "bot" / "service" / "app.py").exists():
+    if not (common.ROOT / "bot" / "tg" / "app.py").exists():
         return "bot/tg/app.py (`python -m bot run`) does not exist yet"
     return None
 

@@ -1,14 +1,18 @@
 """A tiny but real ParlAI transformer/generator, built in seconds for tests.
 
 Random weights (nobody wants to read its replies), a real dictionary and a real model file that
-`create_agent_from_model_file` loads exactly like BlenderBot's.
+`create_agent_from_model_file` loads exactly like BlenderBot's. `build_model` is the one way a
+random-weight model is built here: the tests' tiny model and the benchmarks' BlenderBot-90M-sized
+one (bench/common.py) differ only in their arguments and dictionary.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 VOCAB = """
 hello hi hey how are you i am fine good great bad what do does like to hike hiking my name
@@ -25,16 +29,22 @@ zero ? . , ! ' s m re ll ve d t
 """.split()  # noqa: SIM905 - a word list reads best as text
 
 
-def build_tiny_model(
+def build_model(
     directory: str | os.PathLike[str],
+    args: Callable[[Path], list[str]],
+    fill_dictionary: Callable[[Any, str], None],
     *,
-    text_truncate: int = 64,
-    label_truncate: int = 12,
-    beam_size: int = 2,
     seed: int = 0,
-    extra_words: tuple[str, ...] = (),
+    announce: Callable[[], None] | None = None,
+    built: Callable[[Any], None] | None = None,
 ) -> str:
-    """Create (once per directory) a tiny model; returns the model file path for BOT_MODEL."""
+    """Build (once per directory, under a file lock) a random-weight model; returns its path.
+
+    `args(model_file)` are ParlAI's command-line arguments; `fill_dictionary(dictionary,
+    dict_file)` fills the fresh DictionaryAgent and saves it to `dict_file`, before the agent is
+    created from it. Only when it is built: `announce()` runs first, `built(agent)` on the new
+    agent before it is saved (an exception there keeps it unsaved).
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model_file = directory / "model"
@@ -42,6 +52,8 @@ def build_tiny_model(
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (directory / "model.opt").exists():
             return str(model_file)
+        if announce is not None:
+            announce()
         import torch
 
         from bot.inference import compat
@@ -52,33 +64,52 @@ def build_tiny_model(
         from parlai.core.params import ParlaiParser
 
         torch.manual_seed(seed)
-        opt = ParlaiParser(True, True).parse_args(
-            [
-                "--model", "transformer/generator",
-                "--model-file", str(model_file),
-                "--dict-file", str(model_file) + ".dict",
-                "--dict-tokenizer", "re",
-                "--dict-lower", "true",
-                "--n-layers", "1",
-                "--embedding-size", "16",
-                "--ffn-size", "32",
-                "--n-heads", "2",
-                "--text-truncate", str(text_truncate),
-                "--truncate", str(text_truncate),
-                "--label-truncate", str(label_truncate),
-                "--inference", "beam",
-                "--beam-size", str(beam_size),
-                "--beam-min-length", "2",
-                "--skip-generation", "false",
-                "--no-cuda",
-                "--datatype", "valid",
-            ]
-        )  # fmt: skip
-        dictionary = DictionaryAgent(opt)
+        opt = ParlaiParser(True, True).parse_args(args(model_file))
+        fill_dictionary(DictionaryAgent(opt), str(model_file) + ".dict")
+        agent = create_agent(opt)
+        if built is not None:
+            built(agent)
+        agent.save(str(model_file))
+        return str(model_file)
+
+
+def build_tiny_model(
+    directory: str | os.PathLike[str],
+    *,
+    text_truncate: int = 64,
+    label_truncate: int = 12,
+    beam_size: int = 2,
+    seed: int = 0,
+    extra_words: tuple[str, ...] = (),
+) -> str:
+    """Create (once per directory) a tiny model; returns the model file path for BOT_MODEL."""
+
+    def args(model_file: Path) -> list[str]:
+        return [
+            "--model", "transformer/generator",
+            "--model-file", str(model_file),
+            "--dict-file", str(model_file) + ".dict",
+            "--dict-tokenizer", "re",
+            "--dict-lower", "true",
+            "--n-layers", "1",
+            "--embedding-size", "16",
+            "--ffn-size", "32",
+            "--n-heads", "2",
+            "--text-truncate", str(text_truncate),
+            "--truncate", str(text_truncate),
+            "--label-truncate", str(label_truncate),
+            "--inference", "beam",
+            "--beam-size", str(beam_size),
+            "--beam-min-length", "2",
+            "--skip-generation", "false",
+            "--no-cuda",
+            "--datatype", "valid",
+        ]  # fmt: skip
+
+    def fill_dictionary(dictionary: Any, dict_file: str) -> None:
         for word in (*VOCAB, ":", "\n", *extra_words):
             dictionary.add_token(word)
             dictionary.freq[word] = 10
-        dictionary.save(str(model_file) + ".dict", sort=False)
-        agent = create_agent(opt)
-        agent.save(str(model_file))
-        return str(model_file)
+        dictionary.save(dict_file, sort=False)
+
+    return build_model(directory, args, fill_dictionary, seed=seed)
