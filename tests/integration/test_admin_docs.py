@@ -1,8 +1,8 @@
-"""Every example query in the README's admin section runs, read-only, and returns what it says.
+"""Every example query in docs/administration.md runs, read-only, and returns what it says.
 
-The queries are parsed out of README.md on every run, so the documentation and this test cannot
-drift apart: a new query without an expectation here fails, and so does a changed one that
-returns something else.
+The queries are parsed out of docs/administration.md (between its admin markers) on every
+run, so the documentation and this test cannot drift apart: a new query without an
+expectation here fails, and so does a changed one that returns something else.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from bot.conversations.store import ConversationStore
 from tests.integration.test_admin import CATS, PIRATE, Seed, seed
 from tests.integration.test_admin import sql_url as sql_url  # the fixture: a read-only role
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "administration.md"
 START, END = "<!-- admin:start -->", "<!-- admin:end -->"
 BACKEND_LABELS = {"-- sqlite": "sqlite", "-- postgres": "postgresql"}
 
@@ -35,10 +35,12 @@ class DocQuery:
     backend: str | None
 
 
-def readme_queries() -> list[DocQuery]:
-    """The ```sql blocks between the admin markers of README.md."""
-    text = README.read_text(encoding="utf-8")
-    assert text.count(START) == 1 and text.count(END) == 1, "admin markers missing in README"
+def doc_queries() -> list[DocQuery]:
+    """The ```sql blocks between the admin markers of docs/administration.md."""
+    text = DOC.read_text(encoding="utf-8")
+    assert text.count(START) == 1 and text.count(END) == 1, (
+        "admin markers missing in docs/administration.md"
+    )
     section = text[text.index(START) : text.index(END)]
     found = []
     title = ""
@@ -120,19 +122,19 @@ def expected(s: Seed) -> dict[str, tuple[tuple[str, ...], list[tuple[Any, ...]]]
     }
 
 
-def test_readme_documents_8_to_10_queries_each_with_an_expectation() -> None:
-    queries = readme_queries()
+def test_docs_document_8_to_10_queries_each_with_an_expectation() -> None:
+    queries = doc_queries()
     titles = {q.title for q in queries}
     assert 8 <= len(titles) <= 10, sorted(titles)
     placeholder = Seed(today=datetime(2026, 1, 10, tzinfo=UTC), s1=1, s2=2, s3=3, s4=4)
-    assert titles == set(expected(placeholder)), "README queries and expectations differ"
+    assert titles == set(expected(placeholder)), "documented queries and expectations differ"
     # A query with backend variants must have exactly one for each backend.
     for title in titles:
         labels = sorted(str(q.backend) for q in queries if q.title == title)
         assert labels in (["None"], ["postgresql", "sqlite"]), (title, labels)
 
 
-async def test_every_readme_query_returns_the_expected_rows(
+async def test_every_documented_query_returns_the_expected_rows(
     store: ConversationStore, db_url: str, sql_url: str
 ) -> None:
     s = await seed(store)
@@ -140,7 +142,7 @@ async def test_every_readme_query_returns_the_expected_rows(
     want = expected(s)
     ran = set()
     failures = []
-    for q in readme_queries():
+    for q in doc_queries():
         if q.backend not in (None, backend):
             continue
         # Through `admin sql`: the documented queries must work on its read-only connection.
@@ -161,4 +163,4 @@ async def test_every_readme_query_returns_the_expected_rows(
 
 @pytest.mark.parametrize("label", ["-- sqlite", "-- postgres"])
 def test_variant_labels_are_recognised(label: str) -> None:
-    assert any(q.sql.startswith(label) for q in readme_queries()), label
+    assert any(q.sql.startswith(label) for q in doc_queries()), label
