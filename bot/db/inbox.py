@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import distinct, select, update
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.dialect import insert_unless_present
@@ -70,7 +70,8 @@ async def pending(db: AsyncSession, limit: int = 1000) -> list[InboxRow]:
 async def pending_chats(db: AsyncSession, limit: int = 1000) -> list[int]:
     """Chats with updates waiting (rows without a chat are stored closed, never pending)."""
     rows = await db.scalars(
-        select(distinct(Inbox.chat_id))
+        select(Inbox.chat_id)
+        .distinct()
         .where(Inbox.status == InboxStatus.PENDING, Inbox.chat_id.is_not(None))
         .limit(limit)
     )

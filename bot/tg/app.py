@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
-from telegram.error import InvalidToken, NetworkError, RetryAfter
+from telegram.error import InvalidToken, NetworkError
 from telegram.ext import AIORateLimiter, ApplicationBuilder
 
 from bot.config import ConfigError, Settings
@@ -25,7 +25,7 @@ from bot.conversations.store import ConversationStore
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker, safe_url
 from bot.logs import settings_secrets, setup_logging
-from bot.tg.backoff import Backoff, Interrupted, retry_after_s, unless_stopped
+from bot.tg.backoff import Backoff, Interrupted, retry
 from bot.tg.delivery import Delivery
 from bot.tg.handlers import COMMANDS, App, Handlers, UpdateRunner
 from bot.tg.inbox_worker import InboxWorker
@@ -233,17 +233,12 @@ class Service:
             await self.db_engine.dispose()
 
     async def _set_commands(self) -> None:
-        attempt = 0
-        while True:
-            try:
-                await self.application.bot.set_my_commands(COMMANDS)
-                return
-            except RetryAfter as err:
-                await asyncio.sleep(retry_after_s(err))
-            except NetworkError as err:
-                attempt += 1
-                log.warning("setMyCommands failed (%s); retry %d", err, attempt)
-                await Backoff(cap_s=60.0).sleep(attempt)
+        await retry(
+            lambda: self.application.bot.set_my_commands(COMMANDS),
+            what="setMyCommands",
+            backoff=Backoff(cap_s=60.0),
+            on=(NetworkError,),
+        )
 
 
 async def _initialize(
@@ -251,20 +246,16 @@ async def _initialize(
 ) -> None:
     """application.initialize() (getMe), retried while the Bot API is unreachable.
 
-    Raises Interrupted as soon as `stop` is set, even in the middle of a request.
+    Raises Interrupted as soon as `stop` is set, even in the middle of a request; a wrong
+    token (InvalidToken) is not retried.
     """
-    attempt = 0
-    while True:
-        try:
-            await unless_stopped(application.initialize(), stop)
-            return
-        except InvalidToken:
-            raise
-        except NetworkError as err:
-            attempt += 1
-            log.warning("cannot reach the Bot API (%s); retry %d", err, attempt)
-            if not await backoff.sleep(attempt, stop):
-                raise Interrupted("getMe") from None
+    await retry(
+        application.initialize,
+        what="getMe (cannot reach the Bot API)",
+        backoff=backoff,
+        on=(NetworkError,),
+        stop=stop,
+    )
 
 
 async def serve(

@@ -1,20 +1,33 @@
-"""Retry delays shared by ingest, the inbox worker and delivery."""
+"""The one retry policy of the Telegram side: exponential backoff with a cap and jitter,
+Telegram's retry_after honoured, every wait cut short by a stop (SIGTERM/SIGINT).
+
+`retry()` runs a call until it succeeds, on tenacity (a well-kept library, instead of a
+hand-written `attempt += 1; log; sleep` loop in every module).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import warnings
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
 
 from telegram.error import RetryAfter
 from telegram.warnings import PTBDeprecationWarning
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    retry_if_not_exception_type,
+)
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class Interrupted(Exception):
@@ -84,3 +97,50 @@ def retry_after_s(err: RetryAfter) -> float:
         warnings.simplefilter("ignore", PTBDeprecationWarning)
         value = err.retry_after
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+async def retry(
+    call: Callable[[], Awaitable[T]],
+    *,
+    what: str,
+    backoff: Backoff,
+    on: tuple[type[BaseException], ...] = (Exception,),
+    never: tuple[type[BaseException], ...] = (),
+    stop: asyncio.Event | None = None,
+    finish_call: bool = False,
+    logger: logging.Logger = log,
+) -> T:
+    """`await call()` until it succeeds, retrying the exceptions in `on` (and 429s) but not
+    those in `never`.
+
+    Waits `backoff.delay(attempt)` between tries, or what a 429 asks for; logs each failure
+    as "<what> failed (<error>); retry <n>" at WARNING (without a traceback). When `stop` is
+    set it raises Interrupted at once, cancelling a call in progress too unless `finish_call`
+    (a database write that should complete). Anything else propagates unchanged.
+    """
+
+    def wait(state: RetryCallState) -> float:
+        err = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(err, RetryAfter):
+            return retry_after_s(err)
+        return backoff.delay(state.attempt_number)
+
+    def before_sleep(state: RetryCallState) -> None:
+        err = state.outcome.exception() if state.outcome is not None else None
+        logger.warning("%s failed (%s); retry %d", what, err, state.attempt_number)
+
+    async def sleep(seconds: float) -> None:
+        if not await pause(seconds, stop):
+            raise Interrupted(what)
+
+    retrying = AsyncRetrying(
+        retry=retry_if_exception_type((*on, RetryAfter)) & retry_if_not_exception_type(never),
+        wait=wait,
+        sleep=sleep,
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    async for attempt in retrying:
+        with attempt:
+            return await (call() if finish_call else unless_stopped(call(), stop))
+    raise AssertionError("unreachable: tenacity retries until success or an exception")

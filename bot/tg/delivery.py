@@ -9,10 +9,8 @@ resumes after the last part Telegram accepted instead of sending the whole text 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -29,7 +27,8 @@ from telegram.error import (
 
 from bot.db import outbox
 from bot.db.outbox import OutboxRow
-from bot.tg.backoff import Backoff, retry_after_s, wait_event
+from bot.tg.backoff import Backoff, retry, retry_after_s
+from bot.tg.chat_pool import ChatPool
 from bot.tg.leases import Leases
 
 log = logging.getLogger(__name__)
@@ -102,113 +101,49 @@ class Delivery:
         self.sessionmaker = sessionmaker
         self.bot = bot
         self.backoff = backoff or Backoff(initial_s=0.5, cap_s=60.0)
-        self.poll_interval_s = poll_interval_s
-        # Other processes may share the database: only the holder of a chat's lease sends its
-        # texts, so none goes out twice (None: this process is alone, as in some unit tests).
-        self.leases = leases
         self._slots = asyncio.Semaphore(max_concurrent)
-        self._wake = asyncio.Event()
-        self._tasks: dict[int, asyncio.Task[None]] = {}
-        self._runner: asyncio.Task[None] | None = None
-        self._stopping = False
+        # Only the holder of a chat's outbox lease sends its texts, so none goes out twice.
+        self.pool: ChatPool[OutboxRow] = ChatPool(
+            "delivery",
+            pending_chats=self._pending_chats,
+            pending=self._pending,
+            process=self._deliver,
+            leases=leases,
+            backoff=self.backoff,
+            poll_interval_s=poll_interval_s,
+            drain_on_stop=True,
+        )
 
     def wake(self) -> None:
         """Something was queued: look at the outbox now."""
-        self._wake.set()
+        self.pool.wake()
+
+    @property
+    def busy(self) -> int:
+        """Chats with texts being sent now."""
+        return self.pool.busy
 
     async def start(self) -> None:
         """Start sending, beginning with whatever an earlier run left undelivered."""
-        self._runner = asyncio.create_task(self._run(), name="delivery")
+        await self.pool.start()
 
     async def stop(self, timeout_s: float) -> None:
         """Send what is pending for at most `timeout_s` seconds, then stop; the rest waits."""
-        self._stopping = True
-        if self._runner is None:
-            return  # never started
-        self._runner.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._runner
-        try:
-            await self._scan()  # texts queued by the last turns
-        except Exception:
-            log.exception("could not read the outbox while stopping")
-        tasks = list(self._tasks.values())
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=timeout_s)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-            if pending:
-                log.info(
-                    "%d chats still have unsent texts; they go out at the next start", len(pending)
-                )
+        await self.pool.stop(timeout_s)
 
-    async def _run(self) -> None:
-        failures = 0
-        while not self._stopping:
-            self._wake.clear()
-            try:
-                await self._scan()
-                failures = 0
-            except Exception as err:  # noqa: BLE001 - whatever the database does, keep going
-                failures += 1
-                log.warning("reading the outbox failed (%s); retrying", err)
-                await self.backoff.sleep(failures)
-                continue
-            await wait_event(self._wake, self.poll_interval_s)
-
-    async def _scan(self) -> None:
-        """Start a sender for every chat with pending texts that has none running."""
+    async def _pending_chats(self) -> list[int]:
         async with self.sessionmaker() as db:
-            rows = await outbox.pending(db)
-        for chat_id in dict.fromkeys(r.chat_id for r in rows):
-            if chat_id not in self._tasks:
-                task = asyncio.create_task(self._deliver_chat(chat_id), name=f"deliver:{chat_id}")
-                self._tasks[chat_id] = task
-                task.add_done_callback(partial(self._chat_done, chat_id))
+            return await outbox.pending_chats(db)
 
-    def _chat_done(self, chat_id: int, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(chat_id, None)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("delivery to chat %s failed", chat_id, exc_info=task.exception())
-        # A text queued while this sender was finishing needs a new one.
-        self._wake.set()
+    async def _pending(self, chat_id: int) -> list[OutboxRow]:
+        async with self.sessionmaker() as db:
+            return await outbox.pending(db, chat_id)
 
-    async def _deliver_chat(self, chat_id: int) -> None:
-        """Send a chat's pending texts in order until none is left."""
-        try:
-            while True:
-                if not await self._claim(chat_id):
-                    return
-                # Read after taking the lease: another process may have sent some meanwhile.
-                async with self.sessionmaker() as db:
-                    rows = await outbox.pending(db, chat_id)
-                if not rows:
-                    return
-                for row in rows:
-                    if not await self._claim(chat_id):
-                        return
-                    if not await self._send(row):
-                        await self._give_up_chat(
-                            chat_id, "Forbidden: the bot cannot write to this chat"
-                        )
-                        return
-        finally:
-            if self.leases is not None:
-                await self.leases.release(chat_id)
-
-    async def _claim(self, chat_id: int) -> bool:
-        """Take or renew the chat's lease; False (after a pause) if another process has it."""
-        if self.leases is None:
+    async def _deliver(self, row: OutboxRow) -> bool:
+        """Send one text (its chat's lease is held); False when the chat refuses the bot."""
+        if await self._send(row):
             return True
-        try:
-            if await self.leases.acquire(chat_id):
-                return True
-        except Exception as err:  # noqa: BLE001 - the database is down: try again later
-            log.warning("taking the outbox lease of chat %s failed (%s)", chat_id, err)
-        # The holder sends this chat's texts; look again in a moment in case it just finished
-        # (this sender's end wakes the scan, so without the pause it would spin).
-        await asyncio.sleep(1.0)
+        await self._give_up_chat(row.chat_id, "Forbidden: the bot cannot write to this chat")
         return False
 
     async def _send(self, row: OutboxRow) -> bool:
@@ -300,12 +235,9 @@ class Delivery:
         After a successful send this is what keeps the text from going out twice, so it does
         not give up (a stop cancels it; then the text is resent at the next start).
         """
-        attempt = 0
-        while True:
-            try:
-                async with self.sessionmaker.begin() as db:
-                    return await change(db, *args, **kwargs)
-            except Exception as err:  # noqa: BLE001 - retried until the database is back
-                attempt += 1
-                log.warning("outbox bookkeeping failed (%s); retry %d", err, attempt)
-                await self.backoff.sleep(attempt)
+
+        async def once() -> T:
+            async with self.sessionmaker.begin() as db:
+                return await change(db, *args, **kwargs)
+
+        return await retry(once, what="outbox bookkeeping", backoff=self.backoff)

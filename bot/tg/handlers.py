@@ -124,8 +124,6 @@ class Handlers:
         self.sessionmaker = sessionmaker
         self.flood = FloodGate(settings.flood_max_messages, settings.flood_window_s)
         self.admin_ids = frozenset(settings.admin_user_ids)
-        # Exceptions of handlers, by update_id, for UpdateRunner (PTB hands them to on_error).
-        self.failures: dict[int, BaseException] = {}
 
     def register(self, application: App) -> None:
         """Register every handler. PTB runs, per group, the first handler that matches."""
@@ -306,11 +304,33 @@ class Handlers:
     # --- errors ----------------------------------------------------------------------------
 
     async def on_error(self, update: object, context: Context) -> None:
-        """The one error handler: hand a handler's failure to the inbox worker, which retries."""
-        if isinstance(update, Update) and context.error is not None:
-            self.failures[update.update_id] = context.error
-        else:
-            log.error("error outside any update", exc_info=context.error)
+        """Errors PTB catches outside our dispatch (updates never reach it: see dispatch)."""
+        log.error("error outside any update", exc_info=context.error)
+
+
+async def dispatch(application: App, update: Update) -> None:
+    """Run the update through the application's handlers, as Application.process_update does
+    (per group, in group order, the first handler whose check matches; ApplicationHandlerStop
+    ends it), except that a handler's exception propagates to the caller.
+
+    process_update hands exceptions to the error handler instead, which would leave the inbox
+    worker no way to retry the update but shared state keyed by update_id. Every handler here
+    is blocking (PTB's default), so running it in this task is what PTB would do too.
+    """
+    context: Context | None = None
+    for group in sorted(application.handlers):
+        for handler in list(application.handlers[group]):
+            check = handler.check_update(update)
+            if check is None or check is False:
+                continue
+            if context is None:
+                context = application.context_types.context.from_update(update, application)
+                await context.refresh_data()
+            try:
+                await handler.handle_update(update, application, check, context)
+            except ApplicationHandlerStop:
+                return
+            break  # at most one handler per group
 
 
 class UpdateRunner:
@@ -329,12 +349,8 @@ class UpdateRunner:
     async def __call__(self, row: InboxRow) -> None:
         """Process the update; raise what its handler raised, so the inbox worker can retry."""
         update = Update.de_json(json.loads(row.payload), self.application.bot)
-        self.handlers.failures.pop(row.update_id, None)
         started = time.perf_counter()
-        await self.application.process_update(update)
-        error = self.handlers.failures.pop(row.update_id, None)
-        if error is not None:
-            raise error
+        await dispatch(self.application, update)
         async with self.sessionmaker.begin() as db:
             # No handler closed it (a group message not for us, a service message): done with it.
             if await inbox.status_of(db, row.update_id) == InboxStatus.PENDING:

@@ -16,7 +16,7 @@ import json
 import logging
 import re
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeGuard
 from urllib.parse import urlsplit
 
@@ -38,9 +38,8 @@ from bot.db.models import InboxStatus
 from bot.tg.backoff import (
     Backoff,
     Interrupted,
-    pause,
+    retry,
     retry_after_s,
-    unless_stopped,
     wait_event,
 )
 
@@ -345,32 +344,31 @@ class PollingIngest:
 
     async def _store_unreadable(self, data: dict[str, Any], err: Exception) -> bool:
         log.warning("update %s cannot be parsed (%s); stored as ignored", data["update_id"], err)
-        attempt = 0
-        while True:
-            try:
-                await store_unreadable(self.store, data)
-                return True
-            except Exception as db_err:  # noqa: BLE001 - not stored = not confirmed; retry
-                attempt += 1
-                log.warning("storing update %s failed (%s)", data["update_id"], db_err)
-                if self._stopping or not await self.backoff.sleep(attempt, self._stop):
-                    return False
+        return await self._retry_store(
+            lambda: store_unreadable(self.store, data), data["update_id"]
+        )
 
     async def _store(self, update: Update) -> bool:
         """Store one update, retrying until the database takes it; False if stopping first."""
         payload = json.dumps(update.to_dict(), ensure_ascii=False)
-        attempt = 0
-        while True:
-            try:
-                await store_update(self.store, update, payload)
-                return True
-            except Exception as err:  # noqa: BLE001 - not stored = not confirmed; retry
-                attempt += 1
-                log.warning(
-                    "storing update %s failed (%s); retry %d", update.update_id, err, attempt
-                )
-                if self._stopping or not await self.backoff.sleep(attempt, self._stop):
-                    return False
+        return await self._retry_store(
+            lambda: store_update(self.store, update, payload), update.update_id
+        )
+
+    async def _retry_store(self, store: Callable[[], Awaitable[object]], update_id: int) -> bool:
+        # Not stored = not confirmed to Telegram: retry until the database is back or we stop
+        # (a write in progress is finished first).
+        try:
+            await retry(
+                store,
+                what=f"storing update {update_id}",
+                backoff=self.backoff,
+                stop=self._stop,
+                finish_call=True,
+            )
+        except Interrupted:
+            return False
+        return True
 
 
 class WebhookIngest:
@@ -511,18 +509,6 @@ async def _call_with_retry(
 
     Raises Interrupted as soon as `stop` is set (SIGTERM/SIGINT), even mid-request.
     """
-    attempt = 0
-    while True:
-        try:
-            await unless_stopped(call(), stop)
-            return
-        except RetryAfter as err:
-            if not await pause(retry_after_s(err), stop):
-                raise Interrupted(what) from None
-        except BadRequest:
-            raise
-        except NetworkError as err:
-            attempt += 1
-            log.warning("%s failed (%s); retry %d", what, err, attempt)
-            if not await backoff.sleep(attempt, stop):
-                raise Interrupted(what) from None
+    await retry(
+        call, what=what, backoff=backoff, on=(NetworkError,), never=(BadRequest,), stop=stop
+    )

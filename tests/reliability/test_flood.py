@@ -23,7 +23,7 @@ PER_OTHER = 3
 
 async def _round(api: FakeBotAPI, svc: Service, tag: str, flood: bool) -> tuple[list[float], int]:
     """Each other chat sends PER_OTHER messages over ~1 s (and the flooder 100, if `flood`);
-    returns the others' latencies and the peak number of updates in flight."""
+    returns the others' latencies and the peak number of chats in flight."""
     t0 = int(time.time())
     asked: dict[tuple[int, str], float] = {}
     before = {chat: len(api.texts(chat)) for chat in OTHERS}
@@ -75,7 +75,7 @@ async def test_a_flooder_is_limited_with_one_notice_and_the_others_are_unaffecte
             # sender is left behind.
             assert len(svc.handlers.flood._accepted[FLOODER]) <= limit
             await asyncio.sleep(0.5)
-            assert not svc.inbox_worker._queues
+            assert svc.inbox_worker.busy == 0 and svc.delivery.busy == 0
         flooder = api.texts(FLOODER)
         notices = [t for t in flooder if t.startswith("You're writing faster")]
         assert len(notices) == 1
@@ -83,7 +83,7 @@ async def test_a_flooder_is_limited_with_one_notice_and_the_others_are_unaffecte
         assert stored == [(100,)]  # nothing the flooder wrote was lost
         print(
             f"others' reply latency alone: {_summary(alone)}; during the flood: "
-            f"{_summary(flooded)}; peak updates in flight: {peak}"
+            f"{_summary(flooded)}; peak chats in flight: {peak}"
         )
 
 

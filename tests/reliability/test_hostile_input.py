@@ -50,8 +50,8 @@ async def test_hostile_personas_and_texts(db_url: str, tmp_path: Path) -> None:
                 n += 1
                 await api.wait_for_texts(chat, before + 1, timeout_s=20)
                 await api.wait_for(lambda: svc.inbox_worker.busy == 0, 20, "idle")
-                await svc.delivery._scan()
-                await api.wait_for(lambda: not svc.delivery._tasks, 20, "sent")
+                await svc.delivery.pool.scan()
+                await api.wait_for(lambda: svc.delivery.busy == 0, 20, "sent")
                 return api.texts(chat)[before:]
 
             for hostile in HOSTILE:

@@ -1,0 +1,191 @@
+"""The one per-chat worker pool: a chat's rows one at a time and in order, chats in parallel.
+
+The inbox worker (updates -> replies) and delivery (outbox -> Telegram) both are such a pool,
+over their own table. A scan finds the chats with pending rows and starts one worker per chat
+that has none. A worker takes the chat's lease first and only then reads the chat's rows
+(aiogram #1317: load state after taking the lock), so rows another process handled meanwhile
+are not handled twice; it works through them in order, renewing the lease before each, and
+reads again until none is left. Rows left by a crash are simply found by the first scan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Generic, TypeVar
+
+from bot.tg.backoff import Backoff, wait_event
+from bot.tg.leases import Leases
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+
+# Waiting for another process's lease of a chat: it lingers about a second after its work.
+CLAIM_BACKOFF = Backoff(initial_s=0.1, factor=2.0, cap_s=2.0)
+
+
+class ChatPool(Generic[R]):
+    """Runs `process` on every pending row, per chat in order, chats concurrently.
+
+    - `pending_chats()`: the chats that have pending rows (the scan);
+    - `pending(chat_id)`: that chat's pending rows in order, read under its lease;
+    - `process(row)`: True to go on with the chat's next row, False to leave the chat's
+      remaining rows to a later scan (the row failed and stays pending, or the chat refuses).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        pending_chats: Callable[[], Awaitable[list[int]]],
+        pending: Callable[[int], Awaitable[list[R]]],
+        process: Callable[[R], Awaitable[bool]],
+        leases: Leases | None = None,
+        backoff: Backoff | None = None,
+        poll_interval_s: float = 5.0,
+        max_concurrent: int | None = None,
+        drain_on_stop: bool = False,
+    ) -> None:
+        self.name = name
+        self._pending_chats = pending_chats
+        self._pending = pending
+        self._process = process
+        # Other processes may share the database: a chat's rows are worked on only by the
+        # holder of its lease (None: this process is alone, as in some unit tests).
+        self.leases = leases
+        self.backoff = backoff or Backoff(initial_s=0.5, cap_s=10.0)
+        self.poll_interval_s = poll_interval_s
+        self._slots = asyncio.Semaphore(max_concurrent) if max_concurrent else None
+        # On stop: finish every chat's rows within the grace time (delivery), or only the row
+        # in hand (the inbox worker: what is left stays pending for the next start).
+        self.drain_on_stop = drain_on_stop
+        self._wake = asyncio.Event()
+        self._workers: dict[int, asyncio.Task[None]] = {}
+        self._runner: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    @property
+    def busy(self) -> int:
+        """Chats being worked on now."""
+        return len(self._workers)
+
+    def wake(self) -> None:
+        """New rows were committed: scan now."""
+        self._wake.set()
+
+    async def start(self) -> None:
+        """Start scanning; the first scan picks up whatever an earlier run left pending."""
+        self._runner = asyncio.create_task(self._run(), name=self.name)
+
+    async def stop(self, grace_s: float) -> None:
+        """Take no new chats; give the workers `grace_s` seconds, then cancel them.
+
+        A cancelled row stays pending (its transaction never committed) for the next start.
+        """
+        self._stopping = True
+        if self._runner is None:
+            return  # never started
+        self._runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._runner
+        if self.drain_on_stop:
+            try:
+                await self.scan()  # rows queued by the last moments' work
+            except Exception:
+                log.exception("%s: could not scan while stopping", self.name)
+        workers = list(self._workers.values())
+        if not workers:
+            return
+        _, left = await asyncio.wait(workers, timeout=grace_s)
+        for task in left:
+            task.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
+        if left:
+            log.warning(
+                "%s: %d chats still had work after %.1fs; it waits for the next start",
+                self.name,
+                len(left),
+                grace_s,
+            )
+
+    async def scan(self) -> None:
+        """Start a worker for every chat with pending rows that has none running."""
+        for chat_id in await self._pending_chats():
+            if self._running():
+                self._start_worker(chat_id)
+
+    def _running(self) -> bool:
+        return not self._stopping or self.drain_on_stop
+
+    async def _run(self) -> None:
+        failures = 0
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                await self.scan()
+                failures = 0
+            except Exception as err:  # noqa: BLE001 - whatever the database does, keep going
+                failures += 1
+                log.warning("%s: scan failed (%s); retry %d", self.name, err, failures)
+                await self.backoff.sleep(failures)
+                continue
+            await wait_event(self._wake, self.poll_interval_s)
+
+    def _start_worker(self, chat_id: int) -> None:
+        if chat_id in self._workers:
+            return
+        task = asyncio.create_task(self._work(chat_id), name=f"{self.name}:{chat_id}")
+        self._workers[chat_id] = task
+        task.add_done_callback(partial(self._worker_done, chat_id))
+
+    def _worker_done(self, chat_id: int, task: asyncio.Task[None]) -> None:
+        self._workers.pop(chat_id, None)
+        if not task.cancelled() and task.exception() is not None:
+            # A bug, not a fault of the row: the chat is tried again at the next poll.
+            log.error(
+                "%s: worker of chat %s crashed", self.name, chat_id, exc_info=task.exception()
+            )
+            return
+        # Rows may have arrived between the worker's last read and its end.
+        self._wake.set()
+
+    async def _work(self, chat_id: int) -> None:
+        try:
+            while self._running():
+                if not await self._claim(chat_id):
+                    return
+                rows = await self._pending(chat_id)
+                if not rows:
+                    return
+                for row in rows:
+                    if not self._running() or not await self._claim(chat_id):
+                        return
+                    if not await self._one(row):
+                        return
+        finally:
+            if self.leases is not None:
+                await self.leases.release(chat_id)
+
+    async def _one(self, row: R) -> bool:
+        if self._slots is None:
+            return await self._process(row)
+        async with self._slots:
+            return await self._process(row)
+
+    async def _claim(self, chat_id: int) -> bool:
+        """Hold the chat's lease; wait while another process holds it. False when stopping."""
+        if self.leases is None:
+            return True
+        attempt = 0
+        while self._running():
+            try:
+                if await self.leases.acquire(chat_id):
+                    return True
+            except Exception as err:  # noqa: BLE001 - the database is down: wait for it
+                log.warning("%s: taking the lease of chat %s failed (%s)", self.name, chat_id, err)
+            attempt += 1
+            await CLAIM_BACKOFF.sleep(attempt)
+        return False
