@@ -61,8 +61,6 @@ class Settings(BaseSettings):
     search_impl: Literal["fast", "parlai"] = "fast"
     # int8 dynamic quantization of the linear layers (CPU only): faster greedy decoding.
     quantize: Literal["none", "int8"] = "none"
-    # Fault-injection knob for tests: every batch sleeps this long before generating.
-    generation_delay_ms: int = Field(default=0, ge=0)
     train_minutes: float = Field(default=12.0, gt=0, le=15)
 
     # --- limits ---------------------------------------------------------------------------

@@ -78,7 +78,7 @@ class Soak:
         self.generation = 0
 
     def env(self) -> dict[str, str]:
-        return bot_env(self.workdir, self.api, self.model, GENERATION_DELAY_MS="30",
+        return bot_env(self.workdir, self.api, self.model, FAULT_GENERATION_DELAY_MS="30",
                        LOG_LEVEL="INFO", SHUTDOWN_GRACE_S="10")  # fmt: skip
 
     async def start_bot(self) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -68,19 +67,16 @@ class Batcher:
         *,
         max_size: int,
         max_wait_ms: float,
-        delay_ms: float = 0.0,
         postprocess: Callable[[str], str] = chat_reply,
     ) -> None:
         self.shared_agent = shared_agent
         self.max_size = max_size
         self.max_wait = max_wait_ms / 1000.0
-        self.delay = delay_ms / 1000.0
         self.postprocess = postprocess
         self.stats = BatchStats()
         self._queue: asyncio.Queue[_Job] | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
-        self._thread_ident: int | None = None
 
     async def start(self) -> None:
         """Start forming batches on the running loop."""
@@ -156,13 +152,10 @@ class Batcher:
         """Runs on the inference thread: observe each clone, one batch_act, self_observe each."""
         from parlai.core.message import Message
 
-        self._thread_ident = threading.get_ident()
         started = time.perf_counter()
         observations = [
             job.clone.observe(Message({"text": job.text, "episode_done": False})) for job in batch
         ]
-        if self.delay:
-            time.sleep(self.delay)  # fault-injection knob (GENERATION_DELAY_MS), 0 in production
         replies = self.shared_agent.batch_act(observations)
         model_ms = (time.perf_counter() - started) * 1000.0
         results = []

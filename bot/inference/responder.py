@@ -30,7 +30,6 @@ class Responder:
             shared_agent,
             max_size=settings.batch_max_size,
             max_wait_ms=settings.batch_max_wait_ms,
-            delay_ms=settings.generation_delay_ms,
         )
 
     @classmethod

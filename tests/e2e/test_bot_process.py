@@ -106,7 +106,7 @@ async def test_kill_9_while_generating_then_restart_answers_everything_exactly_o
 ) -> None:
     a, b = 51, 52
     async with FakeBotAPI(TOKEN) as api:
-        slow = bot_env(tmp_path, api, tiny_model_file, GENERATION_DELAY_MS="1500")
+        slow = bot_env(tmp_path, api, tiny_model_file, FAULT_GENERATION_DELAY_MS="1500")
         async with bot_process(slow, tmp_path, api) as bot:
             for text in ("hello there", "how are you", "what do you like"):
                 api.user_message(a, text)

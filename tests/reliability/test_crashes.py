@@ -49,8 +49,8 @@ async def test_kill_9_after_ingest_and_during_generation(
 ) -> None:
     a, b = 401, 402
     async with FakeBotAPI(TOKEN) as api:
-        bot = await start_bot(bot_env(tmp_path, api, tiny_model_file, GENERATION_DELAY_MS="3000"),
-                              tmp_path, api)  # fmt: skip
+        slow = bot_env(tmp_path, api, tiny_model_file, FAULT_GENERATION_DELAY_MS="3000")
+        bot = await start_bot(slow, tmp_path, api)
         try:
             for text in ("hello there", "how are you", "what do you like"):
                 api.user_message(a, text)
@@ -117,7 +117,7 @@ async def test_sigterm_during_generation_answers_then_exits_cleanly(
 ) -> None:
     chat = 421
     async with FakeBotAPI(TOKEN) as api:
-        env = bot_env(tmp_path, api, tiny_model_file, GENERATION_DELAY_MS="2000")
+        env = bot_env(tmp_path, api, tiny_model_file, FAULT_GENERATION_DELAY_MS="2000")
         bot = await start_bot(env, tmp_path, api)
         try:
             api.user_message(chat, "hello how are you")
@@ -138,7 +138,7 @@ async def test_five_kill_9_restarts_in_a_row_with_messages_queued(
     chats = (431, 432, 433)
     sent_per_chat = 0
     async with FakeBotAPI(TOKEN) as api:
-        env = bot_env(tmp_path, api, tiny_model_file, GENERATION_DELAY_MS="400")
+        env = bot_env(tmp_path, api, tiny_model_file, FAULT_GENERATION_DELAY_MS="400")
         for round_ in range(5):
             for chat in chats:
                 for i in range(2):

@@ -28,7 +28,7 @@ async def test_two_processes_on_one_database_answer_each_message_exactly_once_in
     tmp_path: Path, tiny_model_file: str
 ) -> None:
     async with FakeBotAPI(TOKEN) as api:
-        env = bot_env(tmp_path, api, tiny_model_file, GENERATION_DELAY_MS="200")
+        env = bot_env(tmp_path, api, tiny_model_file, FAULT_GENERATION_DELAY_MS="200")
         first = await start_bot(env, tmp_path, api, "first")
         second = await start_bot(env, tmp_path, api, "second")
         try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tests.support.fakebotapi import FakeBotAPI
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "987654321:AAFakeTokenForEndToEndTests_abcdefg"
 assert len(TOKEN.split(":")[1]) == 35
 SECRET = "e2e-webhook-Secret_42"
@@ -31,13 +31,15 @@ def free_port() -> int:
 
 
 class BotProcess:
-    """`python -m bot run` in a subprocess, its output in a file."""
+    """`python -m bot run` in a subprocess, its output in a file (with FAULT_GENERATION_DELAY_MS
+    in `env`, through tests/support/slow_bot.py, which slows every generation batch down)."""
 
     def __init__(self, env: dict[str, str], cwd: Path, log: Path) -> None:
         self.log = log
         self._out = log.open("ab")
+        module = "tests.support.slow_bot" if "FAULT_GENERATION_DELAY_MS" in env else "bot"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bot", "run"],
+            [sys.executable, "-m", module, "run"],
             cwd=cwd,
             env=env,
             stdout=self._out,

@@ -1,0 +1,36 @@
+"""`python -m bot` with generation slowed down: fault injection for the process tests.
+
+Crash, restart and two-instance tests need a generation that lasts long enough to kill the
+process in the middle of it. That knob is not a setting an operator could turn (issue 12):
+this wrapper, used by BotProcess when FAULT_GENERATION_DELAY_MS is set, makes every batch
+sleep that long before generating, then runs the real command line unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from bot.inference.batcher import Batcher
+
+ENV = "FAULT_GENERATION_DELAY_MS"
+
+
+def slow_down(delay_s: float) -> None:
+    """Make every batch of every Batcher sleep `delay_s` on the inference thread first."""
+    run_batch = Batcher._run_batch
+
+    def slow(self: Batcher, batch: Any) -> Any:
+        time.sleep(delay_s)
+        return run_batch(self, batch)
+
+    Batcher._run_batch = slow  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    slow_down(float(os.environ.get(ENV, "0")) / 1000.0)
+    from bot.__main__ import main
+
+    sys.exit(main())
