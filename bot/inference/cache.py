@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,10 +28,22 @@ class Conversation:
     clone: Any
     persona: str
     chat_id: int | None = None
-    busy: bool = field(default=False)
     # The newest stored message this clone's history includes (None: none yet). The clone is
     # only used while that is the conversation's newest message in the database.
     last_message_id: int | None = None
+    # Requests using the clone now (AgentCache.checkout); a held clone is never evicted.
+    holds: int = field(default=0)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a request is using the clone."""
+        return self.holds > 0
+
+    def user_turn(self, text: str) -> str:
+        """The text of the next user turn: the model cannot take two user turns in a row, so a
+        stored message that got no reply (flood limit, a failed generation) joins this one."""
+        unanswered = self.clone.history.pop_user_turn()
+        return text if unanswered is None else f"{unanswered}\n{text}"
 
 
 def new_clone(shared_agent: Any, persona: str) -> Any:
@@ -108,6 +121,17 @@ class AgentCache:
         if entry is not None:
             entry.clone.history.set_persona(persona)
             entry.persona = persona
+
+    @contextlib.contextmanager
+    def checkout(self, entry: Conversation) -> Iterator[Conversation]:
+        """Hold a conversation's clone while a request uses it: it is not evicted meanwhile,
+        and the cache shrinks back to its capacity once it is released."""
+        entry.holds += 1
+        try:
+            yield entry
+        finally:
+            entry.holds -= 1
+            self._shrink()
 
     def evict(self, session_id: int) -> None:
         """Drop a conversation; it is rebuilt from storage when next needed."""

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from bot.config import Settings
@@ -47,6 +49,14 @@ class Responder:
         """Stop the batcher (a running batch finishes first)."""
         await self.batcher.close()
 
+    @contextlib.asynccontextmanager
+    async def checkout(self, session: SessionRow) -> AsyncIterator[Conversation]:
+        """A session's conversation (cached clone, or rebuilt from the database), held for
+        the duration of one request so that the cache never evicts it meanwhile."""
+        entry = await self.conversation(session)
+        with self.cache.checkout(entry):
+            yield entry
+
     async def conversation(self, session: SessionRow) -> Conversation:
         """The cached clone for a session, rebuilt from the database on a miss."""
         entry = self.cache.get(session.id)
@@ -76,19 +86,12 @@ class Responder:
 
     async def generate(self, session: SessionRow, user_text: str) -> Generated:
         """One turn with everything the batcher reports (model input included)."""
-        entry = await self.conversation(session)
-        # The model cannot take two user turns in a row: an unanswered message joins this one.
-        unanswered = entry.clone.history.pop_user_turn()
-        if unanswered is not None:
-            user_text = f"{unanswered}\n{user_text}"
-        entry.busy = True
-        try:
-            return await self.batcher.generate(entry.clone, user_text)
-        except BatchError as err:
-            self.cache.evict(session.id)
-            raise GenerationError(str(err)) from err
-        finally:
-            entry.busy = False
+        async with self.checkout(session) as entry:
+            try:
+                return await self.batcher.generate(entry.clone, entry.user_turn(user_text))
+            except BatchError as err:
+                self.cache.evict(session.id)
+                raise GenerationError(str(err)) from err
 
     async def respond(self, session: SessionRow, user_text: str) -> Reply:
         """The bot's reply to `user_text` in `session`'s context."""
