@@ -11,6 +11,7 @@ import logging
 import sys
 from typing import TextIO
 
+from bot import texts
 from bot.config import Settings
 from bot.conversations.actions import ChatActions
 from bot.conversations.store import ConversationStore
@@ -43,7 +44,7 @@ async def dispatch(chat: ChatActions, chat_id: int, line: str) -> bool:
         elif command == "forget":
             await chat.forget(chat_id)
         else:
-            await chat.notice(chat_id, f"Unknown command /{command}. Try /help.")
+            await chat.notice(chat_id, texts.unknown_terminal_command(command))
         return True
     await chat.text(chat_id, chat_id, text)
     return True

@@ -23,8 +23,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bot.admin import queries
-from bot.admin.queries import AdminError
+from bot import stats as service_stats
+from bot.admin import reports
+from bot.admin import sql as admin_sql
+from bot.admin.reports import AdminError
 from bot.config import Settings
 from bot.db.engine import make_engine, make_sessionmaker, safe_url
 from bot.db.models import Role, SessionStatus
@@ -107,13 +109,13 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 async def _stats(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> int:
-    result = await queries.stats(make_sessionmaker(engine))
-    print(dump_json(result) if args.json else queries.format_stats(result), file=out)
+    result = await service_stats.stats(make_sessionmaker(engine))
+    print(dump_json(result) if args.json else service_stats.format_stats(result), file=out)
     return 0
 
 
 async def _sessions(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> int:
-    rows = await queries.list_sessions(
+    rows = await reports.list_sessions(
         make_sessionmaker(engine), active_only=args.active, limit=args.limit
     )
     if args.json:
@@ -137,7 +139,7 @@ def _indent(text: str, prefix: str) -> str:
 
 
 async def _show(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> int:
-    transcripts = await queries.chat_transcripts(make_sessionmaker(engine), args.chat_id)
+    transcripts = await reports.chat_transcripts(make_sessionmaker(engine), args.chat_id)
     if args.json:
         print(dump_json([asdict(t) for t in transcripts]), file=out)
         return 0 if transcripts else 1
@@ -187,13 +189,13 @@ async def _export(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) ->
     try:
         writer = csv.writer(target) if args.format == "csv" else None
         if writer is not None:
-            writer.writerow(queries.EXPORT_COLUMNS)
-        async for row in queries.export_rows(engine, args.chat_id):
-            values = [_export_value(getattr(row, c)) for c in queries.EXPORT_COLUMNS]
+            writer.writerow(reports.EXPORT_COLUMNS)
+        async for row in reports.export_rows(engine, args.chat_id):
+            values = [_export_value(getattr(row, c)) for c in reports.EXPORT_COLUMNS]
             if writer is not None:
                 writer.writerow(values)
             else:
-                record = dict(zip(queries.EXPORT_COLUMNS, values, strict=True))
+                record = dict(zip(reports.EXPORT_COLUMNS, values, strict=True))
                 target.write(json.dumps(record, ensure_ascii=False) + "\n")
             count += 1
     finally:
@@ -214,7 +216,7 @@ def _confirm(question: str) -> bool:
 
 async def _forget(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> int:
     sessionmaker = make_sessionmaker(engine)
-    footprint = await queries.chat_footprint(sessionmaker, args.chat_id)
+    footprint = await reports.chat_footprint(sessionmaker, args.chat_id)
     summary = (
         f"{footprint.sessions} session(s), {footprint.messages} message(s), "
         f"{footprint.outbox} outbox row(s), {footprint.inbox} inbox row(s)"
@@ -233,7 +235,7 @@ async def _forget(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) ->
         if not _confirm(f"Delete {summary} of chat {args.chat_id}? This cannot be undone."):
             print("nothing deleted", file=out)
             return 1
-    deleted = await queries.forget_chat(sessionmaker, args.chat_id)
+    deleted = await reports.forget_chat(sessionmaker, args.chat_id)
     if args.json:
         print(dump_json({"chat_id": args.chat_id, "deleted": asdict(deleted)}), file=out)
     else:
@@ -242,7 +244,7 @@ async def _forget(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) ->
 
 
 async def _sql(url: str, args: argparse.Namespace, out: TextIO) -> int:
-    result = await queries.readonly_sql(
+    result = await admin_sql.readonly_sql(
         url, args.query, max_rows=args.max_rows, timeout_s=args.timeout
     )
     if args.json:
@@ -287,7 +289,7 @@ async def admin(
     if args.admin_command == "sql":
         return await _sql(sql_url or url, args, out)
     if make_url(url).get_backend_name() == "sqlite":
-        queries.sqlite_path(url)  # a clear error instead of creating an empty database
+        admin_sql.sqlite_path(url)  # a clear error instead of creating an empty database
     engine = make_engine(url)
     try:
         return await _HANDLERS[args.admin_command](engine, args, out)

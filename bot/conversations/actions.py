@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
+from bot import texts
 from bot.config import Settings
 from bot.conversations.store import ConversationStore
 from bot.db.conversations import SessionRow
@@ -17,17 +18,6 @@ from bot.db.conversations import SessionRow
 log = logging.getLogger(__name__)
 
 PERSONA_CLEAR_WORDS = {"-", "clear", "none", "off", "reset"}
-
-HELP_TEXT = (
-    "I'm a chat bot with a persona of your choosing.\n\n"
-    "Just write to me to chat.\n"
-    "/persona - show my current persona\n"
-    "/persona My name is Sarah. I love hiking. - set who I am (one or more sentences)\n"
-    "/persona clear - remove the persona\n"
-    "/done - end this conversation and start afresh (the persona stays)\n"
-    "/forget - delete everything stored about this chat\n"
-    "/help - this message"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,21 +84,13 @@ class ChatActions:
         self, chat_id: int, *, update_id: int | None = None, start: bool = False
     ) -> None:
         """/start and /help."""
-        greeting = "Hi! " if start else ""
-        await self.notice(chat_id, greeting + HELP_TEXT, update_id=update_id)
+        greeting = texts.GREETING if start else ""
+        await self.notice(chat_id, greeting + texts.HELP, update_id=update_id)
 
     async def show_persona(self, chat_id: int, *, update_id: int | None = None) -> None:
         """/persona without text."""
         persona = await self.store.current_persona(chat_id)
-        if persona:
-            text = (
-                f"My persona: {persona}\n\n"
-                "Change it with /persona <text>, remove it with /persona clear."
-            )
-        else:
-            text = (
-                "I have no persona yet. Give me one, e.g. /persona My name is Sarah. I love hiking."
-            )
+        text = texts.persona_shown(persona) if persona else texts.NO_PERSONA
         await self.notice(chat_id, text, update_id=update_id)
 
     async def set_persona(
@@ -119,8 +101,7 @@ class ChatActions:
         if not persona and text.strip():
             await self.notice(
                 chat_id,
-                "That persona has no text I can use. Your current persona is unchanged; "
-                "send /persona followed by a few words about me.",
+                texts.PERSONA_EMPTY,
                 update_id=update_id,
             )
             return
@@ -130,14 +111,11 @@ class ChatActions:
         if len(persona) > limit:
             await self.notice(
                 chat_id,
-                f"That persona is {len(persona)} characters long; the limit is {limit}. "
-                "Please send a shorter one. Your current persona is unchanged.",
+                texts.persona_too_long(len(persona), limit),
                 update_id=update_id,
             )
             return
-        notice = (
-            f"Got it. From now on: {persona}" if persona else "Persona cleared. I'm just me now."
-        )
+        notice = texts.persona_set(persona) if persona else texts.PERSONA_CLEARED
         session = await self.store.set_persona(
             chat_id, user_id, persona, notice=notice, update_id=update_id
         )
@@ -147,7 +125,7 @@ class ChatActions:
         """/done: end the conversation; history stays for admins, the persona carries over."""
         session = await self.store.end_session(
             chat_id,
-            notice="Conversation ended. Say something to start a new one; my persona stays.",
+            notice=texts.ENDED,
             update_id=update_id,
         )
         if session is not None:
@@ -158,7 +136,7 @@ class ChatActions:
         active = await self.store.active_session_id(chat_id)
         await self.store.forget_chat(
             chat_id,
-            notice="Done: I deleted everything I had stored about this chat.",
+            notice=texts.FORGOTTEN,
             update_id=update_id,
         )
         if active is not None:
@@ -200,14 +178,13 @@ class ChatActions:
         """A plain message: one model turn, stored with its reply in one transaction."""
         text = clean_text(text)
         if not text:
-            await self.notice(chat_id, "Say something and I'll answer.", update_id=update_id)
+            await self.notice(chat_id, texts.SAY_SOMETHING, update_id=update_id)
             return
         limit = self.settings.message_max_chars
         if len(text) > limit:
             await self.notice(
                 chat_id,
-                f"Your message is {len(text)} characters long; I read at most {limit}. "
-                "Please send a shorter one.",
+                texts.message_too_long(len(text), limit),
                 update_id=update_id,
             )
             return
@@ -221,7 +198,7 @@ class ChatActions:
                 chat_id,
                 user_id,
                 text,
-                notice="Sorry, I couldn't come up with a reply just now. Please try again.",
+                notice=texts.NO_REPLY,
                 update_id=update_id,
                 telegram_message_id=telegram_message_id,
             )

@@ -25,6 +25,7 @@ from telegram.error import (
     TelegramError,
 )
 
+from bot import texts
 from bot.db import outbox
 from bot.db.outbox import OutboxRow
 from bot.tg.backoff import Backoff, retry, retry_after_s
@@ -37,8 +38,6 @@ T = TypeVar("T")
 
 # sendMessage takes 1-4096 characters, counted in UTF-16 code units.
 MAX_MESSAGE_UTF16 = 4096
-# Telegram rejects empty text; a blank reply still deserves an answer.
-EMPTY_TEXT = "…"
 # Give up on a text after this many failures that are not Telegram's ordinary faults (bugs).
 MAX_UNEXPECTED_FAILURES = 5
 # Boundaries preferred for splitting, best first: paragraph, line, sentence, word.
@@ -67,7 +66,7 @@ def split_message(text: str, limit: int = MAX_MESSAGE_UTF16) -> list[str]:
     """
     text = text.strip()
     if not text:
-        return [EMPTY_TEXT]
+        return [texts.EMPTY_REPLY]
     parts: list[str] = []
     while utf16_len(text) > limit:
         cut = _fit(text, limit)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import deque
 from enum import Enum
 
+from bot import texts
+
 
 class Flood(Enum):
     """What the flood gate says about a message."""
@@ -43,12 +45,7 @@ class FloodGate:
 
     def notice(self) -> str:
         """The one message a flooding chat gets per window."""
-        return (
-            f"You're writing faster than I can answer: I reply to at most {self.max_messages} "
-            f"messages every {self.window_s:g} seconds. I've kept what you wrote, but commands "
-            "sent meanwhile were skipped; give me a moment, then carry on (and send those "
-            "commands again). /forget always works."
-        )
+        return texts.flooding(self.max_messages, self.window_s)
 
     def _prune(self, now: float) -> None:
         # Keep memory bounded by the chats active within the last window.

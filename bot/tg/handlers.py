@@ -30,12 +30,13 @@ from telegram.ext import (
     filters,
 )
 
-from bot.admin.queries import format_stats, stats
+from bot import texts
 from bot.config import Settings
 from bot.conversations.actions import ChatActions
 from bot.db import inbox
 from bot.db.inbox import InboxRow
 from bot.db.models import InboxStatus
+from bot.stats import format_stats, stats
 from bot.tg.flood import Flood, FloodGate
 
 log = logging.getLogger(__name__)
@@ -46,22 +47,10 @@ Context = ContextTypes.DEFAULT_TYPE
 # Telegram drops the typing indicator after about 5 s.
 TYPING_INTERVAL_S = 4.0
 
-COMMANDS = [
-    BotCommand("start", "Say hello and learn how to use me"),
-    BotCommand("help", "How to use me"),
-    BotCommand("persona", "Show my persona; /persona <text> sets it, /persona clear clears it"),
-    BotCommand("done", "End this conversation (my persona stays)"),
-    BotCommand("forget", "Delete everything stored about this chat"),
-]
+COMMANDS = [BotCommand(name, description) for name, description in texts.COMMAND_MENU.items()]
 # Commands a bare "/name" in a group may mean us by (admins' /stats is not advertised).
 KNOWN_COMMANDS = frozenset({c.command for c in COMMANDS} | {"stats"})
 
-NOT_TEXT = "I only understand text messages. Write to me in words and I'll answer."
-EDITED = (
-    "I saw that you edited a message. Edits don't change our conversation; "
-    "send it again as a new message if you want me to answer it."
-)
-UNKNOWN_COMMAND = "I don't know that command. /help lists what I can do."
 # Always run, whatever the flood gate says: a user must always be able to delete their data.
 FLOOD_EXEMPT = frozenset({"forget"})
 
@@ -248,14 +237,16 @@ class Handlers:
         user_id = _user_id(update)
         if user_id is None or user_id not in self.admin_ids:
             log.info("refused /stats from user %s in chat %s", user_id, _chat_id(update))
-            await self.chat.notice(_chat_id(update), UNKNOWN_COMMAND, update_id=update.update_id)
+            await self.chat.notice(
+                _chat_id(update), texts.UNKNOWN_COMMAND, update_id=update.update_id
+            )
             return
         text = format_stats(await stats(self.sessionmaker))
         await self.chat.notice(_chat_id(update), text, update_id=update.update_id)
 
     async def unknown_command(self, update: Update, context: Context) -> None:
         """Any other /command."""
-        await self.chat.notice(_chat_id(update), UNKNOWN_COMMAND, update_id=update.update_id)
+        await self.chat.notice(_chat_id(update), texts.UNKNOWN_COMMAND, update_id=update.update_id)
 
     # --- messages --------------------------------------------------------------------------
 
@@ -290,7 +281,7 @@ class Handlers:
 
     async def edited(self, update: Update, context: Context) -> None:
         """An edit (private chats only; the gate drops group edits): say it changes nothing."""
-        await self.chat.notice(_chat_id(update), EDITED, update_id=update.update_id)
+        await self.chat.notice(_chat_id(update), texts.EDITED, update_id=update.update_id)
 
     async def not_text(self, update: Update, context: Context) -> None:
         """Stickers, photos, voice, files, locations, ...: only text is understood."""
@@ -298,7 +289,7 @@ class Handlers:
         verdict = self.flood.check(_chat_id(update), _sent_at(update.message))
         if verdict is Flood.QUIET:
             return  # left pending -> closed as ignored
-        text = NOT_TEXT if verdict is Flood.OK else self.flood.notice()
+        text = texts.NOT_TEXT if verdict is Flood.OK else self.flood.notice()
         await self.chat.notice(_chat_id(update), text, update_id=update.update_id)
 
     # --- errors ----------------------------------------------------------------------------

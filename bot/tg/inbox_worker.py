@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from bot import texts
 from bot.db import inbox, outbox
 from bot.db.inbox import InboxRow
 from bot.db.models import InboxStatus, OutboxKind
@@ -23,7 +24,6 @@ from bot.tg.leases import Leases
 
 log = logging.getLogger(__name__)
 
-APOLOGY = "Sorry, something went wrong on my side with that message. Please send it again."
 
 Handle = Callable[[InboxRow], Awaitable[None]]
 
@@ -147,7 +147,7 @@ class InboxWorker:
                         db,
                         chat_id=row.chat_id,
                         kind=OutboxKind.NOTICE,
-                        text=APOLOGY,
+                        text=texts.APOLOGY,
                         update_id=row.update_id,
                     )
                 await inbox.finish(

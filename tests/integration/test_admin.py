@@ -20,7 +20,9 @@ import pytest
 from pydantic import SecretStr
 from sqlalchemy import String, select, update
 
-from bot.admin import queries
+from bot import stats as service_stats
+from bot.admin import reports
+from bot.admin import sql as admin_sql
 from bot.admin.cli import add_admin_parser, admin, format_table, run_admin
 from bot.config import Settings
 from bot.conversations.store import ConversationStore
@@ -181,7 +183,7 @@ async def snapshot(store: ConversationStore) -> dict[str, list[tuple[Any, ...]]]
 
 async def test_stats_numbers_match_the_seed(store: ConversationStore) -> None:
     await seed(store)
-    got = await queries.stats(store.sessionmaker, now=utcnow())
+    got = await service_stats.stats(store.sessionmaker, now=utcnow())
     assert (got.chats, got.sessions_active, got.sessions_ended) == (3, 2, 2)
     assert (got.messages_today, got.messages_total) == (6, 14)
     # Only today's replies (400, 500, 600 ms) are inside the 24 h window; nearest rank.
@@ -189,22 +191,22 @@ async def test_stats_numbers_match_the_seed(store: ConversationStore) -> None:
     assert (got.undelivered_replies, got.replies_given_up) == (2, 1)
     assert (got.inbox_pending, got.inbox_failed) == (1, 2)
 
-    everything = await queries.stats(store.sessionmaker, latency_window=timedelta(days=30))
+    everything = await service_stats.stats(store.sessionmaker, latency_window=timedelta(days=30))
     # 100..600 and 1000: rank ceil(0.5 * 7) = 4 is 400, rank ceil(0.95 * 7) = 7 is 1000.
     assert (everything.latency_samples, everything.latency_p50_ms) == (7, 400.0)
     assert everything.latency_p95_ms == 1000.0
 
 
 async def test_stats_on_an_empty_database(store: ConversationStore) -> None:
-    got = await queries.stats(store.sessionmaker)
+    got = await service_stats.stats(store.sessionmaker)
     assert (got.chats, got.messages_total, got.latency_samples) == (0, 0, 0)
     assert got.latency_p50_ms is None
-    text = queries.format_stats(got)
+    text = service_stats.format_stats(got)
     assert "p50 n/a" in text
 
 
 def test_format_stats_shows_every_number() -> None:
-    stats = queries.Stats(
+    stats = service_stats.Stats(
         chats=3,
         sessions_active=2,
         sessions_ended=5,
@@ -220,7 +222,7 @@ def test_format_stats_shows_every_number() -> None:
         inbox_failed=9,
         generated_at=datetime(2026, 1, 2, 3, 4, tzinfo=UTC),
     )
-    text = queries.format_stats(stats)
+    text = service_stats.format_stats(stats)
     for fragment in (
         "2026-01-02 03:04 UTC",
         "Chats: 3",
@@ -251,9 +253,9 @@ async def test_sessions_most_recent_first_with_filters(
     store: ConversationStore, db_url: str
 ) -> None:
     s = await seed(store)
-    rows = await queries.list_sessions(store.sessionmaker)
+    rows = await reports.list_sessions(store.sessionmaker)
     assert [(r.id, r.messages) for r in rows] == [(s.s3, 4), (s.s2, 2), (s.s4, 2), (s.s1, 6)]
-    active = await queries.list_sessions(store.sessionmaker, active_only=True, limit=1)
+    active = await reports.list_sessions(store.sessionmaker, active_only=True, limit=1)
     assert [r.id for r in active] == [s.s3]
 
     status, out = await run(db_url, "sessions", "--active")
@@ -324,7 +326,7 @@ async def test_export_jsonl_and_csv(store: ConversationStore, db_url: str, tmp_p
     with target.open(newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 14
-    assert list(rows[0]) == list(queries.EXPORT_COLUMNS)
+    assert list(rows[0]) == list(reports.EXPORT_COLUMNS)
     assert {r["chat_id"] for r in rows} == {"1001", "1002", "1003"}
     assert datetime.fromisoformat(rows[0]["created_at"]).tzinfo is not None
 
@@ -361,7 +363,7 @@ async def test_forget_leaves_no_row_mentioning_the_chat(
 
     # Not a terminal and no --yes: refuse, delete nothing.
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
-    with pytest.raises(queries.AdminError, match="--yes"):
+    with pytest.raises(reports.AdminError, match="--yes"):
         await run(db_url, "forget", "1001")
     assert await snapshot(store) == before
 
@@ -412,8 +414,8 @@ async def test_sql_refuses_writes_and_multiple_statements(
     await seed(store)
     before = await snapshot(store)
     for sql in WRITES:
-        with pytest.raises(queries.SqlRefused) as caught:
-            await queries.readonly_sql(sql_url, sql)
+        with pytest.raises(admin_sql.SqlRefused) as caught:
+            await admin_sql.readonly_sql(sql_url, sql)
         message = str(caught.value)
         assert message.startswith("refused: admin sql "), (sql, message)
         if sql.startswith("DELETE") and ";" in sql:
@@ -452,7 +454,7 @@ async def test_sql_select_prints_a_table_and_json(store: ConversationStore, sql_
     )
     data = json.loads(out)
     assert data["columns"] == ["id"] and len(data["rows"]) == 3 and data["truncated"] is True
-    with pytest.raises(queries.AdminError, match="SQL failed"):
+    with pytest.raises(reports.AdminError, match="SQL failed"):
         await run(sql_url, "sql", "SELECT * FROM no_such_table")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import make_url
 
-from bot.admin.queries import readonly_sql
+from bot.admin.sql import readonly_sql
 from bot.conversations.store import ConversationStore
 from tests.integration.test_admin import CATS, PIRATE, Seed, seed
 from tests.integration.test_admin import sql_url as sql_url  # the fixture: a read-only role

@@ -28,7 +28,8 @@ import pytest
 from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
-from bot.admin import queries
+from bot.admin import reports
+from bot.admin import sql as admin_sql
 from bot.admin.pgrole import RoleError, ensure_readonly_role, role_problems, scram_sha256_verifier
 from bot.config import Settings
 from bot.conversations.store import ConversationStore
@@ -255,8 +256,8 @@ async def test_superuser_connection_is_refused_before_anything_runs(
 ) -> None:
     before = await snapshot(pg_store)
     for sql in world.statements():
-        with pytest.raises(queries.SqlRefused) as caught:
-            await queries.readonly_sql(pg_url, sql)
+        with pytest.raises(admin_sql.SqlRefused) as caught:
+            await admin_sql.readonly_sql(pg_url, sql)
         message = str(caught.value)
         assert "is a superuser" in message, (sql, message)
         assert "ADMIN_DATABASE_URL" in message and "db readonly-role" in message, message
@@ -290,8 +291,8 @@ async def test_the_read_only_role_is_refused_everything_by_the_database(
 
     # Through admin sql: every statement refused.
     for sql in world.statements():
-        with pytest.raises(queries.SqlRefused) as caught:
-            await queries.readonly_sql(ro_url, sql)
+        with pytest.raises(admin_sql.SqlRefused) as caught:
+            await admin_sql.readonly_sql(ro_url, sql)
         assert str(caught.value).startswith("refused: admin sql "), sql
 
     # Straight to the database as that role, without admin sql's query-only check, in a READ
@@ -321,11 +322,11 @@ async def test_the_read_only_role_is_refused_everything_by_the_database(
             await conn.close()
 
     # Ordinary queries work, through the real command line too.
-    result = await queries.readonly_sql(
+    result = await admin_sql.readonly_sql(
         ro_url, "SELECT chat_id, COUNT(*) FROM messages GROUP BY chat_id ORDER BY chat_id"
     )
     assert result.rows == [(1001, 8), (1002, 4), (1003, 2)]
-    result = await queries.readonly_sql(
+    result = await admin_sql.readonly_sql(
         ro_url,
         "SELECT s.persona, COUNT(m.id) FROM sessions s JOIN messages m "
         "ON m.session_id = s.id WHERE s.chat_id = 1003 GROUP BY s.persona",
@@ -349,7 +350,7 @@ async def test_the_read_only_role_is_refused_everything_by_the_database(
     await world.superuser.execute(
         "CREATE TABLE later_migration (id int); INSERT INTO later_migration VALUES (7)"
     )
-    assert (await queries.readonly_sql(ro_url, "SELECT id FROM later_migration")).rows == [(7,)]
+    assert (await admin_sql.readonly_sql(ro_url, "SELECT id FROM later_migration")).rows == [(7,)]
 
 
 async def test_a_role_that_can_do_more_than_read_is_refused_with_what_to_do(
@@ -375,8 +376,8 @@ async def test_a_role_that_can_do_more_than_read_is_refused_with_what_to_do(
         extra_roles.append(url)
         await world.superuser.execute(grant.format(r=f'"{name}"'))
         for sql in ("SELECT 1", world.statements()[2]):
-            with pytest.raises(queries.SqlRefused) as caught:
-                await queries.readonly_sql(url, sql)
+            with pytest.raises(admin_sql.SqlRefused) as caught:
+                await admin_sql.readonly_sql(url, sql)
             message = str(caught.value)
             assert message.startswith(
                 f"refused: admin sql runs only as a read-only PostgreSQL role, and {name!r} "
@@ -496,9 +497,9 @@ async def test_db_readonly_role_with_a_service_role_that_is_no_superuser(
         finally:
             await su.close()
         # The service's role is refused as admin sql's role; the new one works.
-        with pytest.raises(queries.SqlRefused, match="may CREATE in the database"):
-            await queries.readonly_sql(owner_url, "SELECT 1")
-        result = await queries.readonly_sql(_as_role(url, name), "SELECT COUNT(*) FROM sessions")
+        with pytest.raises(admin_sql.SqlRefused, match="may CREATE in the database"):
+            await admin_sql.readonly_sql(owner_url, "SELECT 1")
+        result = await admin_sql.readonly_sql(_as_role(url, name), "SELECT COUNT(*) FROM sessions")
         assert result.rows == [(0,)]
     finally:
         await asyncio.to_thread(drop_pg_database, url)
@@ -570,10 +571,10 @@ def sqlite_file(sqlite_url: str) -> str:
 
 async def test_sqlite_fts3_tokenizer_is_refused_cleanly(sqlite_file: str, tmp_path: Path) -> None:
     sql = "SELECT fts3_tokenizer('simple', fts3_tokenizer('simple'))"
-    with pytest.raises(queries.SqlRefused, match=r"fts3_tokenizer\(\) is switched off"):
-        await queries.readonly_sql(sqlite_file, sql)
-    with pytest.raises(queries.SqlRefused, match="fts3_tokenizer"):
-        await queries.readonly_sql(sqlite_file, "SELECT hex(fts3_tokenizer('simple'))")
+    with pytest.raises(admin_sql.SqlRefused, match=r"fts3_tokenizer\(\) is switched off"):
+        await admin_sql.readonly_sql(sqlite_file, sql)
+    with pytest.raises(admin_sql.SqlRefused, match="fts3_tokenizer"):
+        await admin_sql.readonly_sql(sqlite_file, "SELECT hex(fts3_tokenizer('simple'))")
     proc = await asyncio.to_thread(
         cli, {"DATABASE_URL": sqlite_file}, "admin", "sql", sql, cwd=tmp_path
     )
@@ -587,8 +588,8 @@ async def test_sqlite_undecodable_text_is_a_clean_error(sqlite_file: str, tmp_pa
         ("SELECT id, t FROM junk ORDER BY id", "t"),
         ("SELECT CAST(x'c328' AS TEXT) AS raw", "raw"),
     ):
-        with pytest.raises(queries.AdminError) as caught:
-            await queries.readonly_sql(sqlite_file, sql)
+        with pytest.raises(reports.AdminError) as caught:
+            await admin_sql.readonly_sql(sqlite_file, sql)
         message = str(caught.value)
         assert f"column {column!r} holds text that is not valid UTF-8" in message, message
         assert f"select hex({column})" in message, message
@@ -597,7 +598,7 @@ async def test_sqlite_undecodable_text_is_a_clean_error(sqlite_file: str, tmp_pa
     )
     assert_one_clean_line(proc, "not valid UTF-8", "hex(t)")
     # As its bytes, the value is fine.
-    result = await queries.readonly_sql(sqlite_file, "SELECT hex(t) FROM junk ORDER BY id")
+    result = await admin_sql.readonly_sql(sqlite_file, "SELECT hex(t) FROM junk ORDER BY id")
     assert result.rows == [("66696E65",), ("FF41",)]
 
 
@@ -612,7 +613,7 @@ async def test_sqlite_authorizer_lets_queries_through_and_nothing_else(sqlite_fi
         "EXPLAIN QUERY PLAN SELECT * FROM messages": None,
     }
     for sql, rows in ok.items():
-        result = await queries.readonly_sql(sqlite_file, sql)
+        result = await admin_sql.readonly_sql(sqlite_file, sql)
         if rows is not None:
             assert result.rows == rows, sql
     refused = [
@@ -626,5 +627,5 @@ async def test_sqlite_authorizer_lets_queries_through_and_nothing_else(sqlite_fi
         "REINDEX",
     ]
     for sql in refused:
-        with pytest.raises(queries.SqlRefused, match="read-only"):
-            await queries.readonly_sql(sqlite_file, sql)
+        with pytest.raises(admin_sql.SqlRefused, match="read-only"):
+            await admin_sql.readonly_sql(sqlite_file, sql)

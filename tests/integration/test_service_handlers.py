@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bot.conversations.actions import HELP_TEXT
+from bot.texts import EDITED, HELP, NOT_TEXT, UNKNOWN_COMMAND
 from bot.tg import handlers
 from bot.tg.flood import FloodGate
-from bot.tg.handlers import EDITED, NOT_TEXT, UNKNOWN_COMMAND
 from tests.support.fakebotapi import BOT_ID, BOT_USERNAME, FakeBotAPI
 from tests.support.service_harness import TOKEN, EchoResponder, make_settings, rows, running_service
 
@@ -53,7 +52,7 @@ async def test_commands_persona_turns_done_and_forget(db_url: str, tmp_path: Pat
                 await asyncio.sleep(0.05)
             texts = api.texts(chat)
             assert len(texts) in (len(script) + 1, len(script) + 2)
-            assert texts[0] == "Hi! " + HELP_TEXT
+            assert texts[0] == "Hi! " + HELP
             assert texts[1].startswith("I have no persona yet")
             assert texts[2] == "Got it. From now on: My name is Sarah.\nI love hiking."
             assert texts[3].startswith("My persona: My name is Sarah.\nI love hiking.")
@@ -62,7 +61,7 @@ async def test_commands_persona_turns_done_and_forget(db_url: str, tmp_path: Pat
             assert texts[7].startswith("My persona: My name is Sarah.")  # carried over
             assert texts[8] == "echo 101: back again"
             assert texts[9] == "Persona cleared. I'm just me now."
-            assert texts[10] == HELP_TEXT
+            assert texts[10] == HELP
             assert all(t.startswith("Done: I deleted everything") for t in texts[11:])
             assert await rows(service, "SELECT id FROM sessions") == []
             assert await rows(service, "SELECT id FROM messages") == []
@@ -131,7 +130,7 @@ async def test_group_policy_mention(sqlite_url: str, tmp_path: Path) -> None:
             assert texts == [
                 f"echo {group}: how are you?",
                 f"echo {group}: and you?",
-                HELP_TEXT,
+                HELP,
                 UNKNOWN_COMMAND,
             ]
             # Group replies thread under the message they answer.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from bot.tg.inbox_worker import APOLOGY
+from bot.texts import APOLOGY
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.service_harness import TOKEN, EchoResponder, make_settings, rows, running_service
 

@@ -1,0 +1,167 @@
+"""The service's figures (conversations, messages, latency, queues): `/stats` in Telegram and
+`python -m bot admin stats` both show them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import case, func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.db.models import (
+    Inbox,
+    InboxStatus,
+    Message,
+    Outbox,
+    OutboxKind,
+    Role,
+    Session,
+    SessionStatus,
+    utcnow,
+)
+
+DEFAULT_LATENCY_WINDOW = timedelta(hours=24)
+
+
+# --- stats -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Service health at a glance; the answer to `/stats` and `admin stats`."""
+
+    chats: int
+    sessions_active: int
+    sessions_ended: int
+    messages_today: int
+    messages_total: int
+    latency_p50_ms: float | None
+    latency_p95_ms: float | None
+    latency_samples: int
+    latency_window_s: float
+    undelivered_replies: int
+    replies_given_up: int
+    inbox_pending: int
+    inbox_failed: int
+    generated_at: datetime
+
+
+def _start_of_day(now: datetime) -> datetime:
+    utc = now.astimezone(UTC)
+    return utc.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+async def _latency_percentiles(
+    db: AsyncSession, since: datetime
+) -> tuple[float | None, float | None, int]:
+    # Nearest-rank percentiles with window functions: PostgreSQL has percentile_cont but
+    # SQLite has none, and this is the same portable form the README teaches.
+    ranked = (
+        select(
+            Message.latency_ms.label("v"),
+            func.row_number().over(order_by=Message.latency_ms).label("rn"),
+            func.count().over().label("n"),
+        )
+        .where(
+            Message.role == Role.BOT,
+            Message.latency_ms.is_not(None),
+            Message.created_at >= since,
+        )
+        .subquery()
+    )
+    row = (
+        await db.execute(
+            select(
+                func.min(case((ranked.c.rn * 100 >= ranked.c.n * 50, ranked.c.v))),
+                func.min(case((ranked.c.rn * 100 >= ranked.c.n * 95, ranked.c.v))),
+                func.count(),
+            )
+        )
+    ).one()
+    p50, p95, n = row
+    return (
+        None if p50 is None else float(p50),
+        None if p95 is None else float(p95),
+        int(n or 0),
+    )
+
+
+async def stats(
+    sessionmaker: async_sessionmaker[AsyncSession],
+    *,
+    now: datetime | None = None,
+    latency_window: timedelta = DEFAULT_LATENCY_WINDOW,
+) -> Stats:
+    """Count chats, sessions, messages, latency and delivery problems (days are UTC days)."""
+    now = now or utcnow()
+    today = _start_of_day(now)
+    async with sessionmaker() as db:
+        chats = await db.scalar(select(func.count(func.distinct(Session.chat_id))))
+        by_status = dict(
+            (await db.execute(select(Session.status, func.count()).group_by(Session.status))).all()
+        )
+        messages_total = await db.scalar(select(func.count()).select_from(Message))
+        messages_today = await db.scalar(
+            select(func.count()).select_from(Message).where(Message.created_at >= today)
+        )
+        p50, p95, samples = await _latency_percentiles(db, now - latency_window)
+        undelivered, given_up = (
+            await db.execute(
+                select(
+                    func.count(),
+                    func.count(Outbox.failed_at),
+                ).where(Outbox.kind == OutboxKind.REPLY, Outbox.sent_at.is_(None))
+            )
+        ).one()
+        inbox = dict(
+            (
+                await db.execute(
+                    select(Inbox.status, func.count())
+                    .where(Inbox.status.in_((InboxStatus.PENDING, InboxStatus.FAILED)))
+                    .group_by(Inbox.status)
+                )
+            ).all()
+        )
+    return Stats(
+        chats=int(chats or 0),
+        sessions_active=int(by_status.get(SessionStatus.ACTIVE, 0)),
+        sessions_ended=int(by_status.get(SessionStatus.DONE, 0)),
+        messages_today=int(messages_today or 0),
+        messages_total=int(messages_total or 0),
+        latency_p50_ms=p50,
+        latency_p95_ms=p95,
+        latency_samples=samples,
+        latency_window_s=latency_window.total_seconds(),
+        undelivered_replies=int(undelivered or 0),
+        replies_given_up=int(given_up or 0),
+        inbox_pending=int(inbox.get(InboxStatus.PENDING, 0)),
+        inbox_failed=int(inbox.get(InboxStatus.FAILED, 0)),
+        generated_at=now,
+    )
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f} ms"
+
+
+def _window(seconds: float) -> str:
+    if seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds / 60:g} min"
+
+
+def format_stats(stats: Stats) -> str:
+    """Plain text for a terminal or a Telegram message (no markup, fits a phone screen)."""
+    lines = [
+        f"Bot stats at {stats.generated_at.astimezone(UTC):%Y-%m-%d %H:%M} UTC",
+        f"Chats: {stats.chats}",
+        f"Sessions: {stats.sessions_active} active, {stats.sessions_ended} ended",
+        f"Messages: {stats.messages_today} today (UTC), {stats.messages_total} in total",
+        f"Reply latency ({_window(stats.latency_window_s)}, {stats.latency_samples} replies): "
+        f"p50 {_ms(stats.latency_p50_ms)}, p95 {_ms(stats.latency_p95_ms)}",
+        f"Undelivered replies: {stats.undelivered_replies}"
+        + (f" ({stats.replies_given_up} given up)" if stats.replies_given_up else ""),
+        f"Inbox: {stats.inbox_pending} pending, {stats.inbox_failed} failed",
+    ]
+    return "\n".join(lines)

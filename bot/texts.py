@@ -1,0 +1,101 @@
+"""Every sentence a user sees, in one place (Telegram and the terminal alike).
+
+Plain text only: replies are sent without parse_mode, so nothing here needs escaping.
+"""
+
+from __future__ import annotations
+
+HELP = (
+    "I'm a chat bot with a persona of your choosing.\n\n"
+    "Just write to me to chat.\n"
+    "/persona - show my current persona\n"
+    "/persona My name is Sarah. I love hiking. - set who I am (one or more sentences)\n"
+    "/persona clear - remove the persona\n"
+    "/done - end this conversation and start afresh (the persona stays)\n"
+    "/forget - delete everything stored about this chat\n"
+    "/help - this message"
+)
+GREETING = "Hi! "
+
+# The command menu Telegram shows (setMyCommands): name -> description.
+COMMAND_MENU = {
+    "start": "Say hello and learn how to use me",
+    "help": "How to use me",
+    "persona": "Show my persona; /persona <text> sets it, /persona clear clears it",
+    "done": "End this conversation (my persona stays)",
+    "forget": "Delete everything stored about this chat",
+}
+
+# --- the persona -----------------------------------------------------------------------------
+
+
+def persona_shown(persona: str) -> str:
+    """/persona when there is one."""
+    return (
+        f"My persona: {persona}\n\nChange it with /persona <text>, remove it with /persona clear."
+    )
+
+
+NO_PERSONA = "I have no persona yet. Give me one, e.g. /persona My name is Sarah. I love hiking."
+PERSONA_EMPTY = (
+    "That persona has no text I can use. Your current persona is unchanged; "
+    "send /persona followed by a few words about me."
+)
+PERSONA_CLEARED = "Persona cleared. I'm just me now."
+
+
+def persona_set(persona: str) -> str:
+    """The confirmation of /persona <text>."""
+    return f"Got it. From now on: {persona}"
+
+
+def persona_too_long(length: int, limit: int) -> str:
+    """A persona over PERSONA_MAX_CHARS."""
+    return (
+        f"That persona is {length} characters long; the limit is {limit}. "
+        "Please send a shorter one. Your current persona is unchanged."
+    )
+
+
+# --- the conversation ------------------------------------------------------------------------
+
+ENDED = "Conversation ended. Say something to start a new one; my persona stays."
+FORGOTTEN = "Done: I deleted everything I had stored about this chat."
+SAY_SOMETHING = "Say something and I'll answer."
+NO_REPLY = "Sorry, I couldn't come up with a reply just now. Please try again."
+APOLOGY = "Sorry, something went wrong on my side with that message. Please send it again."
+
+
+def message_too_long(length: int, limit: int) -> str:
+    """A message over MESSAGE_MAX_CHARS."""
+    return (
+        f"Your message is {length} characters long; I read at most {limit}. "
+        "Please send a shorter one."
+    )
+
+
+def flooding(max_messages: int, window_s: float) -> str:
+    """The one notice a flooding chat gets per window."""
+    return (
+        f"You're writing faster than I can answer: I reply to at most {max_messages} "
+        f"messages every {window_s:g} seconds. I've kept what you wrote, but commands "
+        "sent meanwhile were skipped; give me a moment, then carry on (and send those "
+        "commands again). /forget always works."
+    )
+
+
+# --- Telegram's other updates ----------------------------------------------------------------
+
+NOT_TEXT = "I only understand text messages. Write to me in words and I'll answer."
+EDITED = (
+    "I saw that you edited a message. Edits don't change our conversation; "
+    "send it again as a new message if you want me to answer it."
+)
+UNKNOWN_COMMAND = "I don't know that command. /help lists what I can do."
+# Telegram refuses empty texts; a blank reply still deserves an answer.
+EMPTY_REPLY = "…"
+
+
+def unknown_terminal_command(command: str) -> str:
+    """An unknown /command typed in `python -m bot chat`."""
+    return f"Unknown command /{command}. Try /help."
