@@ -1,4 +1,5 @@
-"""Shared fixtures: databases on both backends, migrated and ready."""
+"""Shared fixtures: databases on both backends, migrated and ready; the loopback Bot API and the
+service (tests/support/fixtures.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from bot.conversations.store import ConversationStore
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker
 from tests.support.dbutil import create_pg_database, drop_pg_database
+
+# `api` (the loopback Bot API) and `start_service` (a running service, stopped at teardown)
+pytest_plugins = ("tests.support.fixtures",)
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 

@@ -1,0 +1,70 @@
+"""Fixtures for the tests that run the service against the loopback Bot API (tests/conftest.py
+registers this module as a plugin).
+
+    async def test_x(api: FakeBotAPI, start_service: StartService, ...) -> None:
+        svc = await start_service(make_settings(db_url, api, tmp_path), EchoResponder())
+
+`start_service` stops and closes every service it started at teardown, before `api` stops. A
+test that stops or restarts the service itself uses `running_service` instead.
+
+The service modules are imported only when a fixture runs, so that collecting the unit tests
+does not pull in python-telegram-bot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
+from typing import TYPE_CHECKING, Protocol
+
+import pytest
+
+if TYPE_CHECKING:
+    from bot.config import Settings
+    from bot.tg.app import Service
+    from tests.support.fakebotapi import FakeBotAPI
+    from tests.support.service_harness import EchoResponder
+
+
+class StartService(Protocol):
+    """`running_service`'s arguments; the started Service lives until the test's teardown."""
+
+    def __call__(
+        self,
+        settings: Settings,
+        responder: EchoResponder,
+        *,
+        timeout_s: float = ...,
+        migrate_db: bool = ...,
+    ) -> Awaitable[Service]: ...
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeBotAPI]:
+    """The loopback Bot API, started, answering the harness's TOKEN."""
+    from tests.support.fakebotapi import FakeBotAPI
+    from tests.support.service_harness import TOKEN
+
+    async with FakeBotAPI(TOKEN) as fake:
+        yield fake
+
+
+@pytest.fixture
+async def start_service(api: FakeBotAPI) -> AsyncIterator[StartService]:
+    """Start a Service (as `running_service` does); all are stopped and closed at teardown."""
+    from tests.support.service_harness import running_service
+
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(
+            settings: Settings,
+            responder: EchoResponder,
+            *,
+            timeout_s: float = 5.0,
+            migrate_db: bool = True,
+        ) -> Service:
+            return await stack.enter_async_context(
+                running_service(settings, responder, timeout_s=timeout_s, migrate_db=migrate_db)
+            )
+
+        yield start
