@@ -30,6 +30,25 @@ class StoredTurn:
     outbox_id: int
 
 
+async def _answer(
+    db: AsyncSession,
+    chat_id: int,
+    notice: str | None,
+    update_id: int | None,
+    status: InboxStatus = InboxStatus.DONE,
+) -> int | None:
+    """Queue `notice` (if any) for the chat and close its update (if any), in `db`'s
+    transaction; returns the outbox id."""
+    outbox_id = None
+    if notice is not None:
+        outbox_id = await outbox.enqueue(
+            db, chat_id=chat_id, kind=OutboxKind.NOTICE, text=notice, update_id=update_id
+        )
+    if update_id is not None:
+        await inbox.finish(db, update_id, status=status)
+    return outbox_id
+
+
 class ConversationStore:
     """The conversation store; the only code that opens transactions for user actions."""
 
@@ -107,11 +126,7 @@ class ConversationStore:
         async with self.sessionmaker.begin() as db:
             session = await self._active_or_new(db, chat_id, user_id)
             await conversations.set_session_persona(db, session.id, persona)
-            await outbox.enqueue(
-                db, chat_id=chat_id, kind=OutboxKind.NOTICE, text=notice, update_id=update_id
-            )
-            if update_id is not None:
-                await inbox.finish(db, update_id)
+            await _answer(db, chat_id, notice, update_id)
             return session
 
     async def end_session(
@@ -122,11 +137,7 @@ class ConversationStore:
             session = await conversations.get_active_session(db, chat_id)
             if session is not None:
                 await conversations.end_session(db, session.id)
-            await outbox.enqueue(
-                db, chat_id=chat_id, kind=OutboxKind.NOTICE, text=notice, update_id=update_id
-            )
-            if update_id is not None:
-                await inbox.finish(db, update_id)
+            await _answer(db, chat_id, notice, update_id)
             return session
 
     async def forget_chat(
@@ -150,6 +161,7 @@ class ConversationStore:
                     status=InboxStatus.DONE,
                 )
             if notice is not None:
+                # Not _answer: the update is closed already (the row inserted just above).
                 await outbox.enqueue(
                     db, chat_id=chat_id, kind=OutboxKind.NOTICE, text=notice, update_id=update_id
                 )
@@ -165,11 +177,8 @@ class ConversationStore:
     ) -> int:
         """Queue a notice for a chat and close its update; returns the outbox id."""
         async with self.sessionmaker.begin() as db:
-            outbox_id = await outbox.enqueue(
-                db, chat_id=chat_id, kind=OutboxKind.NOTICE, text=text, update_id=update_id
-            )
-            if update_id is not None:
-                await inbox.finish(db, update_id, status=inbox_status)
+            outbox_id = await _answer(db, chat_id, text, update_id, inbox_status)
+            assert outbox_id is not None
             return outbox_id
 
     async def pending_outbox(self, chat_id: int | None = None) -> list[outbox.OutboxRow]:
@@ -210,12 +219,7 @@ class ConversationStore:
                 update_id=update_id,
                 telegram_message_id=telegram_message_id,
             )
-            if notice is not None:
-                await outbox.enqueue(
-                    db, chat_id=chat_id, kind=OutboxKind.NOTICE, text=notice, update_id=update_id
-                )
-            if update_id is not None:
-                await inbox.finish(db, update_id)
+            await _answer(db, chat_id, notice, update_id)
             return message_id
 
     async def record_turn(
@@ -258,6 +262,5 @@ class ConversationStore:
                 update_id=update_id,
                 reply_to_message_id=telegram_message_id,
             )
-            if update_id is not None:
-                await inbox.finish(db, update_id)
+            await _answer(db, chat_id, None, update_id)
             return StoredTurn(user_id, bot_id, outbox_id)
