@@ -49,6 +49,25 @@ async def _answer(
     return outbox_id
 
 
+async def _user_message(
+    db: AsyncSession,
+    session_id: int,
+    chat_id: int,
+    text: str,
+    update_id: int | None,
+    telegram_message_id: int | None,
+) -> int:
+    return await conversations.add_message(
+        db,
+        session_id=session_id,
+        chat_id=chat_id,
+        role=Role.USER,
+        text=text,
+        update_id=update_id,
+        telegram_message_id=telegram_message_id,
+    )
+
+
 class ConversationStore:
     """The conversation store; the only code that opens transactions for user actions."""
 
@@ -210,14 +229,8 @@ class ConversationStore:
     ) -> int:
         """Store a user message that gets no model reply (flood-limited, or the model failed)."""
         async with self.sessionmaker.begin() as db:
-            message_id = await conversations.add_message(
-                db,
-                session_id=session_id,
-                chat_id=chat_id,
-                role=Role.USER,
-                text=text,
-                update_id=update_id,
-                telegram_message_id=telegram_message_id,
+            message_id = await _user_message(
+                db, session_id, chat_id, text, update_id, telegram_message_id
             )
             await _answer(db, chat_id, notice, update_id)
             return message_id
@@ -235,14 +248,8 @@ class ConversationStore:
     ) -> StoredTurn:
         """Store a user message, the bot's reply (queued for sending) and close the update."""
         async with self.sessionmaker.begin() as db:
-            user_id = await conversations.add_message(
-                db,
-                session_id=session_id,
-                chat_id=chat_id,
-                role=Role.USER,
-                text=user_text,
-                update_id=update_id,
-                telegram_message_id=telegram_message_id,
+            user_id = await _user_message(
+                db, session_id, chat_id, user_text, update_id, telegram_message_id
             )
             bot_id = await conversations.add_message(
                 db,
