@@ -12,7 +12,7 @@ from bot.db.models import InboxStatus, OutboxKind, Role, Session
 
 
 @dataclass(frozen=True, slots=True)
-class Context:
+class ConversationContext:
     """What the engine needs to rebuild a conversation: persona and the tail of its messages."""
 
     session_id: int
@@ -123,14 +123,14 @@ class ConversationStore:
             active = await conversations.get_active_session(db, chat_id)
             return active.persona if active else await conversations.latest_persona(db, chat_id)
 
-    async def load_context(self, session_id: int, tail: int | None) -> Context:
+    async def load_context(self, session_id: int, tail: int | None) -> ConversationContext:
         """A conversation's persona and its last `tail` messages (all if None)."""
         async with self.sessionmaker() as db:
             s = await db.get(Session, session_id)
             if s is None:
                 raise LookupError(f"session {session_id} does not exist")
             messages = await conversations.tail_messages(db, session_id, tail)
-            return Context(session_id, s.chat_id, s.persona, messages)
+            return ConversationContext(session_id, s.chat_id, s.persona, messages)
 
     async def set_persona(
         self,
