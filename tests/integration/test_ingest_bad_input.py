@@ -64,86 +64,85 @@ async def raw_post(port: int, path: str, header_value: bytes, body: bytes) -> in
 
 
 async def test_webhook_answers_bad_inputs_with_4xx_or_stores_them_and_keeps_answering(
-    sqlite_url: str, tmp_path: Path
+    sqlite_url: str, tmp_path: Path, api: FakeBotAPI
 ) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}/hook"
     chat = 7100
-    async with FakeBotAPI(TOKEN) as api:
-        settings = make_settings(
-            sqlite_url, api, tmp_path, webhook_url=url, webhook_secret=SECRET,
-            webhook_listen="127.0.0.1", webhook_port=port,
+    settings = make_settings(
+        sqlite_url, api, tmp_path, webhook_url=url, webhook_secret=SECRET,
+        webhook_listen="127.0.0.1", webhook_port=port,
+    )  # fmt: skip
+    async with running_service(settings, EchoResponder()) as svc:
+        await api.wait_for(lambda: api.webhook.url != "", 10, "setWebhook")
+        next_id = iter(range(500, 600))
+        answered = 0
+
+        async def still_answers() -> None:
+            nonlocal answered
+            update = {"update_id": next(next_id), "message": message(chat, f"good {answered}")}
+            assert await post(url, json.dumps(update).encode()) == 200
+            answered += 1
+            await api.wait_for_texts(chat, answered)
+
+        # Without the secret: header bytes that are not text get 403, like any wrong secret.
+        good = json.dumps({"update_id": 1, "message": message(chat)}).encode()
+        for header in (b"\xff\xfe", b"\xc3\xa9t\xc3\xa9", SECRET.encode() + b"\xff"):
+            assert await raw_post(port, "/hook", header, good) == 403
+        assert await rows(svc, "SELECT update_id FROM inbox") == []
+        await still_answers()
+
+        # Malformed bodies: 400, nothing stored.
+        u = next(next_id)
+        body = json.dumps({"update_id": u, "message": message(chat)}).encode()
+        not_updates = [
+            (body, "application/json; charset=nosuch"),
+            (b"[" * DEEP, ""),
+            (deep_json(DEEP).encode(), ""),
+            (b'{"update_id": true, "message": {}}', ""),
+            (json.dumps({"update_id": HUGE, "message": message(chat)}).encode(), ""),
+            (b'{"update_id": "5", "message": {}}', ""),
+            (b"\xff\xfe{}", ""),
+        ]
+        for bad, ctype in not_updates:
+            assert await post(url, bad, ctype=ctype) == 400, bad[:60]
+            await still_answers()
+        stored = {r[0] for r in await rows(svc, "SELECT update_id FROM inbox")}
+        assert not stored & {u, 1}  # (true would have been update 1)
+
+        # Well-formed updates the service cannot use: stored as ignored, 200, no reply.
+        big_chat = next(next_id)
+        unusable = {"update_id": big_chat, "message": message(HUGE)}
+        assert await post(url, json.dumps(unusable).encode()) == 200
+        big_date = next(next_id)  # python-telegram-bot cannot make a datetime of it
+        unusable = {"update_id": big_date, "message": message(chat, date=2**62)}
+        assert await post(url, json.dumps(unusable).encode()) == 200
+        await still_answers()
+        got = await rows(
+            svc, "SELECT update_id, chat_id, status FROM inbox WHERE update_id IN (:a, :b)",
+            a=big_chat, b=big_date,
         )  # fmt: skip
-        async with running_service(settings, EchoResponder()) as svc:
-            await api.wait_for(lambda: api.webhook.url != "", 10, "setWebhook")
-            next_id = iter(range(500, 600))
-            answered = 0
+        assert sorted(got) == [(big_chat, None, "ignored"), (big_date, chat, "ignored")]
 
-            async def still_answers() -> None:
-                nonlocal answered
-                update = {"update_id": next(next_id), "message": message(chat, f"good {answered}")}
-                assert await post(url, json.dumps(update).encode()) == 200
-                answered += 1
-                await api.wait_for_texts(chat, answered)
-
-            # Without the secret: header bytes that are not text get 403, like any wrong secret.
-            good = json.dumps({"update_id": 1, "message": message(chat)}).encode()
-            for header in (b"\xff\xfe", b"\xc3\xa9t\xc3\xa9", SECRET.encode() + b"\xff"):
-                assert await raw_post(port, "/hook", header, good) == 403
-            assert await rows(svc, "SELECT update_id FROM inbox") == []
-            await still_answers()
-
-            # Malformed bodies: 400, nothing stored.
-            u = next(next_id)
-            body = json.dumps({"update_id": u, "message": message(chat)}).encode()
-            not_updates = [
-                (body, "application/json; charset=nosuch"),
-                (b"[" * DEEP, ""),
-                (deep_json(DEEP).encode(), ""),
-                (b'{"update_id": true, "message": {}}', ""),
-                (json.dumps({"update_id": HUGE, "message": message(chat)}).encode(), ""),
-                (b'{"update_id": "5", "message": {}}', ""),
-                (b"\xff\xfe{}", ""),
-            ]
-            for bad, ctype in not_updates:
-                assert await post(url, bad, ctype=ctype) == 400, bad[:60]
-                await still_answers()
-            stored = {r[0] for r in await rows(svc, "SELECT update_id FROM inbox")}
-            assert not stored & {u, 1}  # (true would have been update 1)
-
-            # Well-formed updates the service cannot use: stored as ignored, 200, no reply.
-            big_chat = next(next_id)
-            unusable = {"update_id": big_chat, "message": message(HUGE)}
-            assert await post(url, json.dumps(unusable).encode()) == 200
-            big_date = next(next_id)  # python-telegram-bot cannot make a datetime of it
-            unusable = {"update_id": big_date, "message": message(chat, date=2**62)}
-            assert await post(url, json.dumps(unusable).encode()) == 200
-            await still_answers()
-            got = await rows(
-                svc, "SELECT update_id, chat_id, status FROM inbox WHERE update_id IN (:a, :b)",
-                a=big_chat, b=big_date,
-            )  # fmt: skip
-            assert sorted(got) == [(big_chat, None, "ignored"), (big_date, chat, "ignored")]
-
-            # Usable ones, repaired: a lone surrogate becomes U+FFFD; deep nesting becomes null.
-            lone = next(next_id)
-            text = json.dumps({"update_id": lone, "message": message(chat, "hi ")})
-            text = text.replace('"hi "', '"hi \\ud800"')
-            assert await post(url, text.encode()) == 200
-            await api.wait_for_texts(chat, answered + 1)
-            deep = next(next_id)
-            text = json.dumps({"update_id": deep, "message": message(chat, "deep", x="DEEP")})
-            assert await post(url, text.replace('"DEEP"', deep_json(DEEP)).encode()) == 200
-            await api.wait_for_texts(chat, answered + 2)
-            assert api.texts(chat)[-2:] == [f"echo {chat}: hi \ufffd", f"echo {chat}: deep"]
-            ((payload,),) = await rows(svc, "SELECT payload FROM inbox WHERE update_id=:u", u=deep)
-            nested = json.loads(payload)["message"]["x"]
-            for _ in range(MAX_JSON_DEPTH - 3):  # x's list is the third container
-                (nested,) = nested
-            assert nested == [None]
-            answered += 2
-            await still_answers()
-        assert all(status != 500 for _, status in api.webhook_posts)
+        # Usable ones, repaired: a lone surrogate becomes U+FFFD; deep nesting becomes null.
+        lone = next(next_id)
+        text = json.dumps({"update_id": lone, "message": message(chat, "hi ")})
+        text = text.replace('"hi "', '"hi \\ud800"')
+        assert await post(url, text.encode()) == 200
+        await api.wait_for_texts(chat, answered + 1)
+        deep = next(next_id)
+        text = json.dumps({"update_id": deep, "message": message(chat, "deep", x="DEEP")})
+        assert await post(url, text.replace('"DEEP"', deep_json(DEEP)).encode()) == 200
+        await api.wait_for_texts(chat, answered + 2)
+        assert api.texts(chat)[-2:] == [f"echo {chat}: hi \ufffd", f"echo {chat}: deep"]
+        ((payload,),) = await rows(svc, "SELECT payload FROM inbox WHERE update_id=:u", u=deep)
+        nested = json.loads(payload)["message"]["x"]
+        for _ in range(MAX_JSON_DEPTH - 3):  # x's list is the third container
+            (nested,) = nested
+        assert nested == [None]
+        answered += 2
+        await still_answers()
+    assert all(status != 500 for _, status in api.webhook_posts)
 
 
 class RawUpdatesAPI(FakeBotAPI):

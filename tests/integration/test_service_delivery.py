@@ -12,7 +12,8 @@ from bot.db import migrate, outbox
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.tg.delivery import MAX_MESSAGE_UTF16, split_message, utf16_len
 from tests.support.fakebotapi import FakeBotAPI, Fault
-from tests.support.service_harness import TOKEN, EchoResponder, make_settings, rows, running_service
+from tests.support.fixtures import StartService
+from tests.support.service_harness import EchoResponder, make_settings, rows, running_service
 
 
 @pytest.mark.parametrize(
@@ -39,109 +40,103 @@ def test_split_message_never_sends_empty_text() -> None:
     assert split_message("  \n ") == ["…"]
 
 
-async def test_a_429_delays_the_reply_but_delivers_it_once(sqlite_url: str, tmp_path: Path) -> None:
-    async with FakeBotAPI(TOKEN) as api:
-        api.inject(Fault("sendMessage", status=429, retry_after=1, times=1))
-        async with running_service(
-            make_settings(sqlite_url, api, tmp_path), EchoResponder()
-        ) as svc:
-            api.user_message(501, "please answer")
-            assert await api.wait_for_texts(501, 1) == ["echo 501: please answer"]
-            refused, accepted = api.calls_to("sendMessage")
-            assert refused.status == 429 and accepted.status == 200
-            assert accepted.at - refused.at >= 0.95  # waited retry_after
-            await asyncio.sleep(0.2)
-            assert api.texts(501) == ["echo 501: please answer"]
-            assert await rows(svc, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]
-            delivered = await rows(
-                svc, "SELECT count(*) FROM messages WHERE role = 'bot' AND delivered_at IS NOT NULL"
-            )
-            assert delivered == [(1,)]
+async def test_a_429_delays_the_reply_but_delivers_it_once(
+    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    api.inject(Fault("sendMessage", status=429, retry_after=1, times=1))
+    svc = await start_service(make_settings(sqlite_url, api, tmp_path), EchoResponder())
+    api.user_message(501, "please answer")
+    assert await api.wait_for_texts(501, 1) == ["echo 501: please answer"]
+    refused, accepted = api.calls_to("sendMessage")
+    assert refused.status == 429 and accepted.status == 200
+    assert accepted.at - refused.at >= 0.95  # waited retry_after
+    await asyncio.sleep(0.2)
+    assert api.texts(501) == ["echo 501: please answer"]
+    assert await rows(svc, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]
+    delivered = await rows(
+        svc, "SELECT count(*) FROM messages WHERE role = 'bot' AND delivered_at IS NOT NULL"
+    )
+    assert delivered == [(1,)]
 
 
-async def test_server_errors_and_timeouts_are_retried(sqlite_url: str, tmp_path: Path) -> None:
-    async with FakeBotAPI(TOKEN) as api:
-        api.inject(
-            Fault("sendMessage", status=500, times=1),
-            Fault("sendMessage", status=502, times=1),
-            # Longer than the client's timeout; the server then fails it, so nothing was sent.
-            Fault("sendMessage", status=504, delay=1.5, times=1),
-            Fault("getUpdates", status=502, times=2),
-            Fault("sendChatAction", status=500, times=5),
-        )
-        settings = make_settings(sqlite_url, api, tmp_path)
-        async with running_service(settings, EchoResponder(), timeout_s=1.0) as svc:
-            api.user_message(502, "are you there")
-            assert await api.wait_for_texts(502, 1, timeout_s=15) == ["echo 502: are you there"]
-            await api.wait_for(lambda: api.calls_to("sendMessage")[2].status is not None)
-            statuses = [c.status for c in api.calls_to("sendMessage")]
-            assert statuses == [500, 502, 504, 200]
-            (attempts,) = await rows(svc, "SELECT attempts FROM outbox")
-            assert attempts == (3,)
+async def test_server_errors_and_timeouts_are_retried(
+    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    api.inject(
+        Fault("sendMessage", status=500, times=1),
+        Fault("sendMessage", status=502, times=1),
+        # Longer than the client's timeout; the server then fails it, so nothing was sent.
+        Fault("sendMessage", status=504, delay=1.5, times=1),
+        Fault("getUpdates", status=502, times=2),
+        Fault("sendChatAction", status=500, times=5),
+    )
+    settings = make_settings(sqlite_url, api, tmp_path)
+    svc = await start_service(settings, EchoResponder(), timeout_s=1.0)
+    api.user_message(502, "are you there")
+    assert await api.wait_for_texts(502, 1, timeout_s=15) == ["echo 502: are you there"]
+    await api.wait_for(lambda: api.calls_to("sendMessage")[2].status is not None)
+    statuses = [c.status for c in api.calls_to("sendMessage")]
+    assert statuses == [500, 502, 504, 200]
+    (attempts,) = await rows(svc, "SELECT attempts FROM outbox")
+    assert attempts == (3,)
 
 
 async def test_a_blocked_chat_stops_retrying_and_others_are_unaffected(
-    db_url: str, tmp_path: Path
+    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
 ) -> None:
     blocked, fine = 601, 602
-    async with FakeBotAPI(TOKEN) as api:
-        api.inject(Fault("sendMessage", status=403, chat_id=blocked, times=100))
-        async with running_service(make_settings(db_url, api, tmp_path), EchoResponder()) as svc:
-            api.user_message(blocked, "one")
-            api.user_message(blocked, "two")
-            api.user_message(fine, "hello")
-            await api.wait_for_texts(fine, 1)
-            outbox = (
-                f"SELECT count(*) FROM outbox WHERE chat_id = {blocked} AND failed_at IS NOT NULL"
-            )
+    api.inject(Fault("sendMessage", status=403, chat_id=blocked, times=100))
+    svc = await start_service(make_settings(db_url, api, tmp_path), EchoResponder())
+    api.user_message(blocked, "one")
+    api.user_message(blocked, "two")
+    api.user_message(fine, "hello")
+    await api.wait_for_texts(fine, 1)
+    outbox = f"SELECT count(*) FROM outbox WHERE chat_id = {blocked} AND failed_at IS NOT NULL"
 
-            async def both_failed() -> bool:
-                return await rows(svc, outbox) == [(2,)]
+    async def both_failed() -> bool:
+        return await rows(svc, outbox) == [(2,)]
 
-            for _ in range(200):
-                if await both_failed():
-                    break
-                await asyncio.sleep(0.02)
-            assert await both_failed()
-            tries = len(
-                [c for c in api.calls_to("sendMessage") if c.params["chat_id"] == str(blocked)]
-            )
-            await asyncio.sleep(0.3)
-            assert tries == len(
-                [c for c in api.calls_to("sendMessage") if c.params["chat_id"] == str(blocked)]
-            )
-            assert tries <= 2
-            # Both turns are stored; only delivery gave up.
-            (count,) = await rows(svc, f"SELECT count(*) FROM messages WHERE chat_id = {blocked}")
-            assert count == (4,)
+    for _ in range(200):
+        if await both_failed():
+            break
+        await asyncio.sleep(0.02)
+    assert await both_failed()
+    tries = len([c for c in api.calls_to("sendMessage") if c.params["chat_id"] == str(blocked)])
+    await asyncio.sleep(0.3)
+    assert tries == len(
+        [c for c in api.calls_to("sendMessage") if c.params["chat_id"] == str(blocked)]
+    )
+    assert tries <= 2
+    # Both turns are stored; only delivery gave up.
+    (count,) = await rows(svc, f"SELECT count(*) FROM messages WHERE chat_id = {blocked}")
+    assert count == (4,)
 
 
 async def test_a_long_reply_goes_out_in_parts_and_a_retry_resends_no_part(
-    sqlite_url: str, tmp_path: Path
+    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
 ) -> None:
     long_reply = ("Sentence number one is here. " * 200 + "\n\n") * 3  # ~17,400 characters
     parts = split_message(long_reply)
     assert len(parts) == 5
-    async with FakeBotAPI(TOKEN) as api:
-        responder = EchoResponder()
-        responder.reply_override = lambda chat, text: long_reply
-        async with running_service(make_settings(sqlite_url, api, tmp_path), responder) as svc:
-            # The third part fails twice (5xx, then a 429); parts sent must not repeat.
-            api.inject(
-                Fault("sendMessage", status=500, times=1, skip=2),
-                Fault("sendMessage", status=429, retry_after=1, times=1, skip=2),
-            )
-            api.user_message(701, "tell me a long story")
-            await api.wait_for_texts(701, 5, timeout_s=15)
-            await asyncio.sleep(0.2)
-            assert api.texts(701) == parts
-            statuses = [c.status for c in api.calls_to("sendMessage")]
-            assert statuses == [200, 200, 500, 429, 200, 200, 200]
-            assert await rows(svc, "SELECT parts_sent, sent_at IS NOT NULL FROM outbox") == [(4, 1)]
+    responder = EchoResponder()
+    responder.reply_override = lambda chat, text: long_reply
+    svc = await start_service(make_settings(sqlite_url, api, tmp_path), responder)
+    # The third part fails twice (5xx, then a 429); parts sent must not repeat.
+    api.inject(
+        Fault("sendMessage", status=500, times=1, skip=2),
+        Fault("sendMessage", status=429, retry_after=1, times=1, skip=2),
+    )
+    api.user_message(701, "tell me a long story")
+    await api.wait_for_texts(701, 5, timeout_s=15)
+    await asyncio.sleep(0.2)
+    assert api.texts(701) == parts
+    statuses = [c.status for c in api.calls_to("sendMessage")]
+    assert statuses == [200, 200, 500, 429, 200, 200, 200]
+    assert await rows(svc, "SELECT parts_sent, sent_at IS NOT NULL FROM outbox") == [(4, 1)]
 
 
 async def test_undelivered_texts_are_sent_at_start_resuming_after_sent_parts(
-    sqlite_url: str, tmp_path: Path
+    sqlite_url: str, tmp_path: Path, api: FakeBotAPI
 ) -> None:
     text = "x" * 5000 + " " + "y" * 5000 + " " + "z" * 100
     parts = split_message(text)
@@ -155,16 +150,15 @@ async def test_undelivered_texts_are_sent_at_start_resuming_after_sent_parts(
         await outbox.enqueue(db, chat_id=801, kind="notice", text="and then this")
         await outbox.enqueue(db, chat_id=802, kind="notice", text="for someone else")
     await engine.dispose()
-    async with FakeBotAPI(TOKEN) as api:
-        settings = make_settings(sqlite_url, api, tmp_path)
-        async with running_service(settings, EchoResponder(), migrate_db=False):
-            texts = await api.wait_for_texts(801, 3)
-            await api.wait_for_texts(802, 1)
-        assert texts == [parts[1], parts[2], "and then this"]
+    settings = make_settings(sqlite_url, api, tmp_path)
+    async with running_service(settings, EchoResponder(), migrate_db=False):
+        texts = await api.wait_for_texts(801, 3)
+        await api.wait_for_texts(802, 1)
+    assert texts == [parts[1], parts[2], "and then this"]
 
 
 async def test_a_reply_deleted_by_forget_while_queued_is_never_sent(
-    sqlite_url: str, tmp_path: Path
+    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
 ) -> None:
     # Issue 11.5: delivery looped over rows it had read earlier, so replies that /forget
     # deleted while an earlier one was still being sent went out anyway.
@@ -178,20 +172,19 @@ async def test_a_reply_deleted_by_forget_while_queued_is_never_sent(
             await store.record_turn(session.id, chat, text, f"reply to {text}")
     finally:
         await engine.dispose()
-    async with FakeBotAPI(TOKEN) as api:
-        api.inject(Fault("sendMessage", status=None, delay=1.5, times=1, chat_id=chat))
-        settings = make_settings(sqlite_url, api, tmp_path)
-        async with running_service(settings, EchoResponder(), migrate_db=False) as svc:
-            await api.wait_for(lambda: api.calls_to("sendMessage") != [], what="sendMessage")
-            api.user_message(chat, "/forget")  # while "reply to one" is on its way
-            texts = await api.wait_for_texts(chat, 2)
-            await asyncio.sleep(1.0)  # time for a stale reply to go out
-            assert (
-                api.texts(chat)
-                == texts
-                == [
-                    "reply to one",  # already in flight when /forget came
-                    "Done: I deleted everything I had stored about this chat.",
-                ]
-            )
-            assert await rows(svc, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]
+    api.inject(Fault("sendMessage", status=None, delay=1.5, times=1, chat_id=chat))
+    settings = make_settings(sqlite_url, api, tmp_path)
+    svc = await start_service(settings, EchoResponder(), migrate_db=False)
+    await api.wait_for(lambda: api.calls_to("sendMessage") != [], what="sendMessage")
+    api.user_message(chat, "/forget")  # while "reply to one" is on its way
+    texts = await api.wait_for_texts(chat, 2)
+    await asyncio.sleep(1.0)  # time for a stale reply to go out
+    assert (
+        api.texts(chat)
+        == texts
+        == [
+            "reply to one",  # already in flight when /forget came
+            "Done: I deleted everything I had stored about this chat.",
+        ]
+    )
+    assert await rows(svc, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]

@@ -10,6 +10,7 @@ import aiohttp
 from bot.tg.app import serve
 from tests.support.botprocess import free_port
 from tests.support.fakebotapi import SECRET_HEADER, FakeBotAPI
+from tests.support.fixtures import StartService
 from tests.support.service_harness import (
     TOKEN,
     EchoResponder,
@@ -23,108 +24,106 @@ SECRET = "s3cret-Token_for-tests"
 
 
 async def test_polling_confirms_an_update_only_after_its_inbox_row_is_committed(
-    sqlite_url: str, tmp_path: Path
+    sqlite_url: str, tmp_path: Path, api: FakeBotAPI
 ) -> None:
     unsafe: list[tuple[int, list[int]]] = []
-    async with FakeBotAPI(TOKEN) as api:
 
-        def check(offset: int | None) -> None:
-            # Runs inside getUpdates, before the offset confirms anything.
-            if offset is None:
-                return
-            stored = {r[0] for r in sqlite_rows(sqlite_url, "SELECT update_id FROM inbox")}
-            confirmed = [u["update_id"] for u in api.updates if u["update_id"] < offset]
-            if not set(confirmed) <= stored:
-                unsafe.append((offset, confirmed))
+    def check(offset: int | None) -> None:
+        # Runs inside getUpdates, before the offset confirms anything.
+        if offset is None:
+            return
+        stored = {r[0] for r in sqlite_rows(sqlite_url, "SELECT update_id FROM inbox")}
+        confirmed = [u["update_id"] for u in api.updates if u["update_id"] < offset]
+        if not set(confirmed) <= stored:
+            unsafe.append((offset, confirmed))
 
-        api.on_get_updates = check
-        responder = EchoResponder()
-        async with running_service(make_settings(sqlite_url, api, tmp_path), responder):
-            ids = [api.user_message(11, f"message {i}") for i in range(5)]
-            await api.wait_for_texts(11, 5)
-            await api.wait_for(lambda: any(o and o > max(ids) for o in api.offsets))
-        assert unsafe == []
-        assert [o for o in api.offsets if o is not None][-1] == max(ids) + 1
+    api.on_get_updates = check
+    responder = EchoResponder()
+    async with running_service(make_settings(sqlite_url, api, tmp_path), responder):
+        ids = [api.user_message(11, f"message {i}") for i in range(5)]
+        await api.wait_for_texts(11, 5)
+        await api.wait_for(lambda: any(o and o > max(ids) for o in api.offsets))
+    assert unsafe == []
+    assert [o for o in api.offsets if o is not None][-1] == max(ids) + 1
 
 
-async def test_a_duplicated_update_produces_one_turn(db_url: str, tmp_path: Path) -> None:
-    async with FakeBotAPI(TOKEN) as api:
-        responder = EchoResponder()
-        async with running_service(make_settings(db_url, api, tmp_path), responder) as service:
-            first = api.user_message(21, "only once")
-            api.redeliver(first)  # in the same getUpdates batch
-            await api.wait_for_texts(21, 1)
-            api.redeliver(first)  # again after it was answered
-            polls = len(api.offsets)
-            # The next poll starts only once the duplicate went through ingest.
-            await api.wait_for(lambda: len(api.offsets) >= polls + 1, what="another poll")
-            await asyncio.sleep(0.2)
-            assert responder.calls == [(21, "only once")]
-            assert api.texts(21) == ["echo 21: only once"]
-            messages = await rows(service, "SELECT role, text FROM messages ORDER BY id")
-            assert messages == [("user", "only once"), ("bot", "echo 21: only once")]
-            inbox = await rows(service, "SELECT update_id, status FROM inbox")
-            assert inbox == [(first, "done")]
+async def test_a_duplicated_update_produces_one_turn(
+    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    responder = EchoResponder()
+    service = await start_service(make_settings(db_url, api, tmp_path), responder)
+    first = api.user_message(21, "only once")
+    api.redeliver(first)  # in the same getUpdates batch
+    await api.wait_for_texts(21, 1)
+    api.redeliver(first)  # again after it was answered
+    polls = len(api.offsets)
+    # The next poll starts only once the duplicate went through ingest.
+    await api.wait_for(lambda: len(api.offsets) >= polls + 1, what="another poll")
+    await asyncio.sleep(0.2)
+    assert responder.calls == [(21, "only once")]
+    assert api.texts(21) == ["echo 21: only once"]
+    messages = await rows(service, "SELECT role, text FROM messages ORDER BY id")
+    assert messages == [("user", "only once"), ("bot", "echo 21: only once")]
+    inbox = await rows(service, "SELECT update_id, status FROM inbox")
+    assert inbox == [(first, "done")]
 
 
 async def test_channel_posts_are_stored_closed_and_never_answered(
-    sqlite_url: str, tmp_path: Path
+    sqlite_url: str, tmp_path: Path, api: FakeBotAPI
 ) -> None:
-    async with FakeBotAPI(TOKEN) as api:
-        responder = EchoResponder()
-        async with running_service(make_settings(sqlite_url, api, tmp_path), responder) as service:
-            post = api.channel_post(-100123, "news")
-            api.user_message(22, "after the post")
-            await api.wait_for_texts(22, 1)
-            inbox = dict(await rows(service, "SELECT update_id, status FROM inbox"))
-        # allowed_updates keeps channel posts away from a real Telegram; ours sends them anyway.
-        assert inbox.get(post) in (None, "ignored")
-        assert api.texts(-100123) == []
-        assert responder.calls == [(22, "after the post")]
+    responder = EchoResponder()
+    async with running_service(make_settings(sqlite_url, api, tmp_path), responder) as service:
+        post = api.channel_post(-100123, "news")
+        api.user_message(22, "after the post")
+        await api.wait_for_texts(22, 1)
+        inbox = dict(await rows(service, "SELECT update_id, status FROM inbox"))
+    # allowed_updates keeps channel posts away from a real Telegram; ours sends them anyway.
+    assert inbox.get(post) in (None, "ignored")
+    assert api.texts(-100123) == []
+    assert responder.calls == [(22, "after the post")]
 
 
 async def test_webhook_answers_403_without_the_secret_and_stores_nothing(
-    db_url: str, tmp_path: Path
+    db_url: str, tmp_path: Path, api: FakeBotAPI
 ) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}/telegram/hook"
-    async with FakeBotAPI(TOKEN) as api:
-        settings = make_settings(
-            db_url, api, tmp_path, webhook_url=url, webhook_secret=SECRET,
-            webhook_listen="127.0.0.1", webhook_port=port,
-        )  # fmt: skip
-        responder = EchoResponder()
-        async with running_service(settings, responder) as service:
-            assert api.webhook.url == url and api.webhook.secret == SECRET
-            assert api.webhook.allowed_updates == ["message", "edited_message"]
-            forged = {
-                "update_id": 999,
-                "message": {
-                    "message_id": 1, "date": 0, "text": "forged",
-                    "chat": {"id": 31, "type": "private"},
-                },
-            }  # fmt: skip
-            assert await api.post_to_webhook(forged, secret=None) == 403
-            assert await api.post_to_webhook(forged, secret="wrong") == 403
-            assert await api.post_to_webhook(forged, secret=SECRET[:-1]) == 403
-            async with (
-                aiohttp.ClientSession() as http,
-                http.post(url, data=b"not json", headers={SECRET_HEADER: "nope"}) as resp,
-            ):
-                assert resp.status == 403
-            assert await rows(service, "SELECT update_id FROM inbox") == []
-            # The real thing: Telegram (the fake) posts with the secret and gets answers.
-            api.user_message(31, "hello over the webhook")
-            assert await api.wait_for_texts(31, 1) == ["echo 31: hello over the webhook"]
-            assert all(status == 200 for _, status in api.webhook_posts)
-            assert responder.calls == [(31, "hello over the webhook")]
-            # A webhook retry of an already stored update changes nothing.
-            update = api.history[-1]
-            assert await api.post_to_webhook(update, secret=SECRET) == 200
-            await asyncio.sleep(0.3)
-            assert responder.calls == [(31, "hello over the webhook")]
-            assert len(api.texts(31)) == 1
-        assert api.calls_to("getUpdates") == []
+    settings = make_settings(
+        db_url, api, tmp_path, webhook_url=url, webhook_secret=SECRET,
+        webhook_listen="127.0.0.1", webhook_port=port,
+    )  # fmt: skip
+    responder = EchoResponder()
+    async with running_service(settings, responder) as service:
+        assert api.webhook.url == url and api.webhook.secret == SECRET
+        assert api.webhook.allowed_updates == ["message", "edited_message"]
+        forged = {
+            "update_id": 999,
+            "message": {
+                "message_id": 1, "date": 0, "text": "forged",
+                "chat": {"id": 31, "type": "private"},
+            },
+        }  # fmt: skip
+        assert await api.post_to_webhook(forged, secret=None) == 403
+        assert await api.post_to_webhook(forged, secret="wrong") == 403
+        assert await api.post_to_webhook(forged, secret=SECRET[:-1]) == 403
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(url, data=b"not json", headers={SECRET_HEADER: "nope"}) as resp,
+        ):
+            assert resp.status == 403
+        assert await rows(service, "SELECT update_id FROM inbox") == []
+        # The real thing: Telegram (the fake) posts with the secret and gets answers.
+        api.user_message(31, "hello over the webhook")
+        assert await api.wait_for_texts(31, 1) == ["echo 31: hello over the webhook"]
+        assert all(status == 200 for _, status in api.webhook_posts)
+        assert responder.calls == [(31, "hello over the webhook")]
+        # A webhook retry of an already stored update changes nothing.
+        update = api.history[-1]
+        assert await api.post_to_webhook(update, secret=SECRET) == 200
+        await asyncio.sleep(0.3)
+        assert responder.calls == [(31, "hello over the webhook")]
+        assert len(api.texts(31)) == 1
+    assert api.calls_to("getUpdates") == []
 
 
 async def test_webhook_keeps_redelivering_while_the_bot_is_down(

@@ -160,6 +160,7 @@ async def test_user_text_stays_out_of_logs_and_stored_errors_while_sqlite_is_loc
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
+    api: FakeBotAPI,
 ) -> None:
     # Issue 11.6: SQLAlchemy's error text carries bound parameters, so "storing update ...
     # failed" printed the message text and the user's first name at WARNING, and a failed
@@ -168,34 +169,33 @@ async def test_user_text_stays_out_of_logs_and_stored_errors_while_sqlite_is_loc
     text, name, late = "canary text 5821", "Canaryfirstname", "late canary 7315"
     chat = 9300
     responder = EchoResponder(delay_s=lambda _chat, t: 1.0 if t == late else 0.0)
-    async with FakeBotAPI(TOKEN) as api:
-        settings = make_settings(sqlite_url, api, tmp_path, log_level="INFO")
-        caplog.set_level(logging.INFO)
-        async with running_service(settings, responder) as svc:
-            api.user_message(chat, "first")
-            await api.wait_for_texts(chat, 1)
-            conn = sqlite3.connect(sqlite_file(sqlite_url), timeout=30)
-            try:
-                # 1. Locked while the update is being stored.
-                await _take_write_lock(conn)
-                api.user_message(
-                    chat, text, extra={"from": {"id": chat, "is_bot": False, "first_name": name}}
-                )
-                await asyncio.sleep(2.0)  # storing the update fails, and is retried
-                conn.commit()
-                await api.wait_for_texts(chat, 2, timeout_s=30)
-                # 2. Locked while its turn is generated: committing the turn fails.
-                api.user_message(chat, late)
-                await api.wait_for(lambda: (chat, late) in responder.calls, what="the late turn")
-                await _take_write_lock(conn)
-                await asyncio.sleep(2.0)
-                conn.commit()
-            finally:
-                conn.close()
-            await api.wait_for_texts(chat, 3, timeout_s=30)
-            errors = await rows(svc, "SELECT error FROM inbox WHERE error IS NOT NULL")
-        failures = [r for r in caplog.records if r.levelno >= logging.WARNING]
-        assert len(failures) >= 2, "the locks caused no warnings: the test tested nothing"
-        for secret in (text, name, late):
-            assert secret not in caplog.text  # tracebacks included
-            assert all(secret not in e for (e,) in errors)
+    settings = make_settings(sqlite_url, api, tmp_path, log_level="INFO")
+    caplog.set_level(logging.INFO)
+    async with running_service(settings, responder) as svc:
+        api.user_message(chat, "first")
+        await api.wait_for_texts(chat, 1)
+        conn = sqlite3.connect(sqlite_file(sqlite_url), timeout=30)
+        try:
+            # 1. Locked while the update is being stored.
+            await _take_write_lock(conn)
+            api.user_message(
+                chat, text, extra={"from": {"id": chat, "is_bot": False, "first_name": name}}
+            )
+            await asyncio.sleep(2.0)  # storing the update fails, and is retried
+            conn.commit()
+            await api.wait_for_texts(chat, 2, timeout_s=30)
+            # 2. Locked while its turn is generated: committing the turn fails.
+            api.user_message(chat, late)
+            await api.wait_for(lambda: (chat, late) in responder.calls, what="the late turn")
+            await _take_write_lock(conn)
+            await asyncio.sleep(2.0)
+            conn.commit()
+        finally:
+            conn.close()
+        await api.wait_for_texts(chat, 3, timeout_s=30)
+        errors = await rows(svc, "SELECT error FROM inbox WHERE error IS NOT NULL")
+    failures = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(failures) >= 2, "the locks caused no warnings: the test tested nothing"
+    for secret in (text, name, late):
+        assert secret not in caplog.text  # tracebacks included
+        assert all(secret not in e for (e,) in errors)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bot.tg.app import Service
 from tests.support.fakebotapi import FakeBotAPI
-from tests.support.service_harness import TOKEN, EchoResponder, make_settings, rows, running_service
+from tests.support.service_harness import EchoResponder, make_settings, rows, running_service
 
 FLOODER = 4000
 OTHERS = list(range(4001, 4021))
@@ -59,65 +59,61 @@ def _summary(latencies: list[float]) -> str:
 
 
 async def test_a_flooder_is_limited_with_one_notice_and_the_others_are_unaffected(
-    sqlite_url: str, tmp_path: Path
+    sqlite_url: str, tmp_path: Path, api: FakeBotAPI
 ) -> None:
-    async with FakeBotAPI(TOKEN) as api:
-        settings = make_settings(sqlite_url, api, tmp_path, log_level="INFO")
-        limit = settings.flood_max_messages
-        async with running_service(settings, EchoResponder(delay_s=0.02)) as svc:
-            alone, _ = await _round(api, svc, "calm", flood=False)
-            flooded, peak = await _round(api, svc, "busy", flood=True)
-            stored = await rows(
-                svc, "SELECT count(*) FROM messages WHERE chat_id = :c AND role = 'user'",
-                c=FLOODER,
-            )  # fmt: skip
-            # Bounded state: the flood gate keeps at most `limit` stamps per chat; no queue or
-            # sender is left behind.
-            assert len(svc.handlers.flood._accepted[FLOODER]) <= limit
-            await asyncio.sleep(0.5)
-            assert svc.inbox_worker.busy == 0 and svc.delivery.busy == 0
-        flooder = api.texts(FLOODER)
-        notices = [t for t in flooder if t.startswith("You're writing faster")]
-        assert len(notices) == 1
-        assert len(flooder) - 1 <= limit  # replies only within the limit
-        assert stored == [(100,)]  # nothing the flooder wrote was lost
-        print(
-            f"others' reply latency alone: {_summary(alone)}; during the flood: "
-            f"{_summary(flooded)}; peak chats in flight: {peak}"
-        )
+    settings = make_settings(sqlite_url, api, tmp_path, log_level="INFO")
+    limit = settings.flood_max_messages
+    async with running_service(settings, EchoResponder(delay_s=0.02)) as svc:
+        alone, _ = await _round(api, svc, "calm", flood=False)
+        flooded, peak = await _round(api, svc, "busy", flood=True)
+        stored = await rows(
+            svc, "SELECT count(*) FROM messages WHERE chat_id = :c AND role = 'user'",
+            c=FLOODER,
+        )  # fmt: skip
+        # Bounded state: the flood gate keeps at most `limit` stamps per chat; no queue or
+        # sender is left behind.
+        assert len(svc.handlers.flood._accepted[FLOODER]) <= limit
+        await asyncio.sleep(0.5)
+        assert svc.inbox_worker.busy == 0 and svc.delivery.busy == 0
+    flooder = api.texts(FLOODER)
+    notices = [t for t in flooder if t.startswith("You're writing faster")]
+    assert len(notices) == 1
+    assert len(flooder) - 1 <= limit  # replies only within the limit
+    assert stored == [(100,)]  # nothing the flooder wrote was lost
+    print(
+        f"others' reply latency alone: {_summary(alone)}; during the flood: "
+        f"{_summary(flooded)}; peak chats in flight: {peak}"
+    )
 
 
 async def test_commands_and_edits_count_against_the_flood_limit_but_forget_always_works(
-    sqlite_url: str, tmp_path: Path
+    sqlite_url: str, tmp_path: Path, api: FakeBotAPI
 ) -> None:
     # Issue 11.4: 150 commands and 30 edits from one chat got 180 replies and no notice.
     chat = 4100
-    async with FakeBotAPI(TOKEN) as api:
-        settings = make_settings(sqlite_url, api, tmp_path, log_level="INFO")
-        limit = settings.flood_max_messages
-        async with running_service(settings, EchoResponder()) as svc:
-            t0 = int(time.time())
-            api.user_message(chat, "hello")  # a conversation whose /forget has work to do
-            for i in range(150):
-                api.user_message(
-                    chat, "/help" if i % 2 else "/persona", extra={"date": t0 + i // 50}
-                )
-            for i in range(30):
-                api.user_message(chat, f"edit {i}", kind="edited_message", extra={"date": t0 + 2})
-            for _ in range(600):  # every update closed and every text queued has gone out
-                closed = await rows(svc, "SELECT count(*) FROM inbox WHERE status != 'pending'")
-                unsent = await rows(svc, "SELECT count(*) FROM outbox WHERE sent_at IS NULL")
-                if closed == [(181,)] and unsent == [(0,)]:
-                    break
-                await asyncio.sleep(0.05)
-            flooded = api.texts(chat)
-            # Still within the window, and over the limit: /forget is exempt.
-            api.user_message(chat, "/forget", extra={"date": t0 + 3})
-            await api.wait_for_texts(chat, len(flooded) + 1)
-            statuses = await rows(svc, "SELECT status, count(*) FROM inbox GROUP BY status")
-        notices = [t for t in flooded if t.startswith("You're writing faster")]
-        assert len(notices) == 1
-        # "hello" and the commands within the limit, and one notice.
-        assert len(flooded) == limit + 1, flooded
-        assert api.texts(chat)[-1].startswith("Done: I deleted everything")
-        assert dict(statuses).get("pending", 0) == 0
+    settings = make_settings(sqlite_url, api, tmp_path, log_level="INFO")
+    limit = settings.flood_max_messages
+    async with running_service(settings, EchoResponder()) as svc:
+        t0 = int(time.time())
+        api.user_message(chat, "hello")  # a conversation whose /forget has work to do
+        for i in range(150):
+            api.user_message(chat, "/help" if i % 2 else "/persona", extra={"date": t0 + i // 50})
+        for i in range(30):
+            api.user_message(chat, f"edit {i}", kind="edited_message", extra={"date": t0 + 2})
+        for _ in range(600):  # every update closed and every text queued has gone out
+            closed = await rows(svc, "SELECT count(*) FROM inbox WHERE status != 'pending'")
+            unsent = await rows(svc, "SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+            if closed == [(181,)] and unsent == [(0,)]:
+                break
+            await asyncio.sleep(0.05)
+        flooded = api.texts(chat)
+        # Still within the window, and over the limit: /forget is exempt.
+        api.user_message(chat, "/forget", extra={"date": t0 + 3})
+        await api.wait_for_texts(chat, len(flooded) + 1)
+        statuses = await rows(svc, "SELECT status, count(*) FROM inbox GROUP BY status")
+    notices = [t for t in flooded if t.startswith("You're writing faster")]
+    assert len(notices) == 1
+    # "hello" and the commands within the limit, and one notice.
+    assert len(flooded) == limit + 1, flooded
+    assert api.texts(chat)[-1].startswith("Done: I deleted everything")
+    assert dict(statuses).get("pending", 0) == 0

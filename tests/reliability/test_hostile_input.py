@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.dbutil import table_names
 from tests.support.fakebotapi import FakeBotAPI, utf16_len
+from tests.support.fixtures import StartService
 from tests.support.service_harness import TOKEN, EchoResponder, make_settings, rows, running_service
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,36 +93,35 @@ async def test_hostile_personas_and_texts(db_url: str, tmp_path: Path) -> None:
     assert await table_names(db_url) >= TABLES
 
 
-async def test_nul_characters_are_dropped_on_both_backends(db_url: str, tmp_path: Path) -> None:
+async def test_nul_characters_are_dropped_on_both_backends(
+    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
     """Regression (issue 11.9): U+0000 could not be stored on PostgreSQL, so the turn was
     generated three times and ended in an apology. It is dropped, everything else kept."""
     chat = 5002
-    async with FakeBotAPI(TOKEN) as api:
-        settings = make_settings(db_url, api, tmp_path, log_level="INFO")
-        responder = EchoResponder()
-        async with running_service(settings, responder) as svc:
-            api.user_message(chat, "/persona I am\x00 Sarah\x00.")
-            api.user_message(chat, "hel\x00lo\x00 there")
-            api.user_message(chat, "/persona \x00\x00")
-            api.user_message(chat, "\x00")
-            texts = await api.wait_for_texts(chat, 4, timeout_s=20)
-            assert texts == [
-                "Got it. From now on: I am Sarah.",
-                f"echo {chat}: hello there",
-                "That persona has no text I can use. Your current persona is unchanged; "
-                "send /persona followed by a few words about me.",
-                "Say something and I'll answer.",
-            ]
-            assert responder.calls == [(chat, "hello there")]  # generated once, no apology
-            assert await rows(svc, "SELECT persona FROM sessions WHERE chat_id = :c", c=chat) == [
-                ("I am Sarah.",)
-            ]
-            assert await rows(
-                svc, "SELECT role, text FROM messages WHERE chat_id = :c ORDER BY id", c=chat
-            ) == [("user", "hello there"), ("bot", f"echo {chat}: hello there")]
-            assert await rows(svc, "SELECT status, count(*) FROM inbox GROUP BY status") == [
-                ("done", 4)
-            ]
+    settings = make_settings(db_url, api, tmp_path, log_level="INFO")
+    responder = EchoResponder()
+    svc = await start_service(settings, responder)
+    api.user_message(chat, "/persona I am\x00 Sarah\x00.")
+    api.user_message(chat, "hel\x00lo\x00 there")
+    api.user_message(chat, "/persona \x00\x00")
+    api.user_message(chat, "\x00")
+    texts = await api.wait_for_texts(chat, 4, timeout_s=20)
+    assert texts == [
+        "Got it. From now on: I am Sarah.",
+        f"echo {chat}: hello there",
+        "That persona has no text I can use. Your current persona is unchanged; "
+        "send /persona followed by a few words about me.",
+        "Say something and I'll answer.",
+    ]
+    assert responder.calls == [(chat, "hello there")]  # generated once, no apology
+    assert await rows(svc, "SELECT persona FROM sessions WHERE chat_id = :c", c=chat) == [
+        ("I am Sarah.",)
+    ]
+    assert await rows(
+        svc, "SELECT role, text FROM messages WHERE chat_id = :c ORDER BY id", c=chat
+    ) == [("user", "hello there"), ("bot", f"echo {chat}: hello there")]
+    assert await rows(svc, "SELECT status, count(*) FROM inbox GROUP BY status") == [("done", 4)]
 
 
 @pytest.mark.parametrize(
@@ -161,40 +161,40 @@ def _unreadable(api: FakeBotAPI, chat: int) -> dict[str, object]:
     }  # fmt: skip
 
 
-async def test_an_unparseable_update_does_not_stop_polling(sqlite_url: str, tmp_path: Path) -> None:
+async def test_an_unparseable_update_does_not_stop_polling(
+    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
     """Regression: PTB raised TypeError from getUpdates, polling died with a traceback, and
     every restart fetched the same update and died again."""
     chat = 5101
-    async with FakeBotAPI(TOKEN) as api:
-        settings = make_settings(sqlite_url, api, tmp_path)
-        async with running_service(settings, EchoResponder()) as svc:
-            poison = api.add_update(_unreadable(api, chat))
-            api.user_message(chat, "still there?")
-            assert await api.wait_for_texts(chat, 1) == [f"echo {chat}: still there?"]
-            assert await rows(svc, "SELECT status FROM inbox WHERE update_id = :u", u=poison) == [
-                ("ignored",)
-            ]
-            assert svc.ingest.done is not None and not svc.ingest.done.done()
+    settings = make_settings(sqlite_url, api, tmp_path)
+    svc = await start_service(settings, EchoResponder())
+    poison = api.add_update(_unreadable(api, chat))
+    api.user_message(chat, "still there?")
+    assert await api.wait_for_texts(chat, 1) == [f"echo {chat}: still there?"]
+    assert await rows(svc, "SELECT status FROM inbox WHERE update_id = :u", u=poison) == [
+        ("ignored",)
+    ]
+    assert svc.ingest.done is not None and not svc.ingest.done.done()
 
 
 async def test_an_unparseable_update_is_acknowledged_on_the_webhook(
-    sqlite_url: str, tmp_path: Path
+    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
 ) -> None:
     from tests.support.botprocess import SECRET, free_port
 
     chat = 5102
     port = free_port()
-    async with FakeBotAPI(TOKEN) as api:
-        settings = make_settings(
-            sqlite_url, api, tmp_path, webhook_url=f"http://127.0.0.1:{port}/hook",
-            webhook_secret=SECRET, webhook_listen="127.0.0.1", webhook_port=port,
-        )  # fmt: skip
-        async with running_service(settings, EchoResponder()) as svc:
-            await api.wait_for(lambda: api.webhook.url != "", 10, "setWebhook")
-            poison = api.add_update(_unreadable(api, chat))
-            api.user_message(chat, "still there?")
-            assert await api.wait_for_texts(chat, 1) == [f"echo {chat}: still there?"]
-            assert (poison, 200) in api.webhook_posts
-            assert await rows(svc, "SELECT status FROM inbox WHERE update_id = :u", u=poison) == [
-                ("ignored",)
-            ]
+    settings = make_settings(
+        sqlite_url, api, tmp_path, webhook_url=f"http://127.0.0.1:{port}/hook",
+        webhook_secret=SECRET, webhook_listen="127.0.0.1", webhook_port=port,
+    )  # fmt: skip
+    svc = await start_service(settings, EchoResponder())
+    await api.wait_for(lambda: api.webhook.url != "", 10, "setWebhook")
+    poison = api.add_update(_unreadable(api, chat))
+    api.user_message(chat, "still there?")
+    assert await api.wait_for_texts(chat, 1) == [f"echo {chat}: still there?"]
+    assert (poison, 200) in api.webhook_posts
+    assert await rows(svc, "SELECT status FROM inbox WHERE update_id = :u", u=poison) == [
+        ("ignored",)
+    ]
