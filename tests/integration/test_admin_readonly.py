@@ -25,17 +25,14 @@ from typing import Any
 
 import asyncpg
 import pytest
-from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
 from bot.admin import reports
 from bot.admin import sql as admin_sql
 from bot.admin.pgrole import RoleError, ensure_readonly_role, role_problems, scram_sha256_verifier
-from bot.config import Settings
 from bot.conversations.store import ConversationStore
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker
-from bot.logs import settings_secrets
 from tests.integration.test_admin import seed, snapshot
 from tests.support.dbutil import (
     create_pg_database,
@@ -542,16 +539,6 @@ async def test_scram_verifier_matches_the_servers_own(pg_url: str, extra_roles: 
     assert mine == stored
     with pytest.raises(RoleError, match="ASCII"):
         scram_sha256_verifier("pässword")
-
-
-def test_admin_database_url_password_never_reaches_logs() -> None:
-    settings = Settings(  # type: ignore[call-arg]
-        _env_file=None,
-        database_url=SecretStr("postgresql+asyncpg://bot:svc-pass@db/bot"),
-        admin_database_url=SecretStr("postgresql+asyncpg://bot_ro:ro-secret-pw@db/bot"),
-    )
-    assert "ro-secret-pw" in settings_secrets(settings)
-    assert "ro-secret-pw" not in repr(settings)
 
 
 # --- SQLite --------------------------------------------------------------------------------------

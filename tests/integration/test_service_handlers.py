@@ -9,7 +9,6 @@ import pytest
 
 from bot.texts import EDITED, HELP, NOT_TEXT, UNKNOWN_COMMAND
 from bot.tg import handlers
-from bot.tg.flood import FloodGate
 from tests.support.fakebotapi import BOT_ID, BOT_USERNAME, FakeBotAPI
 from tests.support.fixtures import StartService
 from tests.support.service_harness import EchoResponder, make_settings, rows, running_service
@@ -190,14 +189,6 @@ async def test_flood_limit_keeps_messages_and_sends_one_notice(
     users = [t for role, t in stored if role == "user"]
     assert users == [f"spam {i}" for i in range(8)]  # nothing dropped
     assert len(stored) == 8 + 3
-
-
-def test_flood_gate_window_slides() -> None:
-    gate = FloodGate(max_messages=2, window_s=10)
-    verdicts = [gate.check(1, t).value for t in (0, 1, 2, 3, 10.5, 11, 11.5, 11.9)]
-    assert verdicts == ["ok", "ok", "notice", "quiet", "ok", "ok", "quiet", "quiet"]
-    assert gate.check(2, 3).value == "ok"  # other chats are unaffected
-    assert gate.check(1, 21).value == "ok"
 
 
 async def test_typing_indicator_is_repeated_while_the_model_works(

@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 
 import pytest
+from pydantic import SecretStr
 
-from bot.logs import RedactingFilter
+from bot.config import Settings
+from bot.logs import RedactingFilter, settings_secrets
 
 TOKEN = "1234567890:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw1"
 
@@ -41,3 +43,13 @@ def test_short_secrets_are_redacted_too(caplog: pytest.LogCaptureFixture) -> Non
     assert caplog.records[0].getMessage() == (
         "setWebhook secret_token=[REDACTED] password=[REDACTED]"
     )
+
+
+def test_admin_database_url_password_never_reaches_logs() -> None:
+    settings = Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        database_url=SecretStr("postgresql+asyncpg://bot:svc-pass@db/bot"),
+        admin_database_url=SecretStr("postgresql+asyncpg://bot_ro:ro-secret-pw@db/bot"),
+    )
+    assert "ro-secret-pw" in settings_secrets(settings)
+    assert "ro-secret-pw" not in repr(settings)

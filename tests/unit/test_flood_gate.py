@@ -1,0 +1,13 @@
+"""The flood gate: a sliding window per chat, one notice, then quiet."""
+
+from __future__ import annotations
+
+from bot.tg.flood import FloodGate
+
+
+def test_flood_gate_window_slides() -> None:
+    gate = FloodGate(max_messages=2, window_s=10)
+    verdicts = [gate.check(1, t).value for t in (0, 1, 2, 3, 10.5, 11, 11.5, 11.9)]
+    assert verdicts == ["ok", "ok", "notice", "quiet", "ok", "ok", "quiet", "quiet"]
+    assert gate.check(2, 3).value == "ok"  # other chats are unaffected
+    assert gate.check(1, 21).value == "ok"
