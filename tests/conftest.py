@@ -5,13 +5,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bot.conversations.store import ConversationStore
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker
+from bot.inference import compat
 from tests.support.dbutil import create_pg_database, drop_pg_database
+
+# The ParlAI shims, once for the test process (tests import bot.inference without bot/__main__.py,
+# the service's composition root, which installs them there).
+compat.apply()
 
 # `api` (the loopback Bot API) and `start_service` (a running service, stopped at teardown)
 pytest_plugins = ("tests.support.fixtures",)
@@ -63,3 +69,19 @@ def tiny_model_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     from tests.support.tinymodel import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.getbasetemp() / "tinymodel")
+
+
+@pytest.fixture(scope="session")
+def tiny_agent(tiny_model_file: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny model loaded the way the service loads its shared agent (clone it; do not
+    patch it: other tests share it)."""
+    from bot.config import Settings
+    from bot.inference.model import load_shared_agent
+
+    settings = Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        bot_model=tiny_model_file,
+        data_dir=tmp_path_factory.mktemp("tiny_agent"),
+        model_device="cpu",
+    )
+    return load_shared_agent(settings)
