@@ -56,20 +56,31 @@ async def test_record_turn_is_one_transaction_and_closes_update(store: Conversat
         assert await inbox.status_of(db, 1) == "done"
         pending = await outbox.pending(db, 9)
     assert [p.text for p in pending] == ["hello!"]
+    # The same update once more: its fence (the update is no longer pending) fails at the end,
+    # after both messages and the outbox row were written; all of them go with it.
+    with pytest.raises(inbox.StaleUpdate):
+        await store.record_turn(session.id, 9, "hi again", "hello again!", update_id=1)
+    ctx = await store.load_context(session.id, tail=None)
+    assert [(m.role, m.text) for m in ctx.messages] == [("user", "hi"), ("bot", "hello!")]
+    assert await _count(store, Outbox, chat_id=9) == 1
+    async with store.sessionmaker() as db:
+        assert await inbox.status_of(db, 1) == "done"
 
 
 async def test_failed_turn_leaves_nothing_behind(store: ConversationStore) -> None:
+    await store.ingest(update_id=3, chat_id=3, user_id=3, kind="message", payload="{}")
     session = await store.active_session(3, 3)
     with pytest.raises(IntegrityError):
-        # role 'robot' violates the check constraint after the user row was added
-        async with store.sessionmaker.begin() as db:
-            await conversations.add_message(
-                db, session_id=session.id, chat_id=3, role="user", text="a"
-            )
-            await conversations.add_message(
-                db, session_id=session.id, chat_id=3, role="robot", text="b"
-            )
+        # A reply without text violates NOT NULL in the middle of the turn, after the user's
+        # message was written and before the outbox row and the update's closing.
+        await store.record_turn(session.id, 3, "a", None, update_id=3)  # type: ignore[arg-type]
     assert await _count(store, Message) == 0
+    assert await _count(store, Outbox) == 0
+    async with store.sessionmaker() as db:
+        assert await inbox.status_of(db, 3) == "pending"  # still to be answered
+    # ... and the turn can then be stored for real.
+    await store.record_turn(session.id, 3, "a", "b", update_id=3)
+    assert await _count(store, Message, chat_id=3) == 2
 
 
 async def test_tail_messages_keeps_order(store: ConversationStore) -> None:
