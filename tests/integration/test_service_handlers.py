@@ -225,9 +225,43 @@ async def test_stats_is_for_admins_only(sqlite_url: str, tmp_path: Path, api: Fa
     assert "Chats: 1" in stats and "2 in total" in stats
 
 
-def test_bot_id_matches_fake() -> None:
-    # The group tests rely on the fake's getMe identity.
-    assert BOT_ID > 0 and BOT_USERNAME.endswith("_bot")
+async def test_bot_id_and_username_come_from_getme(
+    sqlite_url: str,
+    tmp_path: Path,
+    api: FakeBotAPI,
+    start_service: StartService,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The group tests rely on the bot knowing itself from getMe: here getMe names another bot,
+    # and only mentions of that one, and replies to its messages, are answered.
+    old = FakeBotAPI.me(api)
+    renamed = {**old, "id": BOT_ID + 1, "username": "renamed_bot"}
+    monkeypatch.setattr(api, "me", lambda: renamed)
+    group = -5003
+    settings = make_settings(sqlite_url, api, tmp_path, group_policy="mention")
+    service = await start_service(settings, EchoResponder())
+    assert (service.application.bot.id, service.application.bot.username) == (
+        BOT_ID + 1,
+        "renamed_bot",
+    )
+    earlier = {"message_id": 999, "date": 0, "chat": {"id": group, "type": "group", "title": "G"}}
+    api.user_message(group, f"@{BOT_USERNAME} old name", chat_type="group", user_id=1)
+    api.user_message(group, "@renamed_bot new name", chat_type="group", user_id=1)
+    api.user_message(group, "to the new one", chat_type="group", user_id=2, reply_to_bot=True)
+    to_old = {"reply_to_message": {**earlier, "from": old, "text": "hi"}}
+    api.user_message(group, "to the old one", chat_type="group", user_id=3, extra=to_old)
+    api.user_message(group, "/help", chat_type="group", user_id=1)  # answered: in order
+    texts = await api.wait_for_texts(group, 3)
+    await asyncio.sleep(0.3)
+    assert (
+        api.texts(group)
+        == texts
+        == [
+            f"echo {group}: new name",
+            f"echo {group}: to the new one",
+            HELP,
+        ]
+    )
 
 
 async def test_a_message_right_after_forget_is_still_answered(
