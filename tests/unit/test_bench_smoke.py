@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,10 +62,37 @@ def test_conversations_are_deterministic_and_differ_per_user() -> None:
     assert common.persona(1).startswith("My name is ")
 
 
-def test_rss_grows_when_memory_is_held() -> None:
-    common.settle()
-    before = common.rss_bytes()
-    block = bytearray(64 * 2**20)
-    block[::4096] = b"x" * len(block[::4096])  # touch every page so it is resident
-    assert common.rss_bytes() - before > 32 * 2**20
-    del block
+MB = 2**20
+
+
+def test_a_worker_process_measures_the_memory_it_holds() -> None:
+    # The way bench/memory.py measures: a fresh process (run_worker), settle(), RSS in bytes.
+    data = common.run_worker("tests.support.memory_worker", ["--mb", "64"], timeout=120)
+    assert 60 * MB <= data["held"] - data["before"] <= 72 * MB
+    assert 60 * MB <= data["uss_held"] <= data["held"]  # the block is this process's own
+    assert data["after"] - data["before"] < 8 * MB  # given back: readings do not drift
+
+
+def test_a_failing_worker_is_an_error_that_shows_its_output() -> None:
+    with pytest.raises(RuntimeError, match=r"failed \(exit 3\)[\s\S]*failing on purpose"):
+        common.run_worker("tests.support.memory_worker", ["--fail"], timeout=120)
+
+
+def test_rss_and_uss_read_another_process() -> None:
+    holder = "b = bytearray(96 * 2**20); b[::4096] = b'x' * len(b[::4096]); input()"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        for code in ("input()", holder)
+    ]
+    try:
+        idle, holding = procs
+        deadline = time.monotonic() + 60
+        while common.rss_bytes(holding.pid) - common.rss_bytes(idle.pid) < 90 * MB:
+            assert time.monotonic() < deadline, "the holder's RSS never grew"
+            time.sleep(0.05)
+        assert common.uss_bytes(holding.pid) - common.uss_bytes(idle.pid) >= 90 * MB
+    finally:
+        for proc in procs:
+            proc.communicate(b"\n", timeout=30)
