@@ -178,7 +178,7 @@ def _postgres(
     agent: Any, sizes: list[int], repeats: int, naive: int, naive_max: int
 ) -> list[Point] | str:
     from bot.db.migrate import upgrade
-    from tests import dbutil
+    from tests.support import dbutil
 
     why = dbutil.postgres_unavailable()
     if why is not None:
