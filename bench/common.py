@@ -149,8 +149,12 @@ def load_agent(
     `search_impl` "parlai" keeps ParlAI's own tree search (stock ParlAI); None: the service's.
     """
     from bot.config import Settings
-    from bot.inference.model import load_shared_agent
+    from bot.inference import compat
+    from bot.inference.model import load_shared_agent, set_torch_threads
 
+    # A benchmark is its own composition root: the process set-up bot/__main__.py does.
+    compat.apply()
+    set_torch_threads(threads)
     gen = dict(BLENDER_BEAM if generation is None else generation)
     settings = Settings(  # type: ignore[call-arg]
         _env_file=None,

@@ -1,9 +1,16 @@
-"""Command line: `python -m bot {run,chat,train,db,admin}`."""
+"""Command line: `python -m bot {run,chat,train,db,admin}`, and the composition root.
+
+Process-wide things are set up here, once per command, and nowhere else: logging (our one root
+handler, with redaction), ParlAI's compatibility shims (bot.inference.compat) and torch's thread
+count for the commands that load a model, and the routing of ParlAI's own logger. Importing any
+bot module changes none of them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -16,6 +23,8 @@ A Telegram bot that serves one shared ParlAI dialogue model (BlenderBot or the l
 trained default) to many chats, each with its own persona and persisted history.
 
 Configuration comes from the environment and .env (see .env.example)."""
+
+log = logging.getLogger(__name__)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -117,46 +126,90 @@ def _readonly_role(url: str, args: argparse.Namespace) -> int:
     return 0
 
 
-def _ensure_model(settings: Settings) -> None:
-    """Train the default model on first start when BOT_MODEL is unset.
+# --- process-wide set-up: each command does it once, here, and nothing else does it ---------
+
+
+def _quiet_level(settings: Settings) -> str:
+    """The level of commands whose output is for a person at a terminal: warnings and worse,
+    unless LOG_LEVEL asks for something other than the default."""
+    return "WARNING" if settings.log_level == "INFO" else settings.log_level
+
+
+def _set_up_logging(settings: Settings, level: str) -> None:
+    """Our one root handler, with the settings' secrets redacted from every line."""
+    from bot.logs import settings_secrets, setup_logging
+
+    setup_logging(level, settings_secrets(settings))
+
+
+def _set_up_model_process(settings: Settings) -> None:
+    """ParlAI's shims and torch's thread count, before anything imports ParlAI."""
+    from bot.inference import compat
+    from bot.inference.model import set_torch_threads
+
+    compat.apply()
+    set_torch_threads(settings.torch_threads)
+
+
+def _ensure_model(settings: Settings, serving_level: str) -> None:
+    """Train the default model on first start when BOT_MODEL is unset, then send ParlAI's log
+    lines through our handler at the level the command serves with.
 
     Runs on the main thread, before any event loop: ParlAI's training loop installs a SIGINT
     handler, which Python allows only there.
     """
-    from bot.inference.model import ensure_model
-    from bot.logs import settings_secrets, setup_logging
+    from bot.inference.model import ensure_model, route_parlai_logging
+    from bot.logs import set_level
 
-    setup_logging(settings.log_level, settings_secrets(settings))
     ensure_model(settings)
+    set_level(serving_level)
+    route_parlai_logging(serving_level)
+
+
+def _train(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.training import TrainingError, train_cli
+
+    try:
+        return train_cli(settings, minutes=args.minutes, if_missing=args.if_missing, out=args.out)
+    except TrainingError as err:
+        log.debug("training failed", exc_info=err)
+        print(f"error: {err}", file=sys.stderr)
+        return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
+    """Entry point, the composition root: set the process up for the command, run it, and
+    return the exit status."""
     args = _build_parser().parse_args(argv)
     try:
         settings = get_settings()
         if args.command == "run":
             settings.require_token()  # fail fast, before loading anything heavy
-            _ensure_model(settings)
+            _set_up_logging(settings, settings.log_level)
+            _set_up_model_process(settings)
+            _ensure_model(settings, settings.log_level)
             from bot.tg.app import run_service
 
             return run_service(settings)
         if args.command == "chat":
-            _ensure_model(settings)
+            # a first start trains at the usual level; the conversation itself stays quiet
+            _set_up_logging(settings, settings.log_level)
+            _set_up_model_process(settings)
+            _ensure_model(settings, _quiet_level(settings))
             from bot.terminal import run_terminal
 
             return asyncio.run(run_terminal(settings, chat_id=args.chat_id))
         if args.command == "train":
-            from bot.training.pipeline import train_cli
-
-            return train_cli(
-                settings, minutes=args.minutes, if_missing=args.if_missing, out=args.out
-            )
+            _set_up_logging(settings, settings.log_level)
+            _set_up_model_process(settings)
+            return _train(settings, args)
         if args.command == "db":
+            _set_up_logging(settings, _quiet_level(settings))
             return _db(settings, args)
         if args.command == "admin":
             from bot.admin.cli import run_admin
 
+            _set_up_logging(settings, _quiet_level(settings))
             return run_admin(settings, args)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

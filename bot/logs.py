@@ -38,7 +38,8 @@ class RedactingFilter(logging.Filter):
 
 
 def setup_logging(level: str = "INFO", secrets: Iterable[str] = ()) -> RedactingFilter:
-    """Configure the root logger once; every handler gets the redacting filter."""
+    """Configure the root logger (once per process: bot/__main__.py); every handler gets the
+    redacting filter."""
     redactor = RedactingFilter(secrets)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
@@ -47,13 +48,19 @@ def setup_logging(level: str = "INFO", secrets: Iterable[str] = ()) -> Redacting
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
+    set_level(level)
+    return redactor
+
+
+def set_level(level: str) -> None:
+    """The root logger's level, and the noisy libraries' levels that follow it."""
+    root = logging.getLogger()
     root.setLevel(level)
     # httpx logs each request URL (which holds the token) at INFO; keep it quiet anyway.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
     logging.getLogger("httpcore").setLevel(max(logging.WARNING, root.level))
     # aiosqlite logs every statement with its parameters (message texts) at DEBUG.
     logging.getLogger("aiosqlite").setLevel(max(logging.INFO, root.level))
-    return redactor
 
 
 def settings_secrets(settings: object) -> list[str]:

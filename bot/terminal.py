@@ -17,7 +17,6 @@ from bot.conversations.actions import ChatActions
 from bot.conversations.store import ConversationStore
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import OutboxKind
-from bot.logs import settings_secrets, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +64,6 @@ async def run_terminal(
     """Chat until EOF or /quit; returns the exit status."""
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
-    setup_logging(
-        "WARNING" if settings.log_level == "INFO" else settings.log_level,
-        settings_secrets(settings),
-    )
     from bot.db import migrate
     from bot.inference.responder import Responder
 

@@ -1,7 +1,6 @@
-"""The engine: one shared ParlAI model, cloned agents per conversation, batched generation."""
+"""The engine: one shared ParlAI model, cloned agents per conversation, batched generation.
 
-from bot.inference import compat
-
-# Before anything imports ParlAI (persona.py does at import time), so its import-time warnings
-# and torch incompatibilities are handled everywhere.
-compat.apply()
+Importing it changes nothing process-wide: the ParlAI shims (`compat.apply()`), torch's thread
+count and logging are set up once by the composition root, bot/__main__.py (the tests' conftest
+and the benchmarks install the shims themselves).
+"""

@@ -1,8 +1,13 @@
 """Every compatibility shim ParlAI 1.7.2 needs on today's torch/numpy/setuptools, in one place.
 
 ParlAI is no longer developed; its last release predates torch 2.2. Each shim below names what
-broke and is covered by tests/unit/test_compat.py. `apply()` is idempotent and is called before
-any ParlAI model is built or trained.
+broke and is covered by tests/unit/test_compat.py. Nothing here runs at import: `apply()` is
+called once per process by its composition root (bot/__main__.py; tests/conftest.py and the
+benchmarks for theirs), and a second call changes nothing.
+
+Order: call it before anything imports ParlAI, so that the warning filter is in place when ParlAI
+imports pkg_resources. The torch shim patches ReduceLROnPlateau itself, which ParlAI looks up
+only when it builds a scheduler, so it also holds when ParlAI was imported first.
 """
 
 from __future__ import annotations
@@ -11,8 +16,6 @@ import functools
 import inspect
 import warnings
 from typing import Any
-
-_applied = False
 
 
 def _reduce_lr_on_plateau_verbose() -> None:
@@ -40,14 +43,14 @@ def _reduce_lr_on_plateau_verbose() -> None:
 
 def _quiet_pkg_resources_warning() -> None:
     """ParlAI imports pkg_resources (setuptools<81 keeps it); silence its deprecation notice."""
-    warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+    message = "pkg_resources is deprecated"
+    installed = (f for f in warnings.filters if f[0] == "ignore" and f[1] is not None)
+    if any(f[1].pattern == message for f in installed):  # type: ignore[union-attr]
+        return
+    warnings.filterwarnings("ignore", message=message, category=UserWarning)
 
 
 def apply() -> None:
-    """Install every shim (idempotent)."""
-    global _applied
-    if _applied:
-        return
+    """Install every shim; each one is idempotent, so is this."""
     _quiet_pkg_resources_warning()
     _reduce_lr_on_plateau_verbose()
-    _applied = True

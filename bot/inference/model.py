@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from bot.config import ConfigError, Settings
-from bot.inference import compat
 
 log = logging.getLogger(__name__)
 
@@ -16,6 +15,7 @@ def route_parlai_logging(level: int | str = logging.WARNING) -> None:
     """Send ParlAI's log lines through our handlers (and redaction) instead of its own stdout.
 
     ParlAI builds its logger outside the logging registry, with a stdout handler of its own.
+    Process-wide: the composition root (bot/__main__.py) calls it once, before the model loads.
     """
     from parlai.utils import logging as parlai_logging
 
@@ -25,6 +25,18 @@ def route_parlai_logging(level: int | str = logging.WARNING) -> None:
         plog.removeHandler(handler)
     plog.parent = logging.getLogger("parlai")
     plog.setLevel(level)
+
+
+def set_torch_threads(threads: int | None) -> None:
+    """Torch's intra-op thread count for this process (TORCH_THREADS); None keeps torch's own.
+
+    Process-wide: the composition root (bot/__main__.py) calls it once, before the model loads
+    or trains.
+    """
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def generation_overrides(settings: Settings) -> dict[str, Any]:
@@ -51,14 +63,14 @@ def resolve_device(settings: Settings) -> str:
 
 
 def load_shared_agent(settings: Settings, extra_overrides: dict[str, Any] | None = None) -> Any:
-    """Build the shared agent from BOT_MODEL (a model file or a `zoo:` path) for serving."""
-    compat.apply()
+    """Build the shared agent from BOT_MODEL (a model file or a `zoo:` path) for serving.
+
+    Expects the process set up (ParlAI shims, torch threads, logging): bot/__main__.py does it.
+    """
     import torch
     from parlai.core.agents import create_agent_from_model_file
     from parlai.core.build_data import modelzoo_path
 
-    if settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
     device = resolve_device(settings)
     datapath = str((settings.data_dir / "parlai").resolve())
     model_file = settings.model_file
@@ -108,19 +120,23 @@ def load_shared_agent(settings: Settings, extra_overrides: dict[str, Any] | None
 
 
 def ensure_model(settings: Settings) -> None:
-    """Train the default model once when BOT_MODEL is unset and none exists yet."""
+    """Train the default model once when BOT_MODEL is unset and none exists yet.
+
+    Imports the training pipeline only then: a normal start never loads it.
+    """
     if settings.bot_model or Path(str(settings.default_model_file) + ".opt").exists():
         return
-    from bot.training.pipeline import train_cli
+    from bot.training import TrainingError, train_cli
 
     log.warning(
         "BOT_MODEL is not set and no default model exists yet: training one now "
         "(at most %.0f minutes; set BOT_MODEL to skip)",
         settings.train_minutes,
     )
-    status = train_cli(settings, minutes=None, if_missing=True, out=None)
-    if status != 0:
+    try:
+        train_cli(settings, minutes=None, if_missing=True, out=None)
+    except TrainingError as err:
         raise ConfigError(
-            "training the default model failed; run `python -m bot train` to see why, "
-            "or set BOT_MODEL to an existing ParlAI model."
-        )
+            f"{err}. Run `python -m bot train` to try again, or set BOT_MODEL to an existing "
+            "ParlAI model."
+        ) from err

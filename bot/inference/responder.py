@@ -37,9 +37,8 @@ class Responder:
     @classmethod
     async def start(cls, settings: Settings, store: ConversationStore) -> Responder:
         """Load the model off the event loop and start the batcher."""
-        from bot.inference.model import load_shared_agent, route_parlai_logging
+        from bot.inference.model import load_shared_agent
 
-        route_parlai_logging(logging.getLogger().level)
         agent = await asyncio.to_thread(load_shared_agent, settings)
         responder = cls(agent, store, settings)
         await responder.batcher.start()

@@ -24,7 +24,6 @@ from bot.conversations.actions import ChatActions, ResponderProtocol
 from bot.conversations.store import ConversationStore
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker, safe_url
-from bot.logs import settings_secrets, setup_logging
 from bot.tg.backoff import Backoff, Interrupted, retry
 from bot.tg.delivery import Delivery
 from bot.tg.handlers import COMMANDS, App, Handlers, UpdateRunner
@@ -312,8 +311,8 @@ async def _serve(
 
 
 def run_service(settings: Settings) -> int:
-    """Serve Telegram until stopped; returns the exit status."""
-    setup_logging(settings.log_level, settings_secrets(settings))
+    """Serve Telegram until stopped; returns the exit status (logging is set up by the caller,
+    bot/__main__.py)."""
     try:
         settings.require_token()
         return asyncio.run(serve(settings))

@@ -1,4 +1,4 @@
-"""The batched beam search (bot/inference/fastgen.py) against ParlAI's own, on real models.
+"""The batched beam search (bot/inference/fastgen/) against ParlAI's own, on real models.
 
 Same results means bit for bit: the same top reply with the same score, and the same list of
 finished hypotheses in the same order with the same scores (what `beam_texts` shows). Random
@@ -21,7 +21,8 @@ import pytest
 
 from bot.config import Settings
 from bot.inference import fastgen
-from bot.inference.model import load_shared_agent
+from bot.inference.fastgen.kernels import row_topk
+from bot.inference.model import load_shared_agent, set_torch_threads
 
 
 def _settings(model_file: str, tmp_path: Path, **kw: Any) -> Settings:
@@ -209,15 +210,24 @@ def test_accelerate_leaves_other_agents_alone() -> None:
 # --- same results ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """Tiny matrices: one thread is faster, and immune to a busy machine's scheduling."""
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Torch's thread count for a block (the service sets it once, in bot/__main__.py)."""
     import torch
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    set_torch_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Tiny matrices: one thread is faster, and immune to a busy machine's scheduling."""
+    with torch_threads(1):
+        yield
 
 
 def test_same_results_as_parlai_on_random_cases(agent: Any, one_thread: None) -> None:
@@ -265,10 +275,6 @@ def build_blender90m_arch(directory: Path) -> str:
     if (directory / "model.opt").exists():
         return str(model_file)
     import torch
-
-    from bot.inference import compat
-
-    compat.apply()
     from parlai.core.agents import create_agent
     from parlai.core.dict import DictionaryAgent
     from parlai.core.params import ParlaiParser
@@ -315,9 +321,10 @@ def test_same_results_as_parlai_blender90m_architecture(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     directory = tmp_path_factory.mktemp("blender90m")
-    big = load_shared_agent(_settings(build_blender90m_arch(directory), directory, torch_threads=2))
+    big = load_shared_agent(_settings(build_blender90m_arch(directory), directory))
     assert type(big) is fastgen.FastTransformerGeneratorAgent
-    tally = sweep(big, seed=90, cases_per_config=6, beams=(1, 5, 10))
+    with torch_threads(2):
+        tally = sweep(big, seed=90, cases_per_config=6, beams=(1, 5, 10))
     print("\n" + report(tally))
     assert not tally.differences, "\n".join(tally.differences[:10])
 
@@ -330,7 +337,7 @@ def test_row_topk_matches_torch_topk_over_a_large_vocabulary() -> None:
         x = torch.log_softmax(torch.randn(33, vocab, generator=generator) * 3, dim=-1)
         x[:, torch.randint(0, vocab, (40,), generator=generator)] = fastgen.NEG
         for k in (1, 5, 10):
-            values, indices = fastgen._row_topk(x, k)
+            values, indices = row_topk(x, k)
             expected = torch.topk(x, k, dim=1)
             assert torch.equal(values, expected.values), (vocab, k)
             assert torch.equal(indices, expected.indices), (vocab, k)

@@ -1,7 +1,10 @@
-"""Loading the shared model: errors that say what to do, and the optional int8 quantization."""
+"""Loading the shared model: errors that say what to do, the optional int8 quantization, and the
+first-start training that only a missing model brings in."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,3 +39,37 @@ async def test_int8_quantization_serves_replies(tiny_model_file: str, tmp_path: 
     finally:
         await batcher.close()
     assert result.text
+
+
+def test_a_failed_first_start_training_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ensure_model relies on TrainingError, not on a status train_cli never returned."""
+    import bot.training
+    from bot.inference.model import ensure_model
+
+    def failing(*_: object, **__: object) -> int:
+        raise bot.training.TrainingError("training the model into /x failed: disk full")
+
+    monkeypatch.setattr(bot.training, "train_cli", failing)
+    settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match=r"disk full.*python -m bot train.*BOT_MODEL"):
+        ensure_model(settings)
+
+
+def test_ensure_model_with_a_model_in_place_never_imports_training(tiny_model_file: str) -> None:
+    """The normal start: the offline pipeline stays unloaded (fresh process, fresh modules)."""
+    code = (
+        "import sys\n"
+        "import bot.__main__, bot.tg.app, bot.terminal, bot.inference.responder\n"
+        "from bot.config import Settings\n"
+        "from bot.inference.model import ensure_model\n"
+        f"ensure_model(Settings(_env_file=None, bot_model={tiny_model_file!r}))\n"
+        "loaded = [m for m in sys.modules if m.startswith('bot.training')]\n"
+        "assert not loaded, loaded\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+import bot.training as training
 from bot.config import Settings
 from bot.inference.batcher import Batcher, Generated
-from bot.training import pipeline as training
-from bot.training.pipeline import Example, Recipe
+from bot.training import Example, Recipe, TrainingError, cli
 
 # A model that trains in seconds; its replies are not meant to be read.
 TINY = Recipe(
@@ -158,7 +161,7 @@ def test_if_missing_skips_a_complete_model_and_retrains_a_partial_one(
             Path(str(out) + suffix).write_text("x")
         return training.TrainResult(out, training.DataStats(), 0.0, 0.0)
 
-    monkeypatch.setattr(training, "train_model", fake_train)
+    monkeypatch.setattr(cli, "train_model", fake_train)
     settings = _settings(tmp_path)
     model = settings.default_model_file
     model.parent.mkdir(parents=True)
@@ -170,6 +173,33 @@ def test_if_missing_skips_a_complete_model_and_retrains_a_partial_one(
     assert calls == [model]  # complete now: nothing to do
     assert training.train_cli(settings, minutes=None, if_missing=False, out=None) == 0
     assert len(calls) == 2  # without --if-missing it always trains
+
+
+def test_a_model_that_cannot_be_written_is_a_training_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    out = blocker / "model"
+    with pytest.raises(TrainingError, match=f"training the model into {out} failed: "):
+        training.train_cli(_settings(tmp_path), minutes=0.1, if_missing=False, out=str(out))
+
+
+def test_python_m_bot_train_fails_with_one_clean_error_line(tmp_path: Path) -> None:
+    """Regression: train_cli returned 0 on every path, so a failure was a traceback (or,
+    through ensure_model, a status check that could never fire)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bot", "train", "--out", str(blocker / "model")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(root), "DATA_DIR": str(tmp_path / "data")},
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith(f"error: training the model into {blocker / 'model'} failed: ")
+    assert f"{blocker}'" in errors[0]  # the reason names what is in the way
 
 
 # --- a real training run ------------------------------------------------------------------

@@ -1,16 +1,23 @@
 """Each ParlAI 1.7.2 compatibility shim, exercised through the ParlAI code that broke.
 
-Every test here fails when its shim is removed from `compat.apply()`, on the pinned torch 2.13.
+Every test here fails when its shim is removed from `compat.apply()`, on the pinned torch 2.13;
+and importing bot.inference installs none of them (bot/__main__.py does, once).
 """
 
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 from bot.inference import compat
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -67,3 +74,68 @@ def test_apply_is_idempotent() -> None:
     compat._reduce_lr_on_plateau_verbose()  # even forcing the shim again changes nothing
     assert torch.optim.lr_scheduler.ReduceLROnPlateau.__init__ is before
     assert "optimizer" in inspect.signature(before).parameters
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_importing_bot_inference_changes_nothing_process_wide() -> None:
+    """Issue 12.5: no shim, no warning filter at import; bot/__main__.py installs them."""
+    code = textwrap.dedent(
+        """
+        import importlib, pkgutil, warnings
+        import torch
+
+        def state():
+            init = torch.optim.lr_scheduler.ReduceLROnPlateau.__init__
+            return list(warnings.filters), init, getattr(init, "_bot_compat", False)
+
+        before = state()
+        import bot.inference
+        assert state() == before, "import bot.inference changed process-wide state"
+
+        def import_all(package):
+            for mod in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+                importlib.import_module(mod.name)
+
+        # Every module of the package, after what they import (ParlAI, SQLAlchemy and others
+        # install warning filters of their own).
+        import parlai.agents.transformer.transformer, parlai.core.torch_generator_agent
+        import bot.config, bot.conversations, bot.db
+        import_all(bot.conversations)
+        import_all(bot.db)
+        before = state()
+        import_all(bot.inference)
+        after = state()
+        assert after[1:] == before[1:], "importing bot.inference patched torch"
+        assert after[0] == before[0], [f for f in after[0] if f not in before[0]]
+        print("OK")
+        """
+    )
+    proc = _python(code)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_shims_hold_when_parlai_was_imported_first() -> None:
+    """The torch shim patches the class ParlAI looks up when it builds a scheduler, so apply()
+    after ParlAI's import still fixes it (only the pkg_resources notice needs apply() first)."""
+    code = textwrap.dedent(
+        """
+        import torch
+        from parlai.nn.lr_scheduler import ReduceOnPlateauLRScheduler
+        from bot.inference import compat
+
+        compat.apply()
+        param = torch.nn.Parameter(torch.zeros(3))
+        optimizer = torch.optim.Adam([param], lr=1.0)
+        ReduceOnPlateauLRScheduler(
+            optimizer, patience=0, decay=0.5, warmup_updates=-1, warmup_rate=1e-4
+        )
+        print("OK")
+        """
+    )
+    proc = _python(code)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]

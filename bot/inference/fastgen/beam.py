@@ -1,0 +1,213 @@
+"""The batched beam (and greedy) search, and the per-chat result it hands back to ParlAI."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from bot.inference.fastgen.kernels import NEG, block_context_ngrams, block_self_ngrams, row_topk
+from bot.inference.fastgen.steppers import FastDecoder, GenericDecoder, fast_decoder_supported
+
+
+class BatchedBeams:
+    """One chat's finished hypotheses, answering `get_rescored_finished` like ParlAI's
+    TreeSearch (the only thing `eval_step` asks of the beams `_generate` returns)."""
+
+    def __init__(
+        self,
+        tokens: list[list[int]],
+        back: list[list[int]],
+        scores: torch.Tensor,
+        finished: list[tuple[int, int]],
+        bos: int,
+        eos: int,
+        length_penalty: float,
+        device: torch.device,
+    ) -> None:
+        self._tokens = tokens  # [step][hyp]: token chosen at step (outputs[1:])
+        self._back = back  # [step][hyp]: hypothesis it extends (bookkeep)
+        self._scores = scores  # (steps, beam) float32 cumulative scores (all_scores[1:])
+        self._finished = finished
+        self._bos = bos
+        self._eos = eos
+        self._length_penalty = length_penalty
+        self._device = device
+        self._rescored: list[tuple[torch.Tensor, torch.Tensor, None]] | None = None
+
+    def _score(self, timestep: int, hyp: int) -> torch.Tensor:
+        if timestep == 0:
+            return torch.zeros((), dtype=torch.float32, device=self._device)
+        return self._scores[timestep - 1, hyp]
+
+    def _path(self, timestep: int, hyp: int) -> list[int]:
+        out = []
+        for i in range(timestep, 0, -1):
+            out.append(self._tokens[i - 1][hyp])
+            hyp = self._back[i - 1][hyp]
+        out.append(self._bos)
+        out.reverse()
+        return out
+
+    def get_rescored_finished(self, n_best: int | None = None) -> list[Any]:
+        """Finished hypotheses as (tokens, length-penalised score, None), best first."""
+        if self._rescored is None:
+            finished = self._finished
+            forced = not finished
+            if forced:
+                # never finished: ParlAI ends the top hypothesis where it stands
+                steps = len(self._tokens)
+                finished = [(steps, 0)]
+            rescored = []
+            for timestep, hyp in finished:
+                penalty = math.pow((1 + timestep + 1) / 6, self._length_penalty)
+                rescored.append((timestep, hyp, self._score(timestep, hyp) / penalty))
+            # stable, like ParlAI's sorted(..., reverse=True): earlier finishers win ties
+            rescored.sort(key=lambda item: float(item[2]), reverse=True)
+            self._rescored = []
+            for timestep, hyp, score in rescored:
+                path = self._path(timestep, hyp)
+                if forced:
+                    path[-1] = self._eos
+                tokens = torch.tensor(path, dtype=torch.long, device=self._device)
+                self._rescored.append((tokens, score, None))
+        return self._rescored if n_best is None else self._rescored[:n_best]
+
+
+def batched_generate(
+    agent: Any, batch: Any, beam_size: int, max_ts: int
+) -> tuple[list[tuple[Any, Any, Any]], list[BatchedBeams]]:
+    """ParlAI's beam (or greedy) search over the whole batch at once; see the module docstring.
+
+    Follows TorchGeneratorAgent._generate, TreeSearch.advance, BeamSearch/GreedySearch
+    .select_paths and TreeSearch.get_rescored_finished step for step.
+    """
+    model = agent.model
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
+    opt = agent.opt
+    greedy = opt.get("inference", "greedy") == "greedy"
+    if greedy and beam_size != 1:
+        raise ValueError("Greedy search can only be run with beam size 1.")
+    beam = beam_size
+    bsz = batch.batchsize
+    dev = batch.text_vec.device
+    rows = bsz * beam
+    eos, bos = agent.END_IDX, agent.START_IDX
+    min_length = 0 if greedy else agent.beam_min_length
+    block_ngram = agent.beam_block_ngram
+    context_ngram = agent.beam_context_block_ngram
+    length_penalty = opt.get("beam_length_penalty", 0.65)
+    temperature = agent.temperature
+
+    encoder_states = model.encoder(*agent._encoder_input(batch))
+    stepper: FastDecoder | GenericDecoder
+    if fast_decoder_supported(model):
+        stepper = FastDecoder(model, encoder_states, bsz, beam, max_ts)
+    else:
+        stepper = GenericDecoder(agent, model, encoder_states, bsz, beam)
+    context = agent._get_batch_context(batch).to(dev) if context_ngram > 0 else None
+
+    hyps = torch.full((rows, 1), bos, dtype=torch.long, device=dev)  # partial_hyps, all rows
+    scores = torch.zeros(bsz, beam, dtype=torch.float32, device=dev)
+    last = torch.full((bsz, beam), bos, dtype=torch.long, device=dev)
+    base = (torch.arange(bsz, device=dev) * beam).unsqueeze(1)
+    tokens_hist: list[torch.Tensor] = []
+    back_hist: list[torch.Tensor] = []
+    score_hist: list[torch.Tensor] = []
+    steps = [0] * bsz  # advances per chat (len(outputs) - 1 in ParlAI)
+    eos_top = [False] * bsz
+    n_best = [0] * bsz
+    finished: list[list[tuple[int, int]]] = [[] for _ in range(bsz)]
+
+    for t in range(max_ts):
+        active = [not (eos_top[b] and n_best[b] >= beam) for b in range(bsz)]
+        if not any(active):
+            break
+        score = stepper.logits(t).view(bsz, beam, -1)
+        if temperature != 1.0:
+            score.div_(temperature)
+        lp = F.log_softmax(score, dim=-1, dtype=torch.float32)
+        vocab = lp.size(-1)
+        if t < min_length:
+            lp[:, :, eos] = NEG
+        if block_ngram > 0:
+            block_self_ngrams(lp.view(rows, vocab), hyps, block_ngram)
+        if context is not None:
+            block_context_ngrams(lp, hyps, context, context_ngram)
+
+        if t == 0:
+            # only the first hypothesis of each chat exists yet
+            first = lp[:, 0, :]
+            if greedy:
+                best, tok = first.max(1, keepdim=True)
+            else:
+                best, tok = torch.topk(first, beam, dim=1)
+            new_scores = best + scores[:, :1]
+            hyp_ids = torch.zeros(bsz, beam, dtype=torch.long, device=dev)
+            tok_ids = tok
+        else:
+            prior = scores.masked_fill(last == eos, NEG)
+            if greedy:
+                best, tok = lp.view(bsz, vocab).max(1, keepdim=True)
+                new_scores = best + prior
+                hyp_ids = torch.zeros(bsz, 1, dtype=torch.long, device=dev)
+                tok_ids = tok
+            else:
+                vals, toks = row_topk(lp.view(rows, vocab), beam)
+                cand = vals.view(bsz, beam, beam) + prior.unsqueeze(2)
+                new_scores, pos = torch.topk(cand.view(bsz, beam * beam), beam, dim=1)
+                hyp_ids = torch.div(pos, beam, rounding_mode="trunc")
+                tok_ids = toks.view(bsz, beam * beam).gather(1, pos)
+
+        act = torch.tensor(active, device=dev).unsqueeze(1)
+        # finished chats keep their hypotheses (ParlAI stops advancing them)
+        hyp_ids = torch.where(act, hyp_ids, torch.arange(beam, device=dev).unsqueeze(0))
+        tok_ids = torch.where(act, tok_ids, last)
+        new_scores = torch.where(act, new_scores, scores)
+        src = (base + hyp_ids).view(-1)
+        hyps = torch.cat([torch.index_select(hyps, 0, src), tok_ids.view(rows, 1)], dim=1)
+        stepper.advance(src, tok_ids.view(-1))
+
+        tokens_hist.append(tok_ids)
+        back_hist.append(hyp_ids)
+        score_hist.append(new_scores)
+        ended = (tok_ids == eos) & (new_scores > NEG) & act
+        top_eos = (tok_ids[:, 0] == eos).tolist()
+        for b in range(bsz):
+            if active[b]:
+                steps[b] = t + 1
+                if top_eos[b]:
+                    eos_top[b] = True
+        if bool(ended.any()):
+            for b, k in ended.nonzero().tolist():
+                finished[b].append((t + 1, k))
+                n_best[b] += 1
+        scores, last = new_scores, tok_ids
+
+    tokens_all = torch.stack(tokens_hist).tolist() if tokens_hist else []
+    back_all = torch.stack(back_hist).tolist() if back_hist else []
+    scores_all = (
+        torch.stack(score_hist)
+        if score_hist
+        else torch.zeros(0, bsz, beam, dtype=torch.float32, device=dev)
+    )
+    beams = []
+    for b in range(bsz):
+        n = steps[b]
+        beams.append(
+            BatchedBeams(
+                [step[b] for step in tokens_all[:n]],
+                [step[b] for step in back_all[:n]],
+                scores_all[:n, b],
+                finished[b],
+                bos,
+                eos,
+                length_penalty,
+                dev,
+            )
+        )
+    preds = [b.get_rescored_finished()[0] for b in beams]
+    return preds, beams

@@ -1,0 +1,266 @@
+"""Decoder steppers: one step of the decoder for every hypothesis row, and its incremental state.
+
+`batched_generate` asks a stepper for the next-token scores of every row (`logits`), then tells
+it which row each hypothesis extends and which token it appended (`advance`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from parlai.agents.transformer.modules import (
+    MultiHeadAttention,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+)
+from parlai.agents.transformer.modules.generator import TransformerGeneratorModel
+from parlai.utils.torch import neginf
+
+# Below this many encoder rows, a matrix kernel may round differently for `batch` and
+# `batch x beam` copies of the same rows, so the cross-attention K/V are then projected from the
+# expanded encoder output, exactly as ParlAI does (cheap at that size).
+COMPACT_KV_MIN_ROWS = 64
+
+
+class GenericDecoder:
+    """Any TorchGeneratorModel, stepped exactly the way ParlAI's `_generate` steps it."""
+
+    def __init__(self, agent: Any, model: Any, encoder_states: Any, bsz: int, beam: int) -> None:
+        dev = agent_device(agent)
+        self.model = model
+        self.agent = agent
+        inds = torch.arange(bsz, device=dev).unsqueeze(1).repeat(1, beam).view(-1)
+        self.encoder_states = model.reorder_encoder_states(encoder_states, inds)
+        self.decoder_input = agent._get_initial_decoder_input(bsz, beam, dev)
+        self.incr_state: Any = None
+
+    def logits(self, step: int) -> torch.Tensor:
+        """Scores of the next token for every row, shape (rows, vocab)."""
+        score, self.incr_state = self.model.decoder(
+            self.decoder_input, self.encoder_states, self.incr_state
+        )
+        score = self.model.output(score[:, -1:, :])
+        return score.squeeze(1)
+
+    def advance(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Follow the back-pointers `rows` and append `tokens` (both shape (rows,))."""
+        self.incr_state = self.model.reorder_decoder_incremental_state(self.incr_state, rows)
+        self.decoder_input = torch.cat(
+            [torch.index_select(self.decoder_input, 0, rows), tokens.unsqueeze(1)], dim=-1
+        )
+
+
+def fast_decoder_supported(model: Any) -> bool:
+    """True when the model is ParlAI's stock encoder-decoder transformer, which `FastDecoder`
+    re-implements op for op; anything else (swapped layers, other variants) is stepped by
+    `GenericDecoder`."""
+    if not isinstance(model, TransformerGeneratorModel):
+        return False
+    if type(model).output is not TransformerGeneratorModel.output:
+        return False
+    dec = model.decoder
+    if type(dec) is not TransformerDecoder or getattr(dec.layers, "is_model_parallel", False):
+        return False
+    if type(dec).forward_embedding is not TransformerDecoder.forward_embedding:
+        return False
+    if dec.variant not in ("aiayn", "xlm", "prelayernorm", "bart"):
+        return False
+    for layer in dec.layers:
+        if type(layer) is not TransformerDecoderLayer:
+            return False
+        if type(layer.self_attention) is not MultiHeadAttention:
+            return False
+        if type(layer.encoder_attention) is not MultiHeadAttention:
+            return False
+        for attn in (layer.self_attention, layer.encoder_attention):
+            if attn.n_heads != dec.n_heads or attn.dim != dec.dim:
+                return False
+    return True
+
+
+class FastDecoder:
+    """ParlAI's TransformerDecoder stepped one token at a time with cheaper state handling.
+
+    The arithmetic is ParlAI's (same modules, same op order, same per-matrix shapes), so scores
+    are identical. What changes is the bookkeeping:
+
+    - the self-attention cache lives in a preallocated buffer that one gather per step reorders
+      (ParlAI copies it twice: concatenate, then reorder);
+    - the encoder-side keys and values are projected once per chat, not once per hypothesis, and
+      never reordered (ParlAI reorders them every step although they never change within a
+      beam). Cross-attention then runs one batched product per beam slot against the per-chat
+      K/V: the same single-query products ParlAI computes, without reading beam-size copies of
+      the encoder states from memory every step.
+    """
+
+    def __init__(
+        self, model: Any, encoder_states: Any, bsz: int, beam: int, max_steps: int
+    ) -> None:
+        self.model = model
+        self.dec = model.decoder
+        enc_out, enc_mask = encoder_states
+        dev = enc_out.device
+        rows = bsz * beam
+        self.bsz, self.beam, self.rows = bsz, beam, rows
+        self.heads = self.dec.n_heads
+        self.dim = self.dec.dim
+        self.dh = self.dim // self.heads
+        self.scale = math.sqrt(self.dh)
+        self.variant = self.dec.variant
+        length = enc_out.size(1)
+        self.length = length
+        expand = torch.arange(bsz, device=dev).repeat_interleave(beam)
+        # beam 1 has nothing to share; tiny inputs keep ParlAI's exact GEMM shape (see above)
+        self.compact = beam > 1 and bsz * length >= COMPACT_KV_MIN_ROWS
+        source = enc_out if self.compact else torch.index_select(enc_out, 0, expand)
+        n = source.size(0)
+        self.cross: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for layer in self.dec.layers:
+            attn = layer.encoder_attention
+            k, v = (
+                lin(source)
+                .view(n, length, self.heads, self.dh)
+                .transpose(1, 2)
+                .contiguous()
+                .view(n * self.heads, length, self.dh)
+                for lin in (attn.k_lin, attn.v_lin)
+            )
+            self.cross.append((k.transpose(1, 2), v))
+        mask = torch.index_select(enc_mask, 0, expand)
+        self.cross_fill = (
+            (mask == 0)
+            .view(rows, 1, -1, length)
+            .repeat(1, self.heads, 1, 1)
+            .expand(rows, self.heads, 1, length)
+            .reshape(rows * self.heads, 1, length)
+        )
+        capacity = max(max_steps, 1)
+        dtype = enc_out.dtype
+        self.cache = [
+            torch.empty(2, rows, self.heads, capacity, self.dh, dtype=dtype, device=dev)
+            for _ in self.dec.layers
+        ]
+        self.spare = [torch.empty_like(c) for c in self.cache]
+        self.tokens = torch.full((rows, 1), model.start_idx, dtype=torch.long, device=dev)
+        self.step = 0
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        # ParlAI's prepare_head for one query position
+        return (
+            t.view(self.rows, 1, self.heads, self.dh)
+            .transpose(1, 2)
+            .contiguous()
+            .view(self.rows * self.heads, 1, self.dh)
+        )
+
+    def _merge(self, out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        # ParlAI's reshaping of the attended values back to (rows, 1, dim)
+        return (
+            out.type_as(like)
+            .view(self.rows, self.heads, 1, self.dh)
+            .transpose(1, 2)
+            .contiguous()
+            .view(self.rows, 1, self.dim)
+        )
+
+    def _self_attend(
+        self, attn: Any, x: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor
+    ) -> torch.Tensor:
+        q = self._heads(attn.q_lin(x))
+        dot = q.div_(self.scale).bmm(keys_t)
+        # decoder self-attention masks nothing while stepping (ParlAI's mask is all ones)
+        weights = F.softmax(dot, dim=-1, dtype=torch.float).type_as(x)
+        return attn.out_lin(self._merge(weights.bmm(values), x))  # type: ignore[no-any-return]
+
+    def _cross_attend(
+        self, attn: Any, x: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor
+    ) -> torch.Tensor:
+        q = self._heads(attn.q_lin(x)).div_(self.scale)
+        if not self.compact:
+            dot = q.bmm(keys_t)
+        else:
+            # one (chats x heads) batch of single-query products per beam slot
+            per_slot = q.view(self.bsz, self.beam, self.heads, 1, self.dh)
+            dot = torch.stack(
+                [
+                    per_slot[:, j]
+                    .reshape(-1, 1, self.dh)
+                    .bmm(keys_t)
+                    .view(self.bsz, self.heads, 1, self.length)
+                    for j in range(self.beam)
+                ],
+                dim=1,
+            ).view(self.rows * self.heads, 1, self.length)
+        dot.masked_fill_(self.cross_fill, neginf(dot.dtype))
+        weights = F.softmax(dot, dim=-1, dtype=torch.float).type_as(x)
+        if not self.compact:
+            out = weights.bmm(values)
+        else:
+            per_slot = weights.view(self.bsz, self.beam, self.heads, 1, self.length)
+            out = torch.stack(
+                [
+                    per_slot[:, j]
+                    .reshape(-1, 1, self.length)
+                    .bmm(values)
+                    .view(self.bsz, self.heads, 1, self.dh)
+                    for j in range(self.beam)
+                ],
+                dim=1,
+            )
+        return attn.out_lin(self._merge(out, x))  # type: ignore[no-any-return]
+
+    def logits(self, step: int) -> torch.Tensor:
+        """Scores of the next token for every row, shape (rows, vocab)."""
+        t = step
+        positions = torch.tensor([[t]], dtype=torch.long, device=self.tokens.device)
+        x = self.dec.forward_embedding(self.tokens, positions)
+        post = self.variant in ("aiayn", "xlm", "bart")
+        width = t + 1
+        for layer, cache, (ck, cv) in zip(self.dec.layers, self.cache, self.cross, strict=True):
+            sa = layer.self_attention
+            residual = x
+            if self.variant == "prelayernorm":
+                x = layer.norm1(x)
+            cache[0, :, :, t] = sa.k_lin(x).view(self.rows, self.heads, self.dh)
+            cache[1, :, :, t] = sa.v_lin(x).view(self.rows, self.heads, self.dh)
+            keys = cache[0].view(self.rows * self.heads, -1, self.dh)[:, :width]
+            values = cache[1].view(self.rows * self.heads, -1, self.dh)[:, :width]
+            x = self._self_attend(sa, x, keys.transpose(1, 2), values)
+            x = x + residual
+            if post:
+                x = layer.norm1(x)
+            residual = x
+            if self.variant == "prelayernorm":
+                x = layer.norm2(x)
+            x = self._cross_attend(layer.encoder_attention, x, ck, cv)
+            x = residual + x
+            if post:
+                x = layer.norm2(x)
+            residual = x
+            if self.variant == "prelayernorm":
+                x = layer.norm3(x)
+            x = layer.ffn(x)
+            x = residual + x
+            if post:
+                x = layer.norm3(x)
+        if self.variant == "prelayernorm":
+            x = self.dec.norm_embeddings(x)
+        self.step = t + 1
+        return self.model.output(x).squeeze(1)  # type: ignore[no-any-return]
+
+    def advance(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Follow the back-pointers `rows` and feed `tokens` next (both shape (rows,))."""
+        width = self.step
+        for i, cache in enumerate(self.cache):
+            spare = self.spare[i]
+            torch.index_select(cache[:, :, :, :width], 1, rows, out=spare[:, :, :, :width])
+            self.cache[i], self.spare[i] = spare, cache
+        self.tokens = tokens.unsqueeze(1)
+
+
+def agent_device(agent: Any) -> torch.device:
+    """The device the agent's model lives on."""
+    return next(agent.model.parameters()).device

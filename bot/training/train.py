@@ -1,0 +1,161 @@
+"""One training run, start to finish: data, dictionary, TrainLoop within the budget, install."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bot.training.args import parlai_args
+from bot.training.data import DataStats, load_conversations, write_dataset
+from bot.training.install import MODEL_SUFFIXES, finalize_opt, install, slim_weights
+from bot.training.loop import BudgetTrainLoop, metric_value
+from bot.training.progress import Progress
+from bot.training.recipe import DEFAULT_RECIPE, MAX_MINUTES, Recipe
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """Figures of a finished run, for the log and the report."""
+
+    model_file: Path
+    data: DataStats
+    seconds_total: float
+    seconds_training: float
+    train_steps: int = 0
+    train_examples_seen: int = 0
+    tokens_per_second: float | None = None
+    valid: dict[str, float] = field(default_factory=dict)
+    size_bytes: int = 0
+
+
+@contextlib.contextmanager
+def parlai_quiet(level: str = "WARNING") -> Iterator[None]:
+    """ParlAI's own logger at `level` for a block (its INFO lines would drown the progress)."""
+    from parlai.utils import logging as plog
+
+    old = plog.logger.level
+    plog.set_log_level(level)
+    try:
+        yield
+    finally:
+        plog.set_log_level(old)
+
+
+def train_model(
+    out: Path,
+    *,
+    minutes: float,
+    recipe: Recipe = DEFAULT_RECIPE,
+    progress: bool = True,
+    conversations: Iterable[tuple[str, list[list[str]]]] | None = None,
+) -> TrainResult:
+    """Train within `minutes` of wall-clock time (all steps) and install the model at `out`."""
+    started = time.monotonic()
+    deadline = started + min(minutes, MAX_MINUTES) * 60.0
+    out = out.resolve()
+    import torch
+    from parlai.core.params import ParlaiParser
+    from parlai.scripts.build_dict import build_dict
+    from parlai.scripts.train_model import setup_args
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{out.name}.train-"
+    # Callers hold the training lock: a leftover directory is from a run that was killed.
+    for stale in out.parent.glob(prefix + "*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=out.parent) as tmp_name:
+        tmp = Path(tmp_name)
+        data = write_dataset(
+            tmp / "data",
+            conversations if conversations is not None else load_conversations(),
+            recipe,
+        )
+        log.info(
+            "data: %d conversations -> %d training / %d held-out examples (%d with persona lines)",
+            data.conversations,
+            data.train_examples,
+            data.valid_examples,
+            data.with_persona,
+        )
+        tmp_model = tmp / "model" / "model"
+        tmp_model.parent.mkdir()
+        torch.manual_seed(recipe.seed)
+        random.seed(recipe.seed)
+
+        with parlai_quiet():
+            opt = setup_args(ParlaiParser(True, True)).parse_args(
+                parlai_args(recipe, tmp / "data", tmp_model, 60.0)
+            )
+            log.info("building the BPE dictionary (%d symbols)", recipe.bpe_symbols)
+            dict_opt = copy.deepcopy(opt)
+            if not (progress and sys.stderr.isatty()):
+                # build_dict draws a tqdm bar when this is set: only useful on a terminal.
+                dict_opt["log_every_n_secs"] = None
+            build_dict(dict_opt, skip_if_built=True)
+            # Whatever is left after data, dictionary and model set-up, less time for the
+            # final evaluation and the save, goes to training.
+            reserve = 15.0 + recipe.validation_max_exs / 50.0
+            set_up = time.monotonic()
+            loop = BudgetTrainLoop(opt)
+            set_up_s = time.monotonic() - set_up
+            train_s = max(deadline - time.monotonic() - reserve, 5.0)
+            loop.max_train_time = train_s
+            loop.val_every_n_secs = max(30.0, train_s / 3)
+            loop.opt["max_train_time"] = train_s
+            log.info(
+                "training %s for %.0fs (set-up took %.0fs): %d layers, %d dims, batch %d",
+                opt["model"],
+                train_s,
+                set_up_s,
+                recipe.n_layers,
+                recipe.embedding_size,
+                recipe.batch_size,
+            )
+            bar = Progress(train_s, progress)
+            loop.progress = bar
+            train_started = time.monotonic()
+            try:
+                report = loop.train_final()
+            finally:
+                bar.close()
+            train_seconds = time.monotonic() - train_started
+            steps, seen = loop._train_steps, loop._total_exs
+            samples = loop.tps_samples
+            tokens_per_s = sum(samples) / len(samples) if samples else None
+            del loop
+
+        finalize_opt(Path(str(tmp_model) + ".opt"), out)
+        slim_weights(tmp_model)
+        install(tmp_model, out)
+
+    valid = {
+        k: v for k in ("ppl", "loss", "token_acc") if (v := metric_value(report, k)) is not None
+    }
+    size = sum(
+        Path(str(out) + s).stat().st_size
+        for s in (*MODEL_SUFFIXES, ".opt")
+        if Path(str(out) + s).exists()
+    )
+    result = TrainResult(
+        model_file=out,
+        data=data,
+        seconds_total=time.monotonic() - started,
+        seconds_training=train_seconds,
+        train_steps=int(steps),
+        train_examples_seen=int(seen),
+        tokens_per_second=tokens_per_s,
+        valid=valid,
+        size_bytes=size,
+    )
+    return result
