@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bot.training.recipe import Recipe
+
 VOCAB = """
 hello hi hey how are you i am fine good great bad what do does like to hike hiking my name
 is sarah jessica tom your persona love dogs cats pizza music books travel the a an and or
@@ -27,6 +29,24 @@ mountain forest lake river sea sun moon canary secret token password env environ
 other user users show me give all please one two three four five six seven eight nine ten
 zero ? . , ! ' s m re ll ve d t
 """.split()  # noqa: SIM905 - a word list reads best as text
+
+
+# For `python -m bot train` (tests/*/test_training*.py): a model that trains in seconds; its
+# replies are not meant to be read.
+TINY_RECIPE = Recipe(
+    n_layers=1,
+    embedding_size=32,
+    ffn_size=64,
+    n_heads=2,
+    text_truncate=48,
+    label_truncate=12,
+    batch_size=16,
+    bpe_symbols=500,
+    validation_max_exs=40,
+    max_conversations=120,
+    beam_size=2,
+    beam_min_length=1,
+)
 
 
 def build_model(
