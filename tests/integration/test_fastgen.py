@@ -21,8 +21,8 @@ import pytest
 
 from bot.config import Settings
 from bot.inference import fastgen
-from bot.inference.fastgen.kernels import row_topk
 from bot.inference.model import load_shared_agent, set_torch_threads
+from tests.support.tinymodel import build_model
 
 
 def _settings(model_file: str, tmp_path: Path, **kw: Any) -> Settings:
@@ -194,19 +194,6 @@ def test_search_impl_parlai_keeps_parlais_search(tiny_model_file: str, tmp_path:
     assert not fastgen.is_accelerated(plain)
 
 
-def test_accelerate_leaves_other_agents_alone() -> None:
-    from parlai.agents.transformer.transformer import TransformerGeneratorAgent
-
-    class Custom(TransformerGeneratorAgent):  # type: ignore[misc]
-        def _generate(self, *args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError
-
-    not_a_generator = object()
-    assert fastgen.accelerate(not_a_generator) is not_a_generator
-    custom = Custom.__new__(Custom)
-    assert type(fastgen.accelerate(custom)) is Custom
-
-
 # --- same results ----------------------------------------------------------------------------
 
 
@@ -269,19 +256,10 @@ def test_unsupported_settings_fall_back_to_parlai(agent: Any) -> None:
 
 def build_blender90m_arch(directory: Path) -> str:
     """A random-weight model with BlenderBot-90M's architecture (8 layers, 512 dims, 16 heads,
-    FFN 2048, 54,944-token dictionary), built like tests/support/tinymodel.py builds the tiny
-    one."""
-    model_file = directory / "model"
-    if (directory / "model.opt").exists():
-        return str(model_file)
-    import torch
-    from parlai.core.agents import create_agent
-    from parlai.core.dict import DictionaryAgent
-    from parlai.core.params import ParlaiParser
+    FFN 2048, 54,944-token dictionary), built by tests/support/tinymodel.py like the tiny one."""
 
-    torch.manual_seed(0)
-    opt = ParlaiParser(True, True).parse_args(
-        [
+    def args(model_file: Path) -> list[str]:
+        return [
             "--model", "transformer/generator",
             "--model-file", str(model_file),
             "--dict-file", str(model_file) + ".dict",
@@ -303,17 +281,18 @@ def build_blender90m_arch(directory: Path) -> str:
             "--skip-generation", "false",
             "--no-cuda",
             "--datatype", "valid",
-        ]
-    )  # fmt: skip
-    dictionary = DictionaryAgent(opt)
-    for i in range(54_944 - len(dictionary)):
-        dictionary.add_token(f"w{i}")
-        dictionary.freq[f"w{i}"] = 10
-    dictionary.save(str(model_file) + ".dict", sort=False)
-    agent = create_agent(opt)
-    assert len(agent.dict) == 54_944
-    agent.save(str(model_file))
-    return str(model_file)
+        ]  # fmt: skip
+
+    def fill_dictionary(dictionary: Any, dict_file: str) -> None:
+        for i in range(54_944 - len(dictionary)):
+            dictionary.add_token(f"w{i}")
+            dictionary.freq[f"w{i}"] = 10
+        dictionary.save(dict_file, sort=False)
+
+    def built(agent: Any) -> None:
+        assert len(agent.dict) == 54_944
+
+    return build_model(directory, args, fill_dictionary, built=built)
 
 
 @pytest.mark.slow
@@ -327,17 +306,3 @@ def test_same_results_as_parlai_blender90m_architecture(
         tally = sweep(big, seed=90, cases_per_config=6, beams=(1, 5, 10))
     print("\n" + report(tally))
     assert not tally.differences, "\n".join(tally.differences[:10])
-
-
-def test_row_topk_matches_torch_topk_over_a_large_vocabulary() -> None:
-    import torch
-
-    generator = torch.Generator().manual_seed(5)
-    for vocab in (54_944, 54_945, 4_096, 190):
-        x = torch.log_softmax(torch.randn(33, vocab, generator=generator) * 3, dim=-1)
-        x[:, torch.randint(0, vocab, (40,), generator=generator)] = fastgen.NEG
-        for k in (1, 5, 10):
-            values, indices = row_topk(x, k)
-            expected = torch.topk(x, k, dim=1)
-            assert torch.equal(values, expected.values), (vocab, k)
-            assert torch.equal(indices, expected.indices), (vocab, k)
