@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.dialect import insert_unless_present
@@ -69,10 +69,12 @@ async def pending(db: AsyncSession, limit: int = 1000) -> list[InboxRow]:
 
 async def pending_chats(db: AsyncSession, limit: int = 1000) -> list[int]:
     """Chats with updates waiting (rows without a chat are stored closed, never pending)."""
+    # Oldest waiting update first, so that a backlog of more than `limit` chats is FIFO.
     rows = await db.scalars(
         select(Inbox.chat_id)
-        .distinct()
         .where(Inbox.status == InboxStatus.PENDING, Inbox.chat_id.is_not(None))
+        .group_by(Inbox.chat_id)
+        .order_by(func.min(Inbox.update_id))
         .limit(limit)
     )
     return [int(chat_id) for chat_id in rows if chat_id is not None]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.models import Message, Outbox, OutboxKind, utcnow
@@ -75,7 +75,14 @@ async def pending(db: AsyncSession, chat_id: int | None = None) -> list[OutboxRo
 
 async def pending_chats(db: AsyncSession, limit: int = 1000) -> list[int]:
     """Chats with texts waiting to be sent."""
-    rows = await db.scalars(select(Outbox.chat_id).distinct().where(*_WAITING).limit(limit))
+    # Oldest waiting text first, so that a backlog of more than `limit` chats is FIFO.
+    rows = await db.scalars(
+        select(Outbox.chat_id)
+        .where(*_WAITING)
+        .group_by(Outbox.chat_id)
+        .order_by(func.min(Outbox.id))
+        .limit(limit)
+    )
     return [int(chat_id) for chat_id in rows]
 
 

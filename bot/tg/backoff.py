@@ -134,7 +134,8 @@ async def retry(
             raise Interrupted(what)
 
     retrying = AsyncRetrying(
-        retry=retry_if_exception_type((*on, RetryAfter)) & retry_if_not_exception_type(never),
+        retry=retry_if_exception_type((*on, RetryAfter))
+        & retry_if_not_exception_type((*never, Interrupted)),
         wait=wait,
         sleep=sleep,
         before_sleep=before_sleep,

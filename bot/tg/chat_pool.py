@@ -33,7 +33,9 @@ class ChatPool(Generic[R]):
     - `pending_chats()`: the chats that have pending rows (the scan);
     - `pending(chat_id)`: that chat's pending rows in order, read under its lease;
     - `process(row)`: True to go on with the chat's next row, False to leave the chat's
-      remaining rows to a later scan (the row failed and stays pending, or the chat refuses).
+      remaining rows to a later scan (the row failed and stays pending, or the chat refuses);
+    - `after_stall()`: awaited (outside the concurrency slot) after `process` said False,
+      before the chat is looked at again: a pause before retrying a failed row.
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class ChatPool(Generic[R]):
         pending_chats: Callable[[], Awaitable[list[int]]],
         pending: Callable[[int], Awaitable[list[R]]],
         process: Callable[[R], Awaitable[bool]],
+        after_stall: Callable[[], Awaitable[object]] | None = None,
         leases: Leases | None = None,
         backoff: Backoff | None = None,
         poll_interval_s: float = 5.0,
@@ -53,6 +56,7 @@ class ChatPool(Generic[R]):
         self._pending_chats = pending_chats
         self._pending = pending
         self._process = process
+        self._after_stall = after_stall
         # Other processes may share the database: a chat's rows are worked on only by the
         # holder of its lease (None: this process is alone, as in some unit tests).
         self.leases = leases
@@ -164,6 +168,8 @@ class ChatPool(Generic[R]):
                     if not self._running() or not await self._claim(chat_id):
                         return
                     if not await self._one(row):
+                        if self._after_stall is not None and self._running():
+                            await self._after_stall()
                         return
         finally:
             if self.leases is not None:
@@ -173,6 +179,9 @@ class ChatPool(Generic[R]):
         if self._slots is None:
             return await self._process(row)
         async with self._slots:
+            # A stop may have come while this worker waited for a slot: take no new row then.
+            if not self._running():
+                return True
             return await self._process(row)
 
     async def _claim(self, chat_id: int) -> bool:

@@ -153,7 +153,11 @@ class Delivery:
             # Re-read the row before every part: a /forget (or another process) may have
             # deleted or sent it since the chat's rows were read.
             current = await self._write(outbox.still_pending, row.id)
-            if current is None or current >= len(parts):
+            if current is None:
+                return True
+            if current >= len(parts):
+                # Every part went out (the text or its splitting changed since): close it.
+                await self._write(outbox.sent, row.id)
                 return True
             sent = current
             reply = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from enum import Enum
 
 from bot import texts
@@ -14,6 +14,10 @@ class Flood(Enum):
     OK = "ok"
     NOTICE = "notice"  # over the limit, and the chat has not been told in this window
     QUIET = "quiet"  # over the limit, already told
+
+
+# How many recent verdicts are remembered (updates are retried within seconds).
+JUDGED_KEPT = 10_000
 
 
 class FloodGate:
@@ -28,9 +32,22 @@ class FloodGate:
         self.window_s = window_s
         self._accepted: dict[int, deque[float]] = {}
         self._told_until: dict[int, float] = {}
+        # Verdicts by update_id: a retried update (its first try failed) is judged once.
+        self._judged: OrderedDict[int, Flood] = OrderedDict()
 
-    def check(self, chat_id: int, now: float) -> Flood:
-        """Count a message of `chat_id` sent at `now` (epoch seconds) and judge it."""
+    def check(self, chat_id: int, now: float, update_id: int | None = None) -> Flood:
+        """Count a message of `chat_id` sent at `now` (epoch seconds) and judge it; the same
+        `update_id` again gets the same verdict without counting twice."""
+        if update_id is not None and update_id in self._judged:
+            return self._judged[update_id]
+        verdict = self._judge(chat_id, now)
+        if update_id is not None:
+            self._judged[update_id] = verdict
+            if len(self._judged) > JUDGED_KEPT:
+                self._judged.popitem(last=False)
+        return verdict
+
+    def _judge(self, chat_id: int, now: float) -> Flood:
         accepted = self._accepted.setdefault(chat_id, deque())
         while accepted and accepted[0] <= now - self.window_s:
             accepted.popleft()

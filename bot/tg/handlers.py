@@ -150,7 +150,7 @@ class Handlers:
         # Every reply counts against Telegram's per-chat limits, so commands and edits count
         # too. One over the limit is not run: the chat gets the flood notice (once per window)
         # and the update is closed unanswered ("ignored").
-        verdict = self.flood.check(_chat_id(update), _sent_at(message))
+        verdict = self.flood.check(_chat_id(update), _sent_at(message), update.update_id)
         if verdict is Flood.OK:
             return
         if verdict is Flood.NOTICE:
@@ -259,7 +259,7 @@ class Handlers:
         if message.chat.type != ChatType.PRIVATE and context.bot.username:
             # "@bot how are you?" -> "how are you?"
             text = re.sub(rf"@{re.escape(context.bot.username)}\b", " ", text, flags=re.I).strip()
-        verdict = self.flood.check(chat_id, _sent_at(message))
+        verdict = self.flood.check(chat_id, _sent_at(message), update.update_id)
         if verdict is not Flood.OK:
             await self.chat.unanswered(
                 chat_id,
@@ -286,7 +286,7 @@ class Handlers:
     async def not_text(self, update: Update, context: Context) -> None:
         """Stickers, photos, voice, files, locations, ...: only text is understood."""
         assert update.message is not None
-        verdict = self.flood.check(_chat_id(update), _sent_at(update.message))
+        verdict = self.flood.check(_chat_id(update), _sent_at(update.message), update.update_id)
         if verdict is Flood.QUIET:
             return  # left pending -> closed as ignored
         text = texts.NOT_TEXT if verdict is Flood.OK else self.flood.notice()

@@ -55,6 +55,9 @@ class InboxWorker:
             pending_chats=self._pending_chats,
             pending=self._pending,
             process=self._work_one,
+            # The row is still pending: the chat's later rows wait (their order holds) and the
+            # chat is looked at again after a pause.
+            after_stall=lambda: self.backoff.sleep(self.max_attempts),
             leases=leases,
             backoff=self.backoff,
             poll_interval_s=poll_interval_s,
@@ -94,10 +97,6 @@ class InboxWorker:
         """Process one row (the chat's lease is held); False leaves the chat for later."""
         closed = await self._process(row)
         self.on_processed()
-        if not closed:
-            # The row is still pending: leave it, and the chat's later rows, to a later scan
-            # so that their order holds.
-            await self.backoff.sleep(self.max_attempts)
         return closed
 
     async def _status(self, update_id: int) -> str | None:

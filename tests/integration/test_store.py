@@ -8,7 +8,7 @@ from sqlalchemy.exc import IntegrityError
 
 from bot.conversations.store import ConversationStore
 from bot.db import conversations, inbox, outbox
-from bot.db.models import Inbox, Message, Outbox, Session
+from bot.db.models import Inbox, Message, Outbox, OutboxKind, Session
 
 
 async def _count(store: ConversationStore, model: type, **where: object) -> int:
@@ -156,3 +156,20 @@ async def test_a_turn_for_an_update_closed_elsewhere_is_rolled_back(
         await store.record_turn(session.id, 40, "hi", "hello", update_id=40)
     assert await _count(store, Message, chat_id=40) == 0
     assert await _count(store, Outbox, chat_id=40) == 0
+
+
+async def test_pending_chats_come_oldest_first(store: ConversationStore) -> None:
+    # Found in review: SELECT DISTINCT ... LIMIT had no order, so with more waiting chats than
+    # the scan limit, the same ones could come back every time and others wait forever.
+    for update_id, chat_id in [(5, 30), (7, 10), (1, 20), (9, 30)]:
+        await store.ingest(
+            update_id=update_id, chat_id=chat_id, user_id=chat_id, kind="message", payload="{}"
+        )
+    async with store.sessionmaker.begin() as db:
+        for chat_id in (40, 10, 40, 50):
+            await outbox.enqueue(db, chat_id=chat_id, kind=OutboxKind.NOTICE, text="hi")
+    async with store.sessionmaker() as db:
+        assert await inbox.pending_chats(db) == [20, 30, 10]
+        assert await inbox.pending_chats(db, limit=2) == [20, 30]
+        assert await outbox.pending_chats(db) == [40, 10, 50]
+        assert await outbox.pending_chats(db, limit=1) == [40]

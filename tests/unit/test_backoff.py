@@ -212,3 +212,22 @@ async def test_a_stop_cancels_the_call_in_progress_unless_it_must_finish() -> No
         "written"
     )
     assert finished == [True]
+
+
+async def test_retry_never_retries_its_own_interruption(caplog: pytest.LogCaptureFixture) -> None:
+    # Found in review: with the default `on=(Exception,)`, the Interrupted raised for a call
+    # cut short by the stop counted as a failure to retry ("... failed (); retry 1").
+    stop = asyncio.Event()
+    calls = 0
+
+    async def slow() -> None:
+        nonlocal calls
+        calls += 1
+        stop.set()
+        await asyncio.sleep(10)
+
+    caplog.set_level(logging.WARNING)
+    with pytest.raises(Interrupted):
+        await retry(slow, what="slow", backoff=Backoff(initial_s=0.01), stop=stop)
+    assert calls == 1
+    assert not [r for r in caplog.records if "retry" in r.getMessage()]
