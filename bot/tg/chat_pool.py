@@ -157,11 +157,25 @@ class ChatPool(Generic[R]):
         self._wake.set()
 
     async def _work(self, chat_id: int) -> None:
+        failures = 0
         try:
             while self._running():
                 if not await self._claim(chat_id):
                     return
-                rows = await self._pending(chat_id)
+                try:
+                    rows = await self._pending(chat_id)
+                except Exception as err:  # noqa: BLE001 - the database is down: wait for it
+                    failures += 1
+                    log.warning(
+                        "%s: reading chat %s failed (%s); retry %d",
+                        self.name,
+                        chat_id,
+                        err,
+                        failures,
+                    )
+                    await self.backoff.sleep(failures)
+                    continue
+                failures = 0
                 if not rows:
                     return
                 for row in rows:

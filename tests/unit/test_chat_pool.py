@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import pytest
+
+from bot.tg.backoff import Backoff
 from bot.tg.chat_pool import ChatPool
 
 
@@ -109,3 +113,37 @@ async def test_drain_on_stop_finishes_what_is_pending() -> None:
     rows.rows[2] = ["late"]  # queued by the last turns, after the last scan
     await pool.stop(2.0)
     assert rows.done == ["a", "late"]
+
+
+async def test_a_failing_read_is_retried_by_the_worker_not_logged_as_a_crash(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rows = Rows({1: ["a"]})
+    original = rows.pending
+    failures = {"left": 2}
+
+    async def flaky(chat_id: int) -> list[str]:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise OSError("database is down")
+        return await original(chat_id)
+
+    rows.pending = flaky  # type: ignore[method-assign]
+    pool = ChatPool(
+        "test",
+        pending_chats=rows.pending_chats,
+        pending=rows.pending,
+        process=rows.process,
+        backoff=Backoff(initial_s=0.01, cap_s=0.02),
+        poll_interval_s=60,
+    )
+    caplog.set_level(logging.WARNING)
+    await pool.start()
+    for _ in range(200):
+        if rows.done:
+            break
+        await asyncio.sleep(0.01)
+    await pool.stop(1.0)
+    assert rows.done == ["a"]
+    assert not [r for r in caplog.records if "crashed" in r.getMessage()]
+    assert len([r for r in caplog.records if "reading chat 1 failed" in r.getMessage()]) == 2
