@@ -66,10 +66,12 @@ async def give_back(
 
 async def renew(
     db: AsyncSession, chat_ids: list[int], kind: str, owner: str, until: datetime
-) -> None:
-    """Push back the expiry of every lease `owner` holds among `chat_ids` (one statement)."""
-    await db.execute(
-        update(ChatLease)
-        .where(ChatLease.kind == kind, ChatLease.owner == owner, ChatLease.chat_id.in_(chat_ids))
-        .values(lease_until=until)
+) -> set[int]:
+    """Push back the expiry of every lease `owner` still holds among `chat_ids`; returns the
+    chats it still held (a lease taken over by another process is not renewed)."""
+    mine = (ChatLease.kind == kind, ChatLease.owner == owner, ChatLease.chat_id.in_(chat_ids))
+    await db.execute(update(ChatLease).where(*mine).values(lease_until=until))
+    renewed = await db.scalars(
+        select(ChatLease.chat_id).where(*mine, ChatLease.lease_until == until)
     )
+    return set(renewed)

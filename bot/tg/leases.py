@@ -194,11 +194,24 @@ class Leases:
         until = utcnow() + timedelta(seconds=self.ttl_s)
         chats = list(self._held)
         async with self.sessionmaker.begin() as db:
-            await leases.renew(db, chats, self.kind, self.owner, until)
+            renewed = await leases.renew(db, chats, self.kind, self.owner, until)
         for chat_id in chats:
-            if chat_id in self._held:
+            if chat_id not in renewed:
+                # Taken over meanwhile (our lease had run out): the next acquire() must ask
+                # the database instead of trusting a lease we no longer hold.
+                if chat_id in self._held:
+                    log.warning(
+                        "lost the %s lease of chat %s to another process", self.kind, chat_id
+                    )
+                self._held.pop(chat_id, None)
+                self._written.pop(chat_id, None)
+            elif chat_id in self._held:
                 self._held[chat_id] = started + self.ttl_s
                 self._written[chat_id] = until
+            else:
+                # Released while this renewal ran: that release deleted nothing (the row's
+                # expiry had just changed), so give back the renewed row now.
+                await self._release_now(chat_id, until)
 
     def start(self) -> None:
         """Renew held leases in the background every quarter of the TTL."""

@@ -139,3 +139,38 @@ async def test_a_live_holder_in_another_pid_namespace_keeps_its_lease(
     finally:
         proc.stdin.close()
         await asyncio.wait_for(proc.wait(), 30)
+
+
+async def test_a_lease_taken_over_is_not_renewed_from_memory(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    # Found in review: renew_all marked every held chat renewed without checking the UPDATE,
+    # so after a partition longer than the TTL a replica went on working on a chat another
+    # replica had taken over (and both sent its texts).
+    mine = Leases(sessionmaker, "inbox")
+    assert await mine.acquire(5)
+    async with sessionmaker.begin() as db:  # our lease ran out; another process took it
+        lease = await db.scalar(
+            select(ChatLease).where(ChatLease.chat_id == 5, ChatLease.kind == "inbox")
+        )
+        assert lease is not None
+        lease.owner, lease.lease_until = "elsewhere:1:2:3", utcnow() + timedelta(seconds=60)
+    await mine.renew_all()
+    assert 5 not in mine.held
+    assert not await mine.acquire(5)  # asks the database, which says no
+    assert await _owner_of(sessionmaker, 5) == "elsewhere:1:2:3"
+
+
+async def test_a_release_during_a_renewal_gives_the_row_back(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    # Found in review: a release that ran while a renewal committed deleted nothing (the row's
+    # expiry had just changed) and left the chat leased for a whole TTL.
+    mine = Leases(sessionmaker, "inbox", linger_s=0.0)
+    assert await mine.acquire(6)
+    renewal = asyncio.create_task(mine.renew_all())
+    await asyncio.sleep(0)  # the renewal has read which chats it renews
+    mine._release_soon(6)
+    await renewal
+    await asyncio.gather(*mine._releasing)
+    assert await _owner_of(sessionmaker, 6) is None
