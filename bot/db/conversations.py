@@ -48,14 +48,17 @@ def _session_row(s: Session, last_message_id: int | None = None) -> SessionRow:
 
 
 async def get_active_session(db: AsyncSession, chat_id: int) -> SessionRow | None:
-    """The chat's active conversation, if any, with its newest message id (same transaction)."""
-    s = await db.scalar(
-        select(Session).where(Session.chat_id == chat_id, Session.status == SessionStatus.ACTIVE)
-    )
-    if s is None:
-        return None
-    last = await db.scalar(select(func.max(Message.id)).where(Message.session_id == s.id))
-    return _session_row(s, last)
+    """The chat's active conversation, if any, with its newest message id (one statement: this
+    runs on every turn)."""
+    newest = select(func.max(Message.id)).where(Message.session_id == Session.id).scalar_subquery()
+    row = (
+        await db.execute(
+            select(Session, newest).where(
+                Session.chat_id == chat_id, Session.status == SessionStatus.ACTIVE
+            )
+        )
+    ).first()
+    return None if row is None else _session_row(row[0], row[1])
 
 
 async def latest_persona(db: AsyncSession, chat_id: int) -> str:

@@ -56,17 +56,6 @@ async def insert(
     return await insert_unless_present(db, Inbox, values, ["update_id"])
 
 
-async def pending(db: AsyncSession, limit: int = 1000) -> list[InboxRow]:
-    """Updates not yet processed, oldest first."""
-    rows = await db.scalars(
-        select(Inbox)
-        .where(Inbox.status == InboxStatus.PENDING)
-        .order_by(Inbox.update_id)
-        .limit(limit)
-    )
-    return [_row(r) for r in rows]
-
-
 async def pending_chats(db: AsyncSession, limit: int = 1000) -> list[int]:
     """Chats with updates waiting (rows without a chat are stored closed, never pending)."""
     # Oldest waiting update first, so that a backlog of more than `limit` chats is FIFO.
