@@ -1,0 +1,355 @@
+"""Pure statistics for comparing model variants in an A/B experiment: confidence intervals for
+rates and means, the two-proportion z-test, a sample-ratio-mismatch check on the assignment,
+latency percentiles, and Bradley-Terry strengths (with bootstrap intervals) from pairwise
+judgements. No I/O and no state: every function maps numbers to numbers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import scipy.stats  # type: ignore[import-untyped]
+
+#: z for a two-sided 95% interval: the 0.975 quantile of the standard normal.
+Z95 = 1.959963984540054
+
+#: Below this p-value the assignment counts disagree with the configured weights.
+SRM_ALPHA = 0.01
+
+FIXED_SAMPLE_NOTE = (
+    "The p-value assumes the sample size was fixed in advance and the test is read once. "
+    "Checking it repeatedly while data arrive and stopping at the first p < 0.05 ('peeking') "
+    "inflates the false-positive rate well above 5%."
+)
+
+#: Default weight of the Bradley-Terry prior: one virtual tie of every player against a
+#: reference player of strength 1.
+BT_PRIOR = 1.0
+
+_FloatArray = npt.NDArray[np.float64]
+
+
+# --- rates -----------------------------------------------------------------------------------
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval for a binomial proportion `successes / n` (95% by default).
+
+    Unlike the normal ("Wald") interval it stays inside [0, 1] and behaves at 0 and n
+    successes. With `n == 0` nothing is known and the interval is the whole (0.0, 1.0).
+    """
+    if n < 0 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
+    if z <= 0:
+        raise ValueError(f"z must be positive, got {z}")
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    z2 = z * z
+    denominator = 1.0 + z2 / n
+    centre = (p + z2 / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denominator
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+@dataclass(frozen=True, slots=True)
+class ProportionTest:
+    """A two-proportion z-test. `difference` is p2 - p1 (variant minus control when called as
+    `two_proportion_test(control..., variant...)`); `p_value` is two-sided."""
+
+    difference: float
+    z: float
+    p_value: float
+
+
+def two_proportion_test(x1: int, n1: int, x2: int, n2: int) -> ProportionTest:
+    """Two-sided z-test of p1 == p2 for `x1` successes of `n1` against `x2` of `n2`.
+
+    The standard error is the pooled one, sqrt(p(1-p)(1/n1 + 1/n2)) with p = (x1+x2)/(n1+n2),
+    and `z = (p2 - p1) / se`, so a positive z means the second group converts more.
+
+    See `FIXED_SAMPLE_NOTE`: the p-value is valid for a sample size fixed in advance; peeking
+    at it repeatedly and stopping when it looks significant inflates false positives.
+
+    Degenerate inputs carry no evidence: if either group is empty (`difference` is then NaN)
+    or the pooled rate is 0 or 1 (`difference` is 0), the result has z = 0.0, p_value = 1.0.
+    """
+    for x, n in ((x1, n1), (x2, n2)):
+        if n < 0 or not 0 <= x <= n:
+            raise ValueError(f"need 0 <= x <= n, got x={x}, n={n}")
+    if n1 == 0 or n2 == 0:
+        return ProportionTest(difference=math.nan, z=0.0, p_value=1.0)
+    p1, p2 = x1 / n1, x2 / n2
+    pooled = (x1 + x2) / (n1 + n2)
+    if pooled <= 0.0 or pooled >= 1.0:
+        return ProportionTest(difference=p2 - p1, z=0.0, p_value=1.0)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
+    z = (p2 - p1) / se
+    p_value = float(2.0 * scipy.stats.norm.sf(abs(z)))
+    return ProportionTest(difference=p2 - p1, z=z, p_value=min(1.0, p_value))
+
+
+# --- means and latency -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MeanInterval:
+    """A sample mean with its Student-t confidence interval [low, high] over `n` values.
+
+    `mean` is NaN when n == 0; `low` and `high` are NaN when n < 2 (no spread to estimate)."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> MeanInterval:
+    """The mean of `values` with a two-sided Student-t interval at `confidence`.
+
+    Uses the sample standard deviation (n - 1 in the denominator) and the t quantile with n - 1
+    degrees of freedom. With fewer than two values the bounds are NaN (an infinite interval
+    would read as a number), and with none the mean is NaN too.
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    data = np.asarray(values, dtype=np.float64)
+    n = int(data.size)
+    if n == 0:
+        return MeanInterval(mean=math.nan, low=math.nan, high=math.nan, n=0)
+    mean = float(data.mean())
+    if n < 2:
+        return MeanInterval(mean=mean, low=math.nan, high=math.nan, n=n)
+    se = float(data.std(ddof=1)) / math.sqrt(n)
+    t = float(scipy.stats.t.ppf((1.0 + confidence) / 2.0, n - 1))
+    return MeanInterval(mean=mean, low=mean - t * se, high=mean + t * se, n=n)
+
+
+def latency_percentiles(values: Sequence[float]) -> tuple[float, float]:
+    """The (p50, p95) of `values` with numpy's default linear interpolation between order
+    statistics; (nan, nan) for no values."""
+    if len(values) == 0:
+        return (math.nan, math.nan)
+    p50, p95 = np.percentile(np.asarray(values, dtype=np.float64), [50.0, 95.0])
+    return (float(p50), float(p95))
+
+
+# --- assignment ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SrmResult:
+    """A chi-square goodness-of-fit test of the assigned counts against the configured weights.
+    `warn` is True when `p_value < SRM_ALPHA` (a sample ratio mismatch: the assignment is off)."""
+
+    chi2: float
+    dof: int
+    p_value: float
+    warn: bool
+
+
+def sample_ratio_mismatch(observed: Mapping[str, int], weights: Mapping[str, float]) -> SrmResult:
+    """Checks whether the per-variant assignment counts match the configured split.
+
+    Only variants with weight > 0 enter; one missing from `observed` counts 0, and counts of
+    variants with no (or zero) weight are ignored. Expected count = total * w / sum(w), where
+    total is the sum of the entering counts; chi2 = sum((obs - exp)^2 / exp) with k - 1 degrees
+    of freedom. With fewer than two weighted variants, or no assignments, there is nothing to
+    test: chi2 0.0, p_value 1.0, warn False.
+    """
+    for name, w in weights.items():
+        if w < 0 or not math.isfinite(w):
+            raise ValueError(f"weight of {name!r} must be finite and >= 0, got {w}")
+    for name, count in observed.items():
+        if count < 0:
+            raise ValueError(f"count of {name!r} must be >= 0, got {count}")
+    active = [name for name, w in weights.items() if w > 0]
+    dof = max(len(active) - 1, 0)
+    counts = [observed.get(name, 0) for name in active]
+    total = sum(counts)
+    if len(active) < 2 or total == 0:
+        return SrmResult(chi2=0.0, dof=dof, p_value=1.0, warn=False)
+    weight_sum = sum(weights[name] for name in active)
+    chi2 = 0.0
+    for name, count in zip(active, counts, strict=True):
+        expected = total * weights[name] / weight_sum
+        chi2 += (count - expected) ** 2 / expected
+    p_value = float(scipy.stats.chi2.sf(chi2, dof))
+    return SrmResult(chi2=chi2, dof=dof, p_value=p_value, warn=p_value < SRM_ALPHA)
+
+
+# --- Bradley-Terry ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BtEstimate:
+    """A Bradley-Terry strength (geometric mean 1 across players) with a bootstrap percentile
+    interval [low, high]."""
+
+    strength: float
+    low: float
+    high: float
+
+
+def _players(matches: Sequence[tuple[str, str, float]]) -> list[str]:
+    """The players of `matches` in order of first appearance, after checking each match."""
+    seen: dict[str, None] = {}
+    for a, b, score in matches:
+        if a == b:
+            raise ValueError(f"a player cannot meet itself: {a!r}")
+        if not 0.0 <= score <= 1.0:
+            raise ValueError(f"score of {a!r} against {b!r} must lie in [0, 1], got {score}")
+        seen.setdefault(a, None)
+        seen.setdefault(b, None)
+    return list(seen)
+
+
+def _tables(
+    matches: Sequence[tuple[str, str, float]], index: Mapping[str, int]
+) -> tuple[_FloatArray, _FloatArray]:
+    """Games between each pair (symmetric matrix) and each player's wins (ties count half)."""
+    k = len(index)
+    games = np.zeros((k, k), dtype=np.float64)
+    wins = np.zeros((k, k), dtype=np.float64)
+    for a, b, score in matches:
+        i, j = index[a], index[b]
+        games[i, j] += 1.0
+        games[j, i] += 1.0
+        wins[i, j] += score
+        wins[j, i] += 1.0 - score
+    return games, wins
+
+
+def _strongly_connected(wins: _FloatArray) -> bool:
+    """Whether every player reaches every other along "scored something against" edges, the
+    condition (Hunter 2004, assumption 1) for the unregularised MLE to exist."""
+    k = wins.shape[0]
+    edges = wins > 0.0
+    for adjacency in (edges, edges.T):
+        reached = {0}
+        frontier = [0]
+        while frontier:
+            i = frontier.pop()
+            for j in np.flatnonzero(adjacency[i]):
+                if int(j) not in reached:
+                    reached.add(int(j))
+                    frontier.append(int(j))
+        if len(reached) < k:
+            return False
+    return True
+
+
+def _fit(
+    games: _FloatArray, wins: _FloatArray, *, prior: float, iterations: int, tol: float
+) -> _FloatArray:
+    """MM iterations (Hunter 2004) for the strengths; geometric mean 1 on return.
+
+    With `prior > 0` each player also plays `prior` virtual games against a fixed reference of
+    strength 1 and wins half of them, which anchors the scale; with `prior == 0` the scale is
+    free and is pinned by renormalising each step.
+    """
+    k = games.shape[0]
+    total_wins = wins.sum(axis=1) + prior / 2.0
+    strengths = np.ones(k, dtype=np.float64)
+    for _ in range(iterations):
+        pair_sums = strengths[:, None] + strengths[None, :]
+        denominator = (games / pair_sums).sum(axis=1) + prior / (strengths + 1.0)
+        updated = total_wins / denominator
+        if prior == 0.0:
+            updated /= math.exp(float(np.log(updated).mean()))
+        change = float(np.max(np.abs(np.log(updated) - np.log(strengths))))
+        strengths = updated
+        if change < tol:
+            break
+    result: _FloatArray = strengths / math.exp(float(np.log(strengths).mean()))
+    return result
+
+
+def bradley_terry(
+    matches: Sequence[tuple[str, str, float]],
+    *,
+    iterations: int = 1000,
+    tol: float = 1e-10,
+    prior: float = BT_PRIOR,
+) -> dict[str, float]:
+    """Bradley-Terry strengths from pairwise judgements, P(a beats b) = s_a / (s_a + s_b).
+
+    Each match is `(a, b, score_of_a)`: 1 when a won, 0 when b won, 0.5 for a tie (half a win
+    to each; any score in [0, 1] splits the same way). The strengths are fitted by the MM
+    algorithm of Hunter (2004), until the largest change of a log-strength is below `tol` or
+    after `iterations` steps, and are returned as plain strengths scaled so that their
+    geometric mean is 1 (so log-strengths sum to 0; s_a / s_b is the odds that a beats b).
+
+    Regularisation: as in Coulom's BayesElo, every player gets `prior` virtual games (one by
+    default) against a reference player of strength 1, scored as ties. This keeps a player
+    with no wins (or no losses) finite and shrinks strengths from few games toward each other;
+    with many games it barely matters. `prior=0` gives the plain maximum-likelihood estimate,
+    which exists only if the "scored against" graph is strongly connected (every split of the
+    players has someone on each side scoring against the other); otherwise ValueError.
+
+    No matches give an empty dict.
+    """
+    if prior < 0 or not math.isfinite(prior):
+        raise ValueError(f"prior must be finite and >= 0, got {prior}")
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    players = _players(matches)
+    if not players:
+        return {}
+    index = {name: i for i, name in enumerate(players)}
+    games, wins = _tables(matches, index)
+    if prior == 0.0 and not _strongly_connected(wins):
+        raise ValueError(
+            "the maximum-likelihood strengths do not exist: some group of players never "
+            "scored against the rest; use prior > 0"
+        )
+    strengths = _fit(games, wins, prior=prior, iterations=iterations, tol=tol)
+    return {name: float(strengths[i]) for name, i in index.items()}
+
+
+def bradley_terry_bootstrap(
+    matches: Sequence[tuple[str, str, float]],
+    *,
+    rounds: int = 200,
+    seed: int = 0,
+    confidence: float = 0.95,
+    prior: float = BT_PRIOR,
+    iterations: int = 1000,
+    tol: float = 1e-10,
+) -> dict[str, BtEstimate]:
+    """Bradley-Terry strengths (see `bradley_terry`) with bootstrap percentile intervals.
+
+    Each of `rounds` resamples draws len(matches) matches with replacement and refits every
+    player of the original data (one absent from a resample keeps only the prior); `low` and
+    `high` are the (1 - confidence)/2 and (1 + confidence)/2 percentiles of a player's
+    resampled strengths (numpy's linear interpolation), and `strength` is the fit on all the
+    matches. The same `seed` gives the same result. `prior` must be > 0 here: a resample can
+    easily lose the connectivity the unregularised estimate needs. No matches give {}.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    if prior <= 0 or not math.isfinite(prior):
+        raise ValueError(f"the bootstrap needs a finite prior > 0, got {prior}")
+    point = bradley_terry(matches, iterations=iterations, tol=tol, prior=prior)
+    if not point:
+        return {}
+    players = list(point)
+    index = {name: i for i, name in enumerate(players)}
+    rng = np.random.default_rng(seed)
+    samples = np.empty((rounds, len(players)), dtype=np.float64)
+    for r in range(rounds):
+        picks = rng.integers(0, len(matches), size=len(matches))
+        resample = [matches[int(i)] for i in picks]
+        games, wins = _tables(resample, index)
+        samples[r] = _fit(games, wins, prior=prior, iterations=iterations, tol=tol)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.percentile(samples, [100.0 * tail, 100.0 * (1.0 - tail)], axis=0)
+    return {
+        name: BtEstimate(strength=point[name], low=float(low[i]), high=float(high[i]))
+        for name, i in index.items()
+    }
