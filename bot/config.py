@@ -25,7 +25,12 @@ class Settings(BaseSettings):
     """Every knob of the service. Field names map to upper-case environment variables."""
 
     model_config = SettingsConfigDict(
-        env_file=".env", env_file_encoding="utf-8", extra="ignore", validate_default=True
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        validate_default=True,
+        # `NAME=` (as .env.example has it) means unset, not an empty value to parse.
+        env_ignore_empty=True,
     )
 
     # --- Telegram -------------------------------------------------------------------------
@@ -62,6 +67,18 @@ class Settings(BaseSettings):
     # int8 dynamic quantization of the linear layers (CPU only): faster greedy decoding.
     quantize: Literal["none", "int8"] = "none"
     train_minutes: float = Field(default=12.0, gt=0, le=15)
+
+    # --- variants and feedback ------------------------------------------------------------
+    # Named model variants served side by side (bot/variants/config.py); unset: BOT_MODEL only.
+    variants_file: Path | None = None
+    # "process": every variant in a worker process of its own; "inline": in this process.
+    model_workers: Literal["process", "inline"] = "process"
+    # Torch threads per worker process (a variant's `threads` wins); None: TORCH_THREADS.
+    worker_threads: int | None = Field(default=None, ge=1)
+    # 👍/👎 under every reply and the 1-5 rating at /done.
+    feedback_buttons: bool = True
+    # Let users pick a variant by name with /model (the experiment is blind otherwise).
+    allow_model_choice: bool = False
 
     # --- limits ---------------------------------------------------------------------------
     persona_max_chars: int = Field(default=1000, ge=1)

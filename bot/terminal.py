@@ -65,12 +65,13 @@ async def run_terminal(
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
     from bot.db import migrate
-    from bot.inference.responder import Responder
+    from bot.logs import settings_secrets
+    from bot.variants.router import VariantResponder
 
     await asyncio.to_thread(migrate.upgrade, settings.db_url)
     db = make_engine(settings.db_url)
     store = ConversationStore(make_sessionmaker(db))
-    responder = await Responder.start(settings, store)
+    responder = await VariantResponder.start(settings, store, tuple(settings_secrets(settings)))
     chat = ChatActions(store, responder, settings)
     interactive = stdin.isatty()
     try:

@@ -96,6 +96,42 @@ UNKNOWN_COMMAND = "I don't know that command. /help lists what I can do."
 EMPTY_REPLY = "…"
 
 
+# --- feedback and variants -------------------------------------------------------------------
+
+VOTE_UP = "👍"
+VOTE_DOWN = "👎"
+VOTED_UP = "Thanks! Glad that one worked."
+VOTED_DOWN = "Thanks, noted. I'll try to do better."
+VOTE_STALE = "That button no longer works (the message or the conversation is gone)."
+RATE_PROMPT = "How was this conversation? Tap 1 (bad) to 5 (great)."
+RATING_STALE = "That rating button no longer works."
+RATING_TWICE = "You already rated this conversation; thank you!"
+NOTHING_TO_VOTE_ON = "There is no reply of mine to rate yet."
+NOTHING_TO_RATE = "End a conversation with /done first, then rate it with /rate 1-5."
+RATE_USAGE = "Usage: /rate N, with N from 1 (bad) to 5 (great)."
+
+
+def rated(value: int) -> str:
+    """The answer to a rating."""
+    return f"Thanks for rating this conversation {value}/5!"
+
+
+def variants_list(names: list[str], current: str | None) -> str:
+    """/model without a name, where the operator allows choosing."""
+    lines = [f"{'• ' if n == current else '  '}{n}" for n in names]
+    return "Models you can talk to:\n" + "\n".join(lines) + "\n\nChoose one with /model NAME."
+
+
+def variant_chosen(name: str) -> str:
+    """The confirmation of /model NAME."""
+    return f"From your next message on, you are talking to {name}."
+
+
+def variant_unknown(name: str, names: list[str]) -> str:
+    """/model with a name that is not served."""
+    return f"There is no model called {name!r}. Choose one of: {', '.join(names)}."
+
+
 def unknown_terminal_command(command: str) -> str:
     """An unknown /command typed in `python -m bot chat`."""
     return f"Unknown command /{command}. Try /help."

@@ -7,13 +7,19 @@ front ends only deliver what the outbox holds.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from bot import texts
 from bot.config import Settings
 from bot.conversations.store import ConversationStore
 from bot.db.conversations import SessionRow
+from bot.db.feedback import Outcome
+from bot.db.models import AssignmentSource, VoteSource
+
+if TYPE_CHECKING:
+    from bot.variants.config import Experiment
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +32,10 @@ class Reply:
 
     text: str
     latency_ms: float
+    # The model variant that produced it (None: no variants, e.g. a test responder).
+    variant: str | None = None
+    # Time inside the model (the batch that produced it), for the service-overhead figures.
+    model_ms: float | None = None
 
 
 class GenerationError(Exception):
@@ -70,11 +80,17 @@ class ChatActions:
     """User actions of one chat, each ending in exactly one transaction."""
 
     def __init__(
-        self, store: ConversationStore, responder: ResponderProtocol, settings: Settings
+        self,
+        store: ConversationStore,
+        responder: ResponderProtocol,
+        settings: Settings,
+        experiment: Experiment | None = None,
     ) -> None:
         self.store = store
         self.responder = responder
         self.settings = settings
+        # The variants served (for /model); None: the responder has no variants.
+        self.experiment = experiment
 
     async def notice(self, chat_id: int, text: str, *, update_id: int | None = None) -> None:
         """Send a short message that is not part of the conversation, and close the update."""
@@ -121,12 +137,23 @@ class ChatActions:
         )
         self.responder.set_persona(session.id, persona)
 
-    async def done(self, chat_id: int, *, update_id: int | None = None) -> None:
-        """/done: end the conversation; history stays for admins, the persona carries over."""
+    async def done(
+        self,
+        chat_id: int,
+        *,
+        update_id: int | None = None,
+        rating_markup: Callable[[int], str] | None = None,
+    ) -> None:
+        """/done: end the conversation; history stays for admins, the persona carries over.
+
+        With `rating_markup` (a front end's 1-5 keyboard for a session id), a conversation
+        that had messages also gets the rating prompt with that keyboard."""
         session = await self.store.end_session(
             chat_id,
             notice=texts.ENDED,
             update_id=update_id,
+            rating_prompt=texts.RATE_PROMPT,
+            rating_markup=rating_markup,
         )
         if session is not None:
             self.responder.evict(session.id)
@@ -212,9 +239,96 @@ class ChatActions:
                 latency_ms=reply.latency_ms,
                 update_id=update_id,
                 telegram_message_id=telegram_message_id,
+                variant=reply.variant,
+                model_ms=reply.model_ms,
             )
         except BaseException:
             # The clone already heard this turn but the database did not keep it.
             self.responder.evict(session.id)
             raise
         self.responder.turn_stored(session.id, stored.bot_message_id)
+
+    # --- feedback and variants -------------------------------------------------------------
+
+    async def vote(
+        self,
+        chat_id: int,
+        user_id: int,
+        message_id: int | None,
+        value: int,
+        *,
+        source: VoteSource = VoteSource.BUTTON,
+        telegram_message_id: int | None = None,
+        update_id: int | None = None,
+        answer_in_chat: bool = False,
+    ) -> Outcome:
+        """👍 (+1) or 👎 (-1) on a bot reply; 0 takes a reaction back. `answer_in_chat` (the
+        terminal) queues the answer as a notice; Telegram answers the button press instead."""
+        notice = None
+        if answer_in_chat:
+            notice = texts.VOTED_UP if value > 0 else texts.VOTED_DOWN
+        outcome = await self.store.vote(
+            chat_id,
+            user_id,
+            message_id,
+            value,
+            source=source,
+            telegram_message_id=telegram_message_id,
+            update_id=update_id,
+            notice=notice,
+        )
+        if answer_in_chat and outcome is Outcome.STALE:
+            await self.notice(chat_id, texts.NOTHING_TO_VOTE_ON)
+        return outcome
+
+    async def rate(
+        self,
+        chat_id: int,
+        user_id: int | None,
+        session_id: int | None,
+        value: int,
+        *,
+        update_id: int | None = None,
+        answer_in_chat: bool = False,
+    ) -> Outcome:
+        """The 1-5 rating of a conversation (None: the chat's latest ended one)."""
+        outcome = await self.store.rate(chat_id, user_id, session_id, value, update_id=update_id)
+        if answer_in_chat:
+            await self.notice(chat_id, rating_answer(outcome, value, terminal=True))
+        return outcome
+
+    async def choose_variant(
+        self, chat_id: int, name: str, *, update_id: int | None = None
+    ) -> None:
+        """/model: list the variants, or move this chat to one (where the operator allows)."""
+        experiment = self.experiment
+        if experiment is None or not self.settings.allow_model_choice:
+            await self.notice(chat_id, texts.UNKNOWN_COMMAND, update_id=update_id)
+            return
+        names = experiment.names
+        name = name.strip()
+        if not name:
+            session = await self.store.active_session_row(chat_id)
+            current = session.variant if session is not None else None
+            await self.notice(chat_id, texts.variants_list(names, current), update_id=update_id)
+            return
+        if name not in names:
+            await self.notice(chat_id, texts.variant_unknown(name, names), update_id=update_id)
+            return
+        await self.store.set_variant(
+            chat_id,
+            experiment.name,
+            name,
+            AssignmentSource.USER,
+            notice=texts.variant_chosen(name),
+            update_id=update_id,
+        )
+
+
+def rating_answer(outcome: Outcome, value: int, *, terminal: bool = False) -> str:
+    """What a rating gets as its answer."""
+    if outcome is Outcome.STORED:
+        return texts.rated(value)
+    if outcome is Outcome.TWICE:
+        return texts.RATING_TWICE
+    return texts.NOTHING_TO_RATE if terminal else texts.RATING_STALE

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.db import conversations, inbox, outbox
+from bot.db import assignments, conversations, feedback, inbox, outbox
 from bot.db.conversations import MessageRow, SessionRow
-from bot.db.models import InboxStatus, OutboxKind, Role, Session
+from bot.db.feedback import Outcome
+from bot.db.models import AssignmentSource, InboxStatus, OutboxKind, Role, Session, VoteSource
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,13 +38,19 @@ async def _answer(
     notice: str | None,
     update_id: int | None,
     status: InboxStatus = InboxStatus.DONE,
+    markup: str | None = None,
 ) -> int | None:
-    """Queue `notice` (if any) for the chat and close its update (if any), in `db`'s
-    transaction; returns the outbox id."""
+    """Queue `notice` (if any, with an inline keyboard as JSON) for the chat and close its
+    update (if any), in `db`'s transaction; returns the outbox id."""
     outbox_id = None
     if notice is not None:
         outbox_id = await outbox.enqueue(
-            db, chat_id=chat_id, kind=OutboxKind.NOTICE, text=notice, update_id=update_id
+            db,
+            chat_id=chat_id,
+            kind=OutboxKind.NOTICE,
+            text=notice,
+            update_id=update_id,
+            markup=markup,
         )
     if update_id is not None:
         await inbox.finish(db, update_id, status=status)
@@ -111,6 +119,11 @@ class ConversationStore:
         async with self.sessionmaker.begin() as db:
             return await self._active_or_new(db, chat_id, user_id)
 
+    async def active_session_row(self, chat_id: int) -> SessionRow | None:
+        """The chat's active conversation (with its variant), without starting one."""
+        async with self.sessionmaker() as db:
+            return await conversations.get_active_session(db, chat_id)
+
     async def active_session_id(self, chat_id: int) -> int | None:
         """The id of the chat's active conversation, without starting one."""
         async with self.sessionmaker() as db:
@@ -149,14 +162,29 @@ class ConversationStore:
             return session
 
     async def end_session(
-        self, chat_id: int, *, notice: str, update_id: int | None = None
+        self,
+        chat_id: int,
+        *,
+        notice: str,
+        update_id: int | None = None,
+        rating_prompt: str | None = None,
+        rating_markup: Callable[[int], str] | None = None,
     ) -> SessionRow | None:
-        """End the chat's conversation (history kept for admins) and confirm it."""
+        """End the chat's conversation (history kept for admins) and confirm it; with
+        `rating_markup` (session id -> keyboard JSON), an ended conversation that had replies
+        gets `rating_prompt` with that keyboard as well."""
         async with self.sessionmaker.begin() as db:
             session = await conversations.get_active_session(db, chat_id)
             if session is not None:
                 await conversations.end_session(db, session.id)
             await _answer(db, chat_id, notice, update_id)
+            if (
+                session is not None
+                and session.last_message_id is not None
+                and rating_prompt is not None
+                and rating_markup is not None
+            ):
+                await _answer(db, chat_id, rating_prompt, None, markup=rating_markup(session.id))
             return session
 
     async def forget_chat(
@@ -245,6 +273,8 @@ class ConversationStore:
         latency_ms: float | None = None,
         update_id: int | None = None,
         telegram_message_id: int | None = None,
+        variant: str | None = None,
+        model_ms: float | None = None,
     ) -> StoredTurn:
         """Store a user message, the bot's reply (queued for sending) and close the update."""
         async with self.sessionmaker.begin() as db:
@@ -258,6 +288,8 @@ class ConversationStore:
                 role=Role.BOT,
                 text=reply,
                 latency_ms=latency_ms,
+                variant=variant,
+                model_ms=model_ms,
             )
             await conversations.touch_session(db, session_id)
             outbox_id = await outbox.enqueue(
@@ -271,3 +303,88 @@ class ConversationStore:
             )
             await _answer(db, chat_id, None, update_id)
             return StoredTurn(user_id, bot_id, outbox_id)
+
+    # --- variants --------------------------------------------------------------------------
+
+    async def assign_variant(self, chat_id: int, experiment: str, variant: str) -> str:
+        """The chat's variant: the stored one, else `variant`, stored now (its first turn)."""
+        async with self.sessionmaker.begin() as db:
+            return await assignments.assign_unless_present(db, chat_id, experiment, variant)
+
+    async def set_variant(
+        self,
+        chat_id: int,
+        experiment: str,
+        variant: str,
+        source: AssignmentSource,
+        *,
+        notice: str | None = None,
+        update_id: int | None = None,
+    ) -> None:
+        """Move a chat to `variant` (an admin, or the user's /model), confirming it."""
+        async with self.sessionmaker.begin() as db:
+            await assignments.set_variant(db, chat_id, experiment, variant, source)
+            await _answer(db, chat_id, notice, update_id)
+
+    # --- feedback --------------------------------------------------------------------------
+
+    async def vote(
+        self,
+        chat_id: int,
+        user_id: int,
+        message_id: int | None,
+        value: int,
+        *,
+        source: VoteSource = VoteSource.BUTTON,
+        telegram_message_id: int | None = None,
+        update_id: int | None = None,
+        notice: str | None = None,
+    ) -> Outcome:
+        """A vote on one of the chat's bot replies, by database id (buttons, /good) or by
+        Telegram message id (reactions); closes the update in the same transaction.
+
+        A button's data names the reply; the message it was pressed under must be that reply.
+        None for `message_id` means the chat's newest reply (the terminal chat).
+        """
+        async with self.sessionmaker.begin() as db:
+            if message_id is not None:
+                reply = await feedback.bot_reply(db, chat_id, message_id)
+                if (
+                    reply is not None
+                    and telegram_message_id is not None
+                    and reply.telegram_message_id not in (None, telegram_message_id)
+                ):
+                    reply = None  # the data names another message than the one pressed
+            elif telegram_message_id is not None:
+                reply = await feedback.bot_reply_by_telegram_id(db, chat_id, telegram_message_id)
+            else:
+                reply = await feedback.latest_bot_reply(db, chat_id)
+            if reply is None:
+                outcome = Outcome.STALE
+            elif value == 0:
+                outcome = await feedback.unvote(db, reply, user_id, source)
+            else:
+                outcome = await feedback.vote(db, reply, user_id, value, source, update_id)
+            status = InboxStatus.IGNORED if outcome is Outcome.STALE else InboxStatus.DONE
+            await _answer(db, chat_id, notice, update_id, status)
+            return outcome
+
+    async def rate(
+        self,
+        chat_id: int,
+        user_id: int | None,
+        session_id: int | None,
+        value: int,
+        *,
+        update_id: int | None = None,
+    ) -> Outcome:
+        """The 1-5 rating of a conversation of this chat (None: its latest ended one)."""
+        async with self.sessionmaker.begin() as db:
+            if session_id is None:
+                session_id = await feedback.latest_ended_session(db, chat_id)
+            outcome = Outcome.STALE
+            if session_id is not None:
+                outcome = await feedback.rate(db, chat_id, session_id, user_id, value, update_id)
+            status = InboxStatus.IGNORED if outcome is Outcome.STALE else InboxStatus.DONE
+            await _answer(db, chat_id, None, update_id, status)
+            return outcome

@@ -9,7 +9,19 @@ from datetime import datetime
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bot.db.models import Inbox, InboxStatus, Message, Outbox, Role, Session, SessionStatus, utcnow
+from bot.db.models import (
+    Assignment,
+    Inbox,
+    InboxStatus,
+    Message,
+    Outbox,
+    Rating,
+    Role,
+    Session,
+    SessionStatus,
+    Vote,
+    utcnow,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +38,8 @@ class SessionRow:
     # The id of the conversation's newest message when this row was read (None: no message
     # yet): a cached agent is only used while it has seen exactly this far.
     last_message_id: int | None = None
+    # The model variant the chat is assigned to (None: not yet, or not read with the row).
+    variant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +52,19 @@ class MessageRow:
     text: str
 
 
-def _session_row(s: Session, last_message_id: int | None = None) -> SessionRow:
+def _session_row(
+    s: Session, last_message_id: int | None = None, variant: str | None = None
+) -> SessionRow:
     return SessionRow(
-        s.id, s.chat_id, s.user_id, s.persona, s.status, s.created_at, s.ended_at, last_message_id
+        s.id,
+        s.chat_id,
+        s.user_id,
+        s.persona,
+        s.status,
+        s.created_at,
+        s.ended_at,
+        last_message_id,
+        variant,
     )
 
 
@@ -48,17 +72,20 @@ def _session_row(s: Session, last_message_id: int | None = None) -> SessionRow:
 
 
 async def get_active_session(db: AsyncSession, chat_id: int) -> SessionRow | None:
-    """The chat's active conversation, if any, with its newest message id (one statement: this
-    runs on every turn)."""
+    """The chat's active conversation, if any, with its newest message id and its variant (one
+    statement: this runs on every turn)."""
     newest = select(func.max(Message.id)).where(Message.session_id == Session.id).scalar_subquery()
+    variant = (
+        select(Assignment.variant).where(Assignment.chat_id == Session.chat_id).scalar_subquery()
+    )
     row = (
         await db.execute(
-            select(Session, newest).where(
+            select(Session, newest, variant).where(
                 Session.chat_id == chat_id, Session.status == SessionStatus.ACTIVE
             )
         )
     ).first()
-    return None if row is None else _session_row(row[0], row[1])
+    return None if row is None else _session_row(row[0], row[1], row[2])
 
 
 async def latest_persona(db: AsyncSession, chat_id: int) -> str:
@@ -117,6 +144,8 @@ async def add_message(
     update_id: int | None = None,
     telegram_message_id: int | None = None,
     latency_ms: float | None = None,
+    variant: str | None = None,
+    model_ms: float | None = None,
 ) -> int:
     """Append an utterance; returns its id."""
     m = Message(
@@ -127,6 +156,8 @@ async def add_message(
         update_id=update_id,
         telegram_message_id=telegram_message_id,
         latency_ms=latency_ms,
+        variant=variant,
+        model_ms=model_ms,
     )
     db.add(m)
     await db.flush()
@@ -159,6 +190,9 @@ async def delete_chat(
     still waiting are kept: they were sent after the /forget and are still owed an answer.
     """
     await db.execute(delete(Outbox).where(Outbox.chat_id == chat_id))
+    await db.execute(delete(Vote).where(Vote.chat_id == chat_id))
+    await db.execute(delete(Rating).where(Rating.chat_id == chat_id))
+    await db.execute(delete(Assignment).where(Assignment.chat_id == chat_id))
     await db.execute(delete(Message).where(Message.chat_id == chat_id))
     result = await db.execute(delete(Session).where(Session.chat_id == chat_id))
     inbox = delete(Inbox).where(Inbox.chat_id == chat_id)

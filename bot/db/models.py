@@ -152,6 +152,9 @@ class Message(Base):
     # Bot replies only: when Telegram accepted it, and how long the model took.
     delivered_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     latency_ms: Mapped[float | None] = mapped_column()
+    # Bot replies only: the model variant that produced it, and its time in the model.
+    variant: Mapped[str | None] = mapped_column(String(64))
+    model_ms: Mapped[float | None] = mapped_column()
 
 
 class Outbox(Base):
@@ -173,6 +176,9 @@ class Outbox(Base):
     message_id: Mapped[int | None] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"))
     update_id: Mapped[int | None] = mapped_column(BigInteger)
     reply_to_message_id: Mapped[int | None] = mapped_column(BigInteger)
+    # An inline keyboard (Bot API InlineKeyboardMarkup as JSON) sent with the last part; reply
+    # rows get their feedback buttons from `message_id` at delivery instead.
+    markup: Mapped[str | None] = mapped_column(Text)
     # A long text goes out as several Telegram messages; parts_sent survives a crash.
     parts_sent: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
     attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
@@ -230,3 +236,86 @@ class ChatLease(Base):
     # "<host>:<pid>:<random>", so a lease of a dead process on this machine can be taken at once.
     owner: Mapped[str] = mapped_column(String(128), nullable=False)
     lease_until: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False)
+
+
+class AssignmentSource(StrEnum):
+    """`assignments.source`: how a chat got its variant."""
+
+    HASH = "hash"  # the weighted hash of (experiment, chat_id), at the chat's first turn
+    ADMIN = "admin"  # `python -m bot admin assign`
+    USER = "user"  # /model NAME, where the operator allows it
+
+
+class Assignment(Base):
+    """Which model variant answers a chat: fixed at its first turn, kept until /forget."""
+
+    __tablename__ = "assignments"
+    __table_args__ = (
+        CheckConstraint("source IN ('hash', 'admin', 'user')", name="source"),
+        Index("ix_assignments_variant", "variant"),
+    )
+
+    chat_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    experiment: Mapped[str] = mapped_column(String(64), nullable=False)
+    variant: Mapped[str] = mapped_column(String(64), nullable=False)
+    source: Mapped[str] = mapped_column(String(8), nullable=False)
+    assigned_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+
+
+class VoteSource(StrEnum):
+    """`votes.source`."""
+
+    BUTTON = "button"  # the 👍/👎 buttons under a reply (or /good, /bad in the terminal chat)
+    REACTION = "reaction"  # a 👍/👎 reaction, where Telegram delivers them (groups, bot admin)
+
+
+class Vote(Base):
+    """A user's 👍 (+1) or 👎 (-1) on one bot reply; one per reply and user, changeable."""
+
+    __tablename__ = "votes"
+    __table_args__ = (
+        CheckConstraint("value IN (-1, 1)", name="value"),
+        CheckConstraint("source IN ('button', 'reaction')", name="source"),
+        UniqueConstraint("message_id", "user_id"),
+        Index("ix_votes_chat_id", "chat_id"),
+        Index("ix_votes_variant", "variant"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    chat_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    message_id: Mapped[int] = mapped_column(
+        ForeignKey("messages.id", ondelete="CASCADE"), nullable=False
+    )
+    user_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    value: Mapped[int] = mapped_column(Integer, nullable=False)
+    source: Mapped[str] = mapped_column(String(8), nullable=False)
+    # The variant of the reply voted on (copied, so the reports need no join).
+    variant: Mapped[str | None] = mapped_column(String(64))
+    update_id: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+
+
+class Rating(Base):
+    """The 1-5 rating a user gave a conversation when it ended (/done); one per conversation."""
+
+    __tablename__ = "ratings"
+    __table_args__ = (
+        CheckConstraint("value BETWEEN 1 AND 5", name="value"),
+        UniqueConstraint("session_id"),
+        Index("ix_ratings_chat_id", "chat_id"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    chat_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    session_id: Mapped[int] = mapped_column(
+        ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False
+    )
+    user_id: Mapped[int | None] = mapped_column(BigInteger)
+    value: Mapped[int] = mapped_column(Integer, nullable=False)
+    # The variant that answered most of the conversation's replies.
+    variant: Mapped[str | None] = mapped_column(String(64))
+    update_id: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)

@@ -23,6 +23,8 @@ class OutboxRow:
     reply_to_message_id: int | None
     parts_sent: int
     attempts: int
+    # An inline keyboard to send with the last part (Bot API JSON), for notices.
+    markup: str | None = None
 
 
 _WAITING = (Outbox.sent_at.is_(None), Outbox.failed_at.is_(None))
@@ -37,6 +39,7 @@ async def enqueue(
     message_id: int | None = None,
     update_id: int | None = None,
     reply_to_message_id: int | None = None,
+    markup: str | None = None,
 ) -> int:
     """Queue a text for sending; returns the outbox id."""
     o = Outbox(
@@ -46,6 +49,7 @@ async def enqueue(
         message_id=message_id,
         update_id=update_id,
         reply_to_message_id=reply_to_message_id,
+        markup=markup,
     )
     db.add(o)
     await db.flush()
@@ -68,6 +72,7 @@ async def pending(db: AsyncSession, chat_id: int | None = None) -> list[OutboxRo
             r.reply_to_message_id,
             r.parts_sent,
             r.attempts,
+            r.markup,
         )
         for r in rows
     ]

@@ -8,11 +8,11 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 from bot.config import Settings
 from bot.conversations.actions import GenerationError, Reply
-from bot.conversations.store import ConversationStore
+from bot.conversations.store import ConversationContext
 from bot.db.conversations import SessionRow
 from bot.inference.batcher import Batcher, BatchError, Generated
 from bot.inference.cache import AgentCache, Conversation
@@ -20,10 +20,19 @@ from bot.inference.cache import AgentCache, Conversation
 log = logging.getLogger(__name__)
 
 
+class ContextSource(Protocol):
+    """Where a conversation is rebuilt from on a cache miss: the ConversationStore in the
+    service, the context sent along with the turn in a model worker (bot.inference.worker)."""
+
+    async def load_context(self, session_id: int, tail: int | None) -> ConversationContext:
+        """A conversation's persona and its last `tail` messages (all if None)."""
+        ...
+
+
 class Responder:
     """One shared ParlAI agent serving every conversation."""
 
-    def __init__(self, shared_agent: Any, store: ConversationStore, settings: Settings) -> None:
+    def __init__(self, shared_agent: Any, store: ContextSource, settings: Settings) -> None:
         self.shared_agent = shared_agent
         self.store = store
         self.settings = settings
@@ -35,11 +44,16 @@ class Responder:
         )
 
     @classmethod
-    async def start(cls, settings: Settings, store: ConversationStore) -> Responder:
+    async def start(
+        cls,
+        settings: Settings,
+        store: ContextSource,
+        extra_overrides: dict[str, Any] | None = None,
+    ) -> Responder:
         """Load the model off the event loop and start the batcher."""
         from bot.inference.model import load_shared_agent
 
-        agent = await asyncio.to_thread(load_shared_agent, settings)
+        agent = await asyncio.to_thread(load_shared_agent, settings, extra_overrides)
         responder = cls(agent, store, settings)
         await responder.batcher.start()
         return responder
@@ -49,15 +63,29 @@ class Responder:
         await self.batcher.close()
 
     @contextlib.asynccontextmanager
-    async def checkout(self, session: SessionRow) -> AsyncIterator[Conversation]:
-        """A session's conversation (cached clone, or rebuilt from the database), held for
-        the duration of one request so that the cache never evicts it meanwhile."""
-        entry = await self.conversation(session)
+    async def checkout(
+        self, session: SessionRow, source: ContextSource | None = None
+    ) -> AsyncIterator[Conversation]:
+        """A session's conversation (cached clone, or rebuilt from `source`, by default the
+        store), held for the duration of one request so that the cache never evicts it
+        meanwhile."""
+        entry = await self.conversation(session, source)
         with self.cache.checkout(entry):
             yield entry
 
-    async def conversation(self, session: SessionRow) -> Conversation:
-        """The cached clone for a session, rebuilt from the database on a miss."""
+    def has_fresh(self, session: SessionRow) -> bool:
+        """Whether a cached clone can answer the session's next turn as it is (no rebuild)."""
+        entry = self.cache.peek(session.id)
+        return (
+            entry is not None
+            and entry.chat_id == session.chat_id
+            and entry.last_message_id == session.last_message_id
+        )
+
+    async def conversation(
+        self, session: SessionRow, source: ContextSource | None = None
+    ) -> Conversation:
+        """The cached clone for a session, rebuilt from `source` (the store) on a miss."""
         entry = self.cache.get(session.id)
         if entry is not None and entry.chat_id != session.chat_id:
             # Never serve one chat another chat's clone, whatever happened to the ids.
@@ -70,7 +98,7 @@ class Responder:
             self.cache.evict(session.id)
             entry = None
         if entry is None:
-            ctx = await self.store.load_context(session.id, tail=self.cache.tail_limit)
+            ctx = await (source or self.store).load_context(session.id, self.cache.tail_limit)
             entry = self.cache.rebuild(
                 session.id,
                 ctx.persona,
@@ -83,9 +111,11 @@ class Responder:
             self.cache.set_persona(session.id, session.persona)
         return entry
 
-    async def generate(self, session: SessionRow, user_text: str) -> Generated:
+    async def generate(
+        self, session: SessionRow, user_text: str, source: ContextSource | None = None
+    ) -> Generated:
         """One turn with everything the batcher reports (model input included)."""
-        async with self.checkout(session) as entry:
+        async with self.checkout(session, source) as entry:
             try:
                 return await self.batcher.generate(entry.clone, entry.user_turn(user_text))
             except BatchError as err:
@@ -96,7 +126,7 @@ class Responder:
         """The bot's reply to `user_text` in `session`'s context."""
         started = time.perf_counter()
         result = await self.generate(session, user_text)
-        return Reply(result.text, (time.perf_counter() - started) * 1000.0)
+        return Reply(result.text, (time.perf_counter() - started) * 1000.0, None, result.model_ms)
 
     def set_persona(self, session_id: int, persona: str) -> None:
         """Use a new persona for a cached conversation from its next turn."""

@@ -51,9 +51,10 @@ ResponderFactory = Callable[[Settings, ConversationStore], Awaitable[ServingResp
 
 
 async def _load_responder(settings: Settings, store: ConversationStore) -> ServingResponder:
-    from bot.inference.responder import Responder
+    from bot.logs import settings_secrets
+    from bot.variants.router import VariantResponder
 
-    return await Responder.start(settings, store)
+    return await VariantResponder.start(settings, store, tuple(settings_secrets(settings)))
 
 
 def build_application(settings: Settings, *, timeout_s: float = 15.0) -> App:
@@ -103,7 +104,9 @@ class Service:
         self.store = ConversationStore(sessionmaker)
         self.responder = responder
         self.application = application
-        self.chat = ChatActions(self.store, responder, settings)
+        self.chat = ChatActions(
+            self.store, responder, settings, experiment=getattr(responder, "experiment", None)
+        )
         self.handlers = Handlers(self.chat, settings, sessionmaker)
         self.handlers.register(application)
         bot = application.bot
@@ -120,6 +123,7 @@ class Service:
             max_concurrent=settings.max_concurrent_chats,
             backoff=backoff,
             leases=self.leases[1],
+            feedback_buttons=settings.feedback_buttons,
         )
         self.inbox_worker = InboxWorker(
             sessionmaker,

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from telegram import Bot, Message, ReplyParameters
+from telegram import Bot, InlineKeyboardMarkup, Message, ReplyParameters
 from telegram.error import (
     BadRequest,
     ChatMigrated,
@@ -27,7 +27,9 @@ from telegram.error import (
 
 from bot import texts
 from bot.db import outbox
+from bot.db.models import OutboxKind
 from bot.db.outbox import OutboxRow
+from bot.tg import feedback
 from bot.tg.backoff import Backoff, retry, retry_after_s
 from bot.tg.chat_pool import ChatPool
 from bot.tg.leases import Leases
@@ -96,9 +98,12 @@ class Delivery:
         backoff: Backoff | None = None,
         poll_interval_s: float = 15.0,
         leases: Leases | None = None,
+        feedback_buttons: bool = False,
     ) -> None:
         self.sessionmaker = sessionmaker
         self.bot = bot
+        # 👍/👎 under the last part of every model reply (FEEDBACK_BUTTONS).
+        self.feedback_buttons = feedback_buttons
         self.backoff = backoff or Backoff(initial_s=0.5, cap_s=60.0)
         self._slots = asyncio.Semaphore(max_concurrent)
         # Only the holder of a chat's outbox lease sends its texts, so none goes out twice.
@@ -164,10 +169,11 @@ class Delivery:
             if sent == 0 and row.reply_to_message_id is not None and row.chat_id < 0:
                 # In groups the reply shows which message it answers; in private chats it is noise.
                 reply = ReplyParameters(row.reply_to_message_id, allow_sending_without_reply=True)
+            markup = self._markup(row) if sent == len(parts) - 1 else None
             try:
                 async with self._slots:
                     message: Message = await self.bot.send_message(
-                        row.chat_id, parts[sent], reply_parameters=reply
+                        row.chat_id, parts[sent], reply_parameters=reply, reply_markup=markup
                     )
             except RetryAfter as err:
                 wait = retry_after_s(err)
@@ -216,6 +222,13 @@ class Delivery:
             else:
                 await self._write(outbox.sent, row.id, message.message_id)
                 return True
+
+    def _markup(self, row: OutboxRow) -> InlineKeyboardMarkup | None:
+        """The keyboard of a text's last part: the vote buttons of a reply, or the notice's
+        own (the rating at /done)."""
+        if row.kind == OutboxKind.REPLY and row.message_id is not None:
+            return feedback.vote_keyboard(row.message_id) if self.feedback_buttons else None
+        return feedback.markup_from_json(row.markup)
 
     async def _give_up_chat(self, chat_id: int, reason: str) -> None:
         async def give_up(db: AsyncSession) -> None:

@@ -23,20 +23,24 @@ from telegram.error import Forbidden, TelegramError
 from telegram.ext import (
     Application,
     ApplicationHandlerStop,
+    CallbackQueryHandler,
     CommandHandler,
     ContextTypes,
     MessageHandler,
+    MessageReactionHandler,
     TypeHandler,
     filters,
 )
 
 from bot import texts
 from bot.config import Settings
-from bot.conversations.actions import ChatActions
+from bot.conversations.actions import ChatActions, rating_answer
 from bot.db import inbox
+from bot.db.feedback import Outcome
 from bot.db.inbox import InboxRow
-from bot.db.models import InboxStatus
+from bot.db.models import InboxStatus, VoteSource
 from bot.stats import format_stats, stats
+from bot.tg import feedback
 from bot.tg.flood import Flood, FloodGate
 
 log = logging.getLogger(__name__)
@@ -49,7 +53,7 @@ TYPING_INTERVAL_S = 4.0
 
 COMMANDS = [BotCommand(name, description) for name, description in texts.COMMAND_MENU.items()]
 # Commands a bare "/name" in a group may mean us by (admins' /stats is not advertised).
-KNOWN_COMMANDS = frozenset({c.command for c in COMMANDS} | {"stats"})
+KNOWN_COMMANDS = frozenset({c.command for c in COMMANDS} | {"stats", "model"})
 
 # Always run, whatever the flood gate says: a user must always be able to delete their data.
 FLOOD_EXEMPT = frozenset({"forget"})
@@ -125,11 +129,14 @@ class Handlers:
         application.add_handler(CommandHandler("done", self.done, filters=message))
         application.add_handler(CommandHandler("forget", self.forget, filters=message))
         application.add_handler(CommandHandler("stats", self.stats, filters=message))
+        application.add_handler(CommandHandler("model", self.model, filters=message))
         # After every CommandHandler: any other command.
         application.add_handler(MessageHandler(message & filters.COMMAND, self.unknown_command))
         # After the commands, since "/persona x" is TEXT as well.
         application.add_handler(MessageHandler(message & filters.TEXT, self.text))
         application.add_handler(MessageHandler(filters.UpdateType.EDITED_MESSAGE, self.edited))
+        application.add_handler(CallbackQueryHandler(self.button))
+        application.add_handler(MessageReactionHandler(self.reaction))
         # Last: stickers, photos, voice, ...; service messages (joins, pins) stay unanswered.
         application.add_handler(MessageHandler(message & ~filters.StatusUpdate.ALL, self.not_text))
         application.add_error_handler(self.on_error)
@@ -140,6 +147,8 @@ class Handlers:
         """Stop updates that are not for us (channel posts, group traffic per policy), and
         commands and edits over the chat's flood limit."""
         await self._for_us(update, context)
+        if update.callback_query is not None or update.message_reaction is not None:
+            return  # feedback sends no chat message: nothing for the flood limit to count
         message = update.message or update.edited_message
         assert message is not None
         command = _command_name(message)
@@ -162,6 +171,10 @@ class Handlers:
     async def _for_us(self, update: Update, context: Context) -> None:
         message = update.message or update.edited_message
         chat = update.effective_chat
+        if chat is not None and (
+            update.callback_query is not None or update.message_reaction is not None
+        ):
+            return  # presses of our buttons and reactions to our messages, in any chat
         if message is None or chat is None:
             raise ApplicationHandlerStop
         if chat.type == ChatType.PRIVATE:
@@ -225,8 +238,20 @@ class Handlers:
             )
 
     async def done(self, update: Update, context: Context) -> None:
-        """/done: end the conversation; history stays, the persona carries over."""
-        await self.chat.done(_chat_id(update), update_id=update.update_id)
+        """/done: end the conversation; history stays, the persona carries over; with feedback
+        buttons on, a 1-5 rating keyboard follows."""
+        await self.chat.done(
+            _chat_id(update),
+            update_id=update.update_id,
+            rating_markup=feedback.rating_markup_json if self.settings.feedback_buttons else None,
+        )
+
+    async def model(self, update: Update, context: Context) -> None:
+        """/model lists the variants, /model NAME chooses one (where ALLOW_MODEL_CHOICE)."""
+        assert update.message is not None
+        await self.chat.choose_variant(
+            _chat_id(update), _command_argument(update.message), update_id=update.update_id
+        )
 
     async def forget(self, update: Update, context: Context) -> None:
         """/forget: delete everything stored for this chat (idempotent)."""
@@ -291,6 +316,75 @@ class Handlers:
             return  # left pending -> closed as ignored
         text = texts.NOT_TEXT if verdict is Flood.OK else self.flood.notice()
         await self.chat.notice(_chat_id(update), text, update_id=update.update_id)
+
+    # --- feedback --------------------------------------------------------------------------
+
+    async def button(self, update: Update, context: Context) -> None:
+        """A press of 👍/👎 or of a rating: stored (or refused), answered, the buttons updated.
+
+        The press is answered and the keyboard edited after the vote is committed; both are
+        best-effort (a lost answer only leaves the client's spinner to time out).
+        """
+        query = update.callback_query
+        assert query is not None
+        chat_id, user_id = _chat_id(update), _user_id(update)
+        pressed_on = query.message.message_id if query.message is not None else None
+        press = feedback.parse(query.data)
+        answer, markup = texts.VOTE_STALE, None
+        if isinstance(press, feedback.VotePress) and user_id is not None:
+            outcome = await self.chat.vote(
+                chat_id,
+                user_id,
+                press.message_id,
+                press.value,
+                telegram_message_id=pressed_on,
+                update_id=update.update_id,
+            )
+            if outcome is not Outcome.STALE:
+                answer = texts.VOTED_UP if press.value > 0 else texts.VOTED_DOWN
+                markup = feedback.vote_keyboard(press.message_id, press.value)
+        elif isinstance(press, feedback.RatePress) and press.value > 0:
+            outcome = await self.chat.rate(
+                chat_id, user_id, press.session_id, press.value, update_id=update.update_id
+            )
+            answer = rating_answer(outcome, press.value)
+            if outcome is Outcome.STORED:
+                markup = feedback.rating_keyboard(press.session_id, press.value)
+        else:
+            if isinstance(press, feedback.RatePress):
+                answer = texts.RATING_TWICE  # the tick of a rating already given
+            await self.chat.store.finish_update(update.update_id, InboxStatus.IGNORED)
+        try:
+            await query.answer(answer)
+        except TelegramError as err:
+            log.debug("answering a button press in chat %s failed: %s", chat_id, err)
+        if markup is not None and query.message is not None:
+            try:
+                await context.bot.edit_message_reply_markup(
+                    chat_id, query.message.message_id, reply_markup=markup
+                )
+            except TelegramError as err:
+                log.debug("updating the buttons in chat %s failed: %s", chat_id, err)
+
+    async def reaction(self, update: Update, context: Context) -> None:
+        """A reaction to a message (groups where the bot is an admin): 👍/👎 on a bot reply
+        count as votes; taking it back removes the vote."""
+        change = update.message_reaction
+        assert change is not None
+        if change.user is None:  # anonymous (a channel or an anonymous admin): no voter
+            await self.chat.store.finish_update(update.update_id, InboxStatus.IGNORED)
+            return
+        emoji = {getattr(r, "emoji", None) for r in change.new_reaction}
+        value = 1 if texts.VOTE_UP in emoji else -1 if texts.VOTE_DOWN in emoji else 0
+        await self.chat.vote(
+            _chat_id(update),
+            change.user.id,
+            None,
+            value,
+            source=VoteSource.REACTION,
+            telegram_message_id=change.message_id,
+            update_id=update.update_id,
+        )
 
     # --- errors ----------------------------------------------------------------------------
 

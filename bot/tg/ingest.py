@@ -46,7 +46,9 @@ from bot.tg.backoff import (
 log = logging.getLogger(__name__)
 
 # What we ask Telegram for. Channel posts and the rest never reach a chat conversation.
-ALLOWED_UPDATES = ["message", "edited_message"]
+# callback_query: the feedback buttons; message_reaction: 👍/👎 reactions, which Telegram sends
+# only from chats where the bot is an administrator (never from private chats).
+ALLOWED_UPDATES = ["message", "edited_message", "callback_query", "message_reaction"]
 # Kinds the handlers look at; any other kind is stored already closed ("ignored").
 HANDLED_KINDS = frozenset(ALLOWED_UPDATES)
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"

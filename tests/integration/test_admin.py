@@ -173,7 +173,10 @@ async def snapshot(store: ConversationStore) -> dict[str, list[tuple[Any, ...]]]
     """Every row of every table."""
     async with store.sessionmaker() as db:
         return {
-            name: [tuple(r) for r in await db.execute(select(table).order_by(table.c.id))]
+            name: [
+                tuple(r)
+                for r in await db.execute(select(table).order_by(*table.primary_key.columns))
+            ]
             for name, table in Base.metadata.tables.items()
         }
 

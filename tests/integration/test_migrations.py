@@ -15,7 +15,17 @@ from bot.db.models import Base
 from tests.support.dbutil import table_names
 
 # Every table of the schema: a stray one left by a down-and-up is as wrong as a missing one.
-TABLES = {"sessions", "messages", "outbox", "inbox", "chat_leases", "alembic_version"}
+TABLES = {
+    "sessions",
+    "messages",
+    "outbox",
+    "inbox",
+    "chat_leases",
+    "assignments",
+    "votes",
+    "ratings",
+    "alembic_version",
+}
 
 
 async def _diff(url: str) -> list[object]:

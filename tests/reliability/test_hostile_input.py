@@ -31,7 +31,17 @@ HOSTILE = [
     "1; DELETE FROM messages WHERE 1=1; --",
     "emoji 😀 and surrogates 𝕏",
 ]
-TABLES = {"sessions", "messages", "outbox", "inbox", "chat_leases", "alembic_version"}
+TABLES = {
+    "sessions",
+    "messages",
+    "outbox",
+    "inbox",
+    "chat_leases",
+    "assignments",
+    "votes",
+    "ratings",
+    "alembic_version",
+}
 
 
 async def test_hostile_personas_and_texts(db_url: str, tmp_path: Path) -> None:

@@ -109,6 +109,8 @@ class Sent:
     at: float
     reply_to: int | None = None
     parse_mode: str | None = None
+    # The inline keyboard (Bot API JSON), as sent and as edited since.
+    reply_markup: dict[str, Any] | None = None
 
 
 @dataclass
@@ -191,6 +193,9 @@ class FakeBotAPI:
         self.on_get_updates: Callable[[int | None], None] | None = None
         self._next_update_id = itertools.count(100001)
         self._next_message_id = itertools.count(1)
+        self._next_query_id = itertools.count(1)
+        self.callback_queries: set[str] = set()
+        self.callback_answers: dict[str, str] = {}  # query id -> the answer's text
         self._poll_generation = 0
         self._runner: web.AppRunner | None = None
         self._pusher: asyncio.Task[None] | None = None
@@ -298,6 +303,59 @@ class FakeBotAPI:
             message["edit_date"] = int(time.time())
         message.update(extra or {})
         return self.add_update({kind: message})
+
+    def press(
+        self, chat_id: int, message_id: int, data: str, *, user_id: int | None = None
+    ) -> tuple[int, str]:
+        """Queue a press of an inline button under the bot's message `message_id` (any data,
+        forged or not); returns (update_id, callback query id)."""
+        user_id = user_id if user_id is not None else abs(chat_id)
+        sent = next(
+            (s for s in self.sent if s.chat_id == chat_id and s.message_id == message_id), None
+        )
+        message: dict[str, Any] = {
+            "message_id": message_id,
+            "date": int(sent.at if sent else time.time()),
+            "chat": self._chat(chat_id, "private" if chat_id > 0 else "group", user_id),
+            "from": self.me(),
+            "text": sent.text if sent else "a message",
+        }
+        query_id = f"q{next(self._next_query_id)}"
+        self.callback_queries.add(query_id)
+        update_id = self.add_update(
+            {
+                "callback_query": {
+                    "id": query_id,
+                    "from": {"id": user_id, "is_bot": False, "first_name": f"User{user_id}"},
+                    "chat_instance": f"ci{chat_id}",
+                    "message": message,
+                    "data": data,
+                }
+            }
+        )
+        return update_id, query_id
+
+    def react(
+        self, chat_id: int, message_id: int, emoji: list[str], *, user_id: int | None = None
+    ) -> int:
+        """Queue a message_reaction update: `user_id` now reacts with `emoji` (empty: none)."""
+        user_id = user_id if user_id is not None else abs(chat_id)
+        return self.add_update(
+            {
+                "message_reaction": {
+                    "chat": self._chat(chat_id, "private" if chat_id > 0 else "group", user_id),
+                    "message_id": message_id,
+                    "user": {"id": user_id, "is_bot": False, "first_name": f"User{user_id}"},
+                    "date": int(time.time()),
+                    "old_reaction": [],
+                    "new_reaction": [{"type": "emoji", "emoji": e} for e in emoji],
+                }
+            }
+        )
+
+    def last_sent(self, chat_id: int) -> Sent:
+        """The newest message the bot sent to a chat."""
+        return [s for s in self.sent if s.chat_id == chat_id][-1]
 
     def channel_post(self, chat_id: int, text: str) -> int:
         """Queue a channel post; returns its update_id."""
@@ -487,6 +545,7 @@ class FakeBotAPI:
             time.time(),
             reply_to=reply_to,
             parse_mode=p.str("parse_mode"),
+            reply_markup=self._inline_keyboard(p.json("reply_markup")),
         )
         self.sent.append(sent)
         return {
@@ -495,6 +554,33 @@ class FakeBotAPI:
             "chat": self._chat(chat_id, "private" if chat_id > 0 else "group", chat_id),
             "from": self.me(),
             "text": text,
+        }
+
+    async def _m_answercallbackquery(self, p: Params) -> Any:
+        query_id = p.str("callback_query_id")
+        if query_id not in self.callback_queries:
+            raise ApiError(400, "Bad Request: query is too old and response timeout expired")
+        if query_id in self.callback_answers:
+            raise ApiError(400, "Bad Request: query is already answered")
+        self.callback_answers[query_id] = p.str("text") or ""
+        return True
+
+    async def _m_editmessagereplymarkup(self, p: Params) -> Any:
+        chat_id, message_id = p.int("chat_id"), p.int("message_id")
+        sent = next(
+            (s for s in self.sent if s.chat_id == chat_id and s.message_id == message_id), None
+        )
+        if sent is None:
+            raise ApiError(400, "Bad Request: message to edit not found")
+        markup = self._inline_keyboard(p.json("reply_markup"))
+        if markup == sent.reply_markup:
+            raise ApiError(400, "Bad Request: message is not modified")
+        sent.reply_markup = markup
+        return {
+            "message_id": sent.message_id,
+            "date": int(sent.at),
+            "chat": self._chat(sent.chat_id, "private" if sent.chat_id > 0 else "group", 1),
+            "text": sent.text,
         }
 
     async def _m_sendchataction(self, p: Params) -> Any:
@@ -603,6 +689,21 @@ class FakeBotAPI:
             return resp.status
 
     # --- helpers ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _inline_keyboard(markup: Any) -> dict[str, Any] | None:
+        """An inline keyboard checked as Telegram does (1-64 bytes of callback_data)."""
+        if markup is None:
+            return None
+        rows = markup.get("inline_keyboard") if isinstance(markup, dict) else None
+        if not isinstance(rows, list):
+            raise ApiError(400, "Bad Request: can't parse inline keyboard button")
+        for row in rows:
+            for button in row:
+                data = button.get("callback_data")
+                if data is not None and not 1 <= len(data.encode()) <= 64:
+                    raise ApiError(400, "Bad Request: BUTTON_DATA_INVALID")
+        return dict(markup)
 
     @staticmethod
     def _chat(chat_id: int, chat_type: str, user_id: int) -> dict[str, Any]:

@@ -32,7 +32,7 @@ class StartService(Protocol):
     def __call__(
         self,
         settings: Settings,
-        responder: EchoResponder,
+        responder: EchoResponder | None,
         *,
         timeout_s: float = ...,
         migrate_db: bool = ...,
@@ -58,7 +58,7 @@ async def start_service(api: FakeBotAPI) -> AsyncIterator[StartService]:
 
         async def start(
             settings: Settings,
-            responder: EchoResponder,
+            responder: EchoResponder | None,
             *,
             timeout_s: float = 5.0,
             migrate_db: bool = True,

@@ -94,17 +94,26 @@ def make_settings(db_url: str, api: FakeBotAPI, tmp_path: Path, **overrides: Any
 
 @asynccontextmanager
 async def running_service(
-    settings: Settings, responder: EchoResponder, *, timeout_s: float = 5.0, migrate_db: bool = True
+    settings: Settings,
+    responder: EchoResponder | None,
+    *,
+    timeout_s: float = 5.0,
+    migrate_db: bool = True,
 ) -> AsyncIterator[Service]:
     """A started Service; stopped (gracefully) and closed on exit."""
     if migrate_db:
         await asyncio.to_thread(migrate.upgrade, settings.db_url)
 
     async def factory(_settings: Settings, _store: object) -> EchoResponder:
+        assert responder is not None
         return responder
 
+    # None: the service's own responder (the variants of `settings`, real model workers).
     service = await Service.open(
-        settings, responder_factory=factory, backoff=FAST, timeout_s=timeout_s
+        settings,
+        responder_factory=factory if responder is not None else None,
+        backoff=FAST,
+        timeout_s=timeout_s,
     )
     try:
         await service.start()

@@ -4,6 +4,10 @@ Crash, restart and two-instance tests need a generation that lasts long enough t
 process in the middle of it. That knob is not a setting an operator could turn (issue 12):
 this wrapper, used by BotProcess when FAULT_GENERATION_DELAY_MS is set, makes every batch
 sleep that long before generating, then runs the real command line unchanged.
+
+The patch is applied on import: model worker processes are started with `spawn`, which imports
+this module (the parent's main module) in the worker as `__mp_main__`, so the worker's batches
+are slowed down too.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ def slow_down(delay_s: float) -> None:
     Batcher._run_batch = slow  # type: ignore[method-assign]
 
 
+slow_down(float(os.environ.get(ENV, "0")) / 1000.0)
+
 if __name__ == "__main__":
-    slow_down(float(os.environ.get(ENV, "0")) / 1000.0)
     from bot.__main__ import main
 
     sys.exit(main())

@@ -76,3 +76,12 @@ def test_every_setting_is_documented() -> None:
         assert index is not None, f"{env} missing from .env.example"
         assert example[index - 1].startswith("#"), f"{env} has no comment in .env.example"
         assert f"| `{env}` |" in table, f"{env} missing from the table in docs/configuration.md"
+
+
+def test_a_copy_of_env_example_is_valid_settings() -> None:
+    """`cp .env.example .env` must start: empty `NAME=` lines mean unset."""
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / ".env.example"
+    s = Settings(_env_file=example)  # type: ignore[call-arg]
+    assert s.torch_threads is None and s.beam_size is None and s.variants_file is None

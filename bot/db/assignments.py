@@ -1,0 +1,66 @@
+"""Variant assignments: which model variant answers a chat (bot.variants.assign)."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from bot.db.dialect import insert_unless_present
+from bot.db.models import Assignment, AssignmentSource, utcnow
+
+
+async def variant_of(db: AsyncSession, chat_id: int) -> str | None:
+    """The chat's stored variant, if it has one."""
+    return await db.scalar(select(Assignment.variant).where(Assignment.chat_id == chat_id))
+
+
+async def assign_unless_present(
+    db: AsyncSession, chat_id: int, experiment: str, variant: str
+) -> str:
+    """Store `variant` for a chat that has none (its first turn); returns the chat's variant,
+    which is the stored one if another process assigned it first."""
+    await insert_unless_present(
+        db,
+        Assignment,
+        {
+            "chat_id": chat_id,
+            "experiment": experiment,
+            "variant": variant,
+            "source": AssignmentSource.HASH,
+            "assigned_at": utcnow(),
+        },
+        ["chat_id"],
+    )
+    stored = await variant_of(db, chat_id)
+    assert stored is not None
+    return stored
+
+
+async def set_variant(
+    db: AsyncSession, chat_id: int, experiment: str, variant: str, source: AssignmentSource
+) -> None:
+    """Assign (or move) a chat to `variant`."""
+    moved = await db.execute(
+        update(Assignment)
+        .where(Assignment.chat_id == chat_id)
+        .values(experiment=experiment, variant=variant, source=source, assigned_at=utcnow())
+    )
+    if not getattr(moved, "rowcount", 0):
+        await insert_unless_present(
+            db,
+            Assignment,
+            {
+                "chat_id": chat_id,
+                "experiment": experiment,
+                "variant": variant,
+                "source": source,
+                "assigned_at": utcnow(),
+            },
+            ["chat_id"],
+        )
+
+
+async def counts(db: AsyncSession) -> dict[str, int]:
+    """Assigned chats per variant."""
+    rows = await db.execute(select(Assignment.variant, func.count()).group_by(Assignment.variant))
+    return {str(name): int(n) for name, n in rows}

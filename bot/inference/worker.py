@@ -1,0 +1,184 @@
+"""A model worker process: one variant's shared agent, clone cache and batcher.
+
+Started by bot.inference.workers with multiprocessing's `spawn`, so it shares nothing with the
+service but the pipe it is given. The service sends turns (the session row, the user text, and
+the conversation's context when this worker asked for it) and gets replies back; everything
+that touches Telegram or the database stays in the service.
+
+Messages, parent -> worker:
+    ("turn", req_id, SessionRow, text, ConversationContext | None)
+    ("evict", session_id)                  drop a cached clone
+    ("stored", session_id, last_message_id) the turn is committed up to this message
+    ("stats", req_id)                      cache, batch and memory figures
+    ("stop",)
+worker -> parent:
+    ("ready", info) or ("failed", reason)   once, after loading the model
+    ("reply", req_id, Generated)
+    ("context", req_id, tail)               a cache miss: send the turn again with its context
+    ("error", req_id, message)              generation failed (safe to log)
+    ("stats", req_id, dict)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import threading
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from bot.config import Settings
+from bot.conversations.actions import GenerationError
+from bot.conversations.store import ConversationContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs to start (it is pickled to the new process)."""
+
+    variant: str
+    settings: Settings
+    parlai_overrides: dict[str, Any] = field(default_factory=dict)
+    threads: int | None = None
+    log_level: str = "INFO"
+    secrets: tuple[str, ...] = ()
+
+
+class NeedContext(Exception):
+    """The worker has no up-to-date clone for the session and no context came with the turn."""
+
+
+class _Given:
+    """A ContextSource holding the context sent with one turn (or none)."""
+
+    def __init__(self, context: ConversationContext | None) -> None:
+        self.context = context
+
+    async def load_context(self, session_id: int, tail: int | None) -> ConversationContext:
+        if self.context is None or self.context.session_id != session_id:
+            raise NeedContext
+        return self.context
+
+
+def rss_bytes() -> dict[str, int]:
+    """This process's resident and proportional set size (PSS splits shared pages)."""
+    import psutil
+
+    info = psutil.Process().memory_full_info()
+    return {"rss": int(info.rss), "pss": int(getattr(info, "pss", info.rss))}
+
+
+def main(conn: Connection, spec: WorkerSpec) -> None:
+    """The worker's entry point (the `spawn` target)."""
+    from bot.inference import compat
+    from bot.inference.model import load_shared_agent, route_parlai_logging, set_torch_threads
+    from bot.logs import setup_logging
+
+    # Ctrl-C reaches the whole process group; the service stops its workers in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    setup_logging(spec.log_level, spec.secrets)
+    compat.apply()
+    set_torch_threads(spec.threads)
+    route_parlai_logging(spec.log_level)
+    try:
+        agent = load_shared_agent(spec.settings, spec.parlai_overrides)
+    except Exception as err:  # noqa: BLE001 - whatever it was, the service reports it
+        with contextlib.suppress(OSError):
+            conn.send(("failed", str(err) or type(err).__name__))
+        return
+    info = {
+        "pid": os.getpid(),
+        "model": spec.settings.model_file,
+        "inference": agent.opt.get("inference"),
+        "beam_size": agent.opt.get("beam_size"),
+        "threads": spec.threads,
+    }
+    conn.send(("ready", info))
+    log.info("variant %s: worker %d ready (%s)", spec.variant, os.getpid(), info["model"])
+    asyncio.run(_serve(conn, agent, spec))
+
+
+async def _serve(conn: Connection, agent: Any, spec: WorkerSpec) -> None:
+    from bot.inference.responder import Responder
+
+    responder = Responder(agent, _Given(None), spec.settings)
+    await responder.batcher.start()
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+
+    def read() -> None:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                message = ("stop",)  # the service is gone: nobody is waiting for replies
+            loop.call_soon_threadsafe(inbox.put_nowait, message)
+            if message[0] == "stop":
+                return
+
+    threading.Thread(target=read, name="worker-pipe", daemon=True).start()
+
+    def send(message: tuple[Any, ...]) -> None:
+        with contextlib.suppress(OSError):  # the service is gone; the reader stops us
+            conn.send(message)
+
+    async def turn(
+        req_id: int, session: Any, text: str, context: ConversationContext | None
+    ) -> None:
+        if context is None and not responder.has_fresh(session):
+            send(("context", req_id, responder.cache.tail_limit))
+            return
+        try:
+            result = await responder.generate(session, text, _Given(context))
+        except NeedContext:
+            send(("context", req_id, responder.cache.tail_limit))
+        except GenerationError as err:
+            send(("error", req_id, str(err)))
+        except Exception as err:
+            log.exception("variant %s: turn of session %s failed", spec.variant, session.id)
+            responder.evict(session.id)
+            send(("error", req_id, f"{type(err).__name__}: {err}"))
+        else:
+            send(("reply", req_id, result))
+
+    running: set[asyncio.Task[None]] = set()
+    while True:
+        message = await inbox.get()
+        kind = message[0]
+        if kind == "turn":
+            task = asyncio.create_task(turn(*message[1:]))
+            running.add(task)
+            task.add_done_callback(running.discard)
+        elif kind == "evict":
+            responder.evict(message[1])
+        elif kind == "stored":
+            responder.turn_stored(message[1], message[2])
+        elif kind == "stats":
+            cache = responder.cache
+            send(
+                (
+                    "stats",
+                    message[1],
+                    {
+                        "cached": len(cache),
+                        "hits": cache.stats.hits,
+                        "misses": cache.stats.misses,
+                        "evictions": cache.stats.evictions,
+                        "batches": responder.batcher.stats.batches,
+                        "requests": responder.batcher.stats.requests,
+                        **rss_bytes(),
+                    },
+                )
+            )
+        elif kind == "stop":
+            break
+    for task in list(running):
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+    await responder.close()

@@ -1,0 +1,90 @@
+"""The feedback buttons: 👍/👎 under every bot reply, 1-5 under the end of a conversation.
+
+callback_data (at most 64 bytes) names what a button is about, in the database's terms:
+    v:<message id>:<+1|-1>   a vote on one bot reply
+    r:<session id>:<1..5>    the rating of one conversation
+Anything else is stale or forged and is answered without changing anything.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from telegram import InlineKeyboardButton, InlineKeyboardMarkup
+
+from bot import texts
+
+_VOTE = re.compile(r"v:([0-9]{1,19}):(1|-1)")
+# 0: the tick shown once a conversation is rated (pressing it changes nothing)
+_RATE = re.compile(r"r:([0-9]{1,19}):([0-5])")
+CHOSEN = " ✓"
+
+
+@dataclass(frozen=True, slots=True)
+class VotePress:
+    """A press of 👍 or 👎."""
+
+    message_id: int
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class RatePress:
+    """A press of one of the 1-5 buttons (0: the tick of a rating already given)."""
+
+    session_id: int
+    value: int
+
+
+def parse(data: str | None) -> VotePress | RatePress | None:
+    """What a button's callback_data means; None when it is not one of ours."""
+    if data is None:
+        return None
+    if m := _VOTE.fullmatch(data):
+        return VotePress(int(m.group(1)), int(m.group(2)))
+    if m := _RATE.fullmatch(data):
+        return RatePress(int(m.group(1)), int(m.group(2)))
+    return None
+
+
+def vote_keyboard(message_id: int, chosen: int | None = None) -> InlineKeyboardMarkup:
+    """👍 👎 for a reply, the chosen one ticked."""
+    return InlineKeyboardMarkup(
+        [
+            [
+                InlineKeyboardButton(
+                    texts.VOTE_UP + (CHOSEN if chosen == 1 else ""),
+                    callback_data=f"v:{message_id}:1",
+                ),
+                InlineKeyboardButton(
+                    texts.VOTE_DOWN + (CHOSEN if chosen == -1 else ""),
+                    callback_data=f"v:{message_id}:-1",
+                ),
+            ]
+        ]
+    )
+
+
+def rating_keyboard(session_id: int, chosen: int | None = None) -> InlineKeyboardMarkup:
+    """1 2 3 4 5 for a conversation; once rated, only the chosen value (nothing to press)."""
+    if chosen is not None:
+        return InlineKeyboardMarkup(
+            [[InlineKeyboardButton(f"{'★' * chosen}{CHOSEN}", callback_data=f"r:{session_id}:0")]]
+        )
+    return InlineKeyboardMarkup(
+        [[InlineKeyboardButton(str(n), callback_data=f"r:{session_id}:{n}") for n in range(1, 6)]]
+    )
+
+
+def rating_markup_json(session_id: int) -> str:
+    """The rating keyboard as the outbox stores it."""
+    return json.dumps(rating_keyboard(session_id).to_dict())
+
+
+def markup_from_json(text: str | None) -> InlineKeyboardMarkup | None:
+    """An outbox row's stored keyboard."""
+    if not text:
+        return None
+    return InlineKeyboardMarkup.de_json(json.loads(text), None)

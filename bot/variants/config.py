@@ -1,0 +1,241 @@
+"""The variants file (VARIANTS_FILE, TOML): named model variants, their weights and the control.
+
+    experiment = "decoding-2026-12"     # optional; part of the assignment hash
+
+    [[variants]]
+    name = "beam"
+    model = "data/models/chitchat/model" # a model file or a zoo: path; default BOT_MODEL
+    weight = 1
+    control = true
+    beam_size = 5
+
+    [[variants]]
+    name = "nucleus"
+    weight = 1
+    inference = "nucleus"
+    topp = 0.9
+
+Without a file the service runs one variant, "default", from BOT_MODEL and the generation
+settings (INFERENCE, BEAM_SIZE, ...): a single model is simply one variant.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bot.config import ConfigError, Settings
+
+DEFAULT_EXPERIMENT = "default"
+DEFAULT_VARIANT = "default"
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+INFERENCE = ("beam", "greedy", "topk", "nucleus", "delayedbeam")
+
+# Settings a variant may override: key -> (type, check, what a valid value is).
+_INT_KEYS = {
+    "beam_size": 1,
+    "beam_min_length": 0,
+    "beam_block_ngram": -1,
+    "beam_context_block_ngram": -1,
+    "topk": 1,
+    "beam_delay": 1,
+    "threads": 1,
+}
+_FLOAT_KEYS = {"temperature": 0.0, "topp": 0.0}  # values must be above these
+KNOWN_KEYS = frozenset(
+    {"name", "model", "weight", "control", "inference", *_INT_KEYS, *_FLOAT_KEYS}
+)
+# Generation options ParlAI takes under these names, beside the Settings-level ones.
+PARLAI_ONLY = ("temperature", "topp", "topk", "beam_delay")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One named model variant."""
+
+    name: str
+    model: str
+    weight: float = 1.0
+    control: bool = False
+    # Torch threads for this variant's worker (None: WORKER_THREADS).
+    threads: int | None = None
+    # Generation options over the model file's own (ParlAI option names).
+    generation: dict[str, Any] = field(default_factory=dict)
+
+    def settings(self, base: Settings) -> Settings:
+        """The settings its worker loads the model with."""
+        own = {k: v for k, v in self.generation.items() if k not in PARLAI_ONLY}
+        return base.model_copy(update={"bot_model": self.model, **own})
+
+    def parlai_overrides(self) -> dict[str, Any]:
+        """Generation options that have no Settings field, passed straight to ParlAI."""
+        return {k: v for k, v in self.generation.items() if k in PARLAI_ONLY}
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """The variants served side by side."""
+
+    name: str
+    variants: tuple[Variant, ...]
+
+    @property
+    def control(self) -> Variant:
+        """The variant the others are compared with."""
+        return next(v for v in self.variants if v.control)
+
+    @property
+    def names(self) -> list[str]:
+        """Variant names in file order."""
+        return [v.name for v in self.variants]
+
+    def get(self, name: str) -> Variant | None:
+        """The variant called `name`, if there is one."""
+        return next((v for v in self.variants if v.name == name), None)
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """Name -> weight."""
+        return {v.name: v.weight for v in self.variants}
+
+
+def single_variant(settings: Settings) -> Experiment:
+    """BOT_MODEL as the only variant."""
+    return Experiment(
+        DEFAULT_EXPERIMENT,
+        (Variant(DEFAULT_VARIANT, settings.model_file, 1.0, True, settings.worker_threads),),
+    )
+
+
+def load_experiment(settings: Settings) -> Experiment:
+    """VARIANTS_FILE validated, or the single default variant when it is unset.
+
+    Every problem is reported, one line each, naming the variant; raises ConfigError.
+    """
+    if settings.variants_file is None:
+        return single_variant(settings)
+    path = Path(settings.variants_file)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"VARIANTS_FILE {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"VARIANTS_FILE {path} cannot be read: {err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"VARIANTS_FILE {path} is not valid TOML: {err}") from None
+    return parse_experiment(data, settings, source=str(path))
+
+
+def parse_experiment(data: dict[str, Any], settings: Settings, *, source: str) -> Experiment:
+    """Validate the parsed file; raises ConfigError listing every problem."""
+    problems: list[str] = []
+    unknown_top = sorted(set(data) - {"experiment", "variants"})
+    problems += [
+        f"unknown top-level key {k!r} (expected experiment, variants)" for k in unknown_top
+    ]
+    experiment = data.get("experiment", DEFAULT_EXPERIMENT)
+    if not isinstance(experiment, str) or not NAME_RE.fullmatch(experiment):
+        problems.append("experiment must be a name of letters, digits, _ . - (up to 64)")
+        experiment = DEFAULT_EXPERIMENT
+    raw = data.get("variants")
+    if not isinstance(raw, list) or not raw or not all(isinstance(v, dict) for v in raw):
+        problems.append("no variants: add at least one [[variants]] table with a name")
+        raw = []
+    variants: list[Variant] = []
+    seen: set[str] = set()
+    for index, table in enumerate(raw, start=1):
+        variant = _parse_variant(table, index, settings, seen, problems)
+        if variant is not None:
+            variants.append(variant)
+    if variants and not problems:
+        if sum(v.weight for v in variants) <= 0:
+            problems.append("every weight is 0: at least one variant needs a weight above 0")
+        controls = [v.name for v in variants if v.control]
+        if len(variants) == 1 and not controls:
+            variants[0] = Variant(**{**variants[0].__dict__, "control": True})
+        elif not controls:
+            problems.append("no variant is the control: set control = true on one of them")
+        elif len(controls) > 1:
+            problems.append(f"only one variant can be the control, not {', '.join(controls)}")
+    if problems:
+        raise ConfigError(f"VARIANTS_FILE {source}:\n  " + "\n  ".join(problems))
+    return Experiment(experiment, tuple(variants))
+
+
+def _parse_variant(
+    table: dict[str, Any], index: int, settings: Settings, seen: set[str], problems: list[str]
+) -> Variant | None:
+    name = table.get("name")
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        problems.append(
+            f"variant #{index}: name must be letters, digits, _ . - (up to 64 characters)"
+        )
+        return None
+    label = f"variant {name!r}"
+    before = len(problems)
+    if name in seen:
+        problems.append(f"{label}: duplicate name")
+    seen.add(name)
+    problems += [f"{label}: unknown key {k!r}" for k in sorted(set(table) - KNOWN_KEYS)]
+    weight = table.get("weight", 1)
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight):
+        problems.append(f"{label}: weight must be a number")
+        weight = 0
+    elif weight < 0:
+        problems.append(f"{label}: weight must not be negative (0 drains the variant)")
+    control = table.get("control", False)
+    if not isinstance(control, bool):
+        problems.append(f"{label}: control must be true or false")
+    model = table.get("model", settings.model_file)
+    if not isinstance(model, str) or not model.strip():
+        problems.append(f"{label}: model must be a model file or a zoo: path")
+        model = ""
+    elif not model.startswith("zoo:") and not Path(model + ".opt").exists():
+        problems.append(
+            f"{label}: no model at {model} (no {model}.opt); train one with "
+            "`python -m bot train --out PATH`, or use a zoo: path"
+        )
+    generation: dict[str, Any] = {}
+    inference = table.get("inference")
+    if inference is not None:
+        if inference not in INFERENCE:
+            problems.append(f"{label}: inference must be one of {', '.join(INFERENCE)}")
+        generation["inference"] = inference
+    threads = None
+    for key, low in _INT_KEYS.items():
+        if key not in table:
+            continue
+        value = table[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            problems.append(f"{label}: {key} must be a whole number >= {low}")
+        elif key == "threads":
+            threads = value
+        else:
+            generation[key] = value
+    for key, low_f in _FLOAT_KEYS.items():
+        if key not in table:
+            continue
+        number = table[key]
+        if isinstance(number, bool) or not isinstance(number, int | float) or not number > low_f:
+            problems.append(f"{label}: {key} must be a number above {low_f:g}")
+        elif key == "topp" and number > 1:
+            problems.append(f"{label}: topp must be at most 1")
+        else:
+            generation[key] = float(number)
+    # ParlAI's greedy search refuses a beam size above 1, and the model file may carry one.
+    if generation.get("inference") == "greedy" and generation.setdefault("beam_size", 1) != 1:
+        problems.append(f"{label}: greedy decoding needs beam_size = 1")
+    if len(problems) > before:
+        return None
+    return Variant(
+        name,
+        model,
+        float(weight),
+        bool(control),
+        threads if threads is not None else settings.worker_threads,
+        generation,
+    )

@@ -1,0 +1,198 @@
+"""The responder the service runs: every chat's turn goes to its variant's engine.
+
+An engine is a model worker process (bot.inference.workers.WorkerHandle, MODEL_WORKERS=process)
+or an in-process Responder (MODEL_WORKERS=inline). The chat's variant comes with its session
+row (one statement); a chat without one gets the weighted hash choice, stored at this turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Protocol
+
+from bot.config import ConfigError, Settings
+from bot.conversations.actions import Reply
+from bot.conversations.store import ConversationStore
+from bot.db.conversations import SessionRow
+from bot.db.models import AssignmentSource
+from bot.inference.batcher import Generated
+from bot.variants.assign import choose
+from bot.variants.config import Experiment, Variant, load_experiment
+
+log = logging.getLogger(__name__)
+
+
+class Engine(Protocol):
+    """One variant's model, wherever it runs."""
+
+    async def generate(self, session: SessionRow, user_text: str) -> Generated:
+        """One turn in the session's context."""
+        ...
+
+    def evict(self, session_id: int) -> None:
+        """Drop a cached clone."""
+        ...
+
+    def turn_stored(self, session_id: int, last_message_id: int) -> None:
+        """The cached clone is in step with the database up to `last_message_id`."""
+        ...
+
+    def set_persona(self, session_id: int, persona: str) -> None:
+        """Use a new persona from the next turn."""
+        ...
+
+    async def close(self) -> None:
+        """Stop."""
+        ...
+
+
+class VariantResponder:
+    """ResponderProtocol over the experiment's variants."""
+
+    def __init__(
+        self,
+        experiment: Experiment,
+        engines: dict[str, Engine],
+        store: ConversationStore,
+    ) -> None:
+        self.experiment = experiment
+        self.engines = engines
+        self.store = store
+        # Which engine holds a session's clone (the last one that answered it).
+        self._holder: dict[int, str] = {}
+
+    @classmethod
+    async def start(
+        cls, settings: Settings, store: ConversationStore, secrets: tuple[str, ...] = ()
+    ) -> VariantResponder:
+        """Load every variant (in parallel); ConfigError naming the variant that cannot load."""
+        experiment = load_experiment(settings)
+        names = experiment.names
+        results = await asyncio.gather(
+            *(_start_engine(v, settings, store, secrets) for v in experiment.variants),
+            return_exceptions=True,
+        )
+        engines: dict[str, Engine] = {}
+        failures: list[tuple[str, BaseException]] = []
+        for name, result in zip(names, results, strict=True):
+            if isinstance(result, BaseException):
+                failures.append((name, result))
+            else:
+                engines[name] = result
+        if failures:
+            await asyncio.gather(*(e.close() for e in engines.values()), return_exceptions=True)
+            for _, err in failures:
+                if not isinstance(err, Exception):
+                    raise err  # a cancellation or an interrupt, not a failure to load
+            raise ConfigError(
+                "\n  ".join(
+                    [f"{len(failures)} variant(s) cannot load:"]
+                    + [f"variant {n!r}: {err}" for n, err in failures]
+                )
+            )
+        log.info(
+            "serving experiment %s: %s",
+            experiment.name,
+            ", ".join(f"{v.name} (weight {v.weight:g})" for v in experiment.variants),
+        )
+        return cls(experiment, engines, store)
+
+    async def close(self) -> None:
+        """Stop every engine."""
+        await asyncio.gather(*(e.close() for e in self.engines.values()), return_exceptions=True)
+
+    async def variant_for(self, session: SessionRow) -> str:
+        """The session's chat's variant, assigned and stored now if it has none."""
+        name = session.variant
+        if name is None:
+            name = await self.store.assign_variant(
+                session.chat_id, self.experiment.name, self._choose(session.chat_id)
+            )
+        if name not in self.engines:
+            # The variants file no longer has it: the chat is assigned again, and stays there.
+            new = self._choose(session.chat_id)
+            log.warning(
+                "chat %s: variant %r is not served any more; moving it to %r",
+                session.chat_id,
+                name,
+                new,
+            )
+            await self.store.set_variant(
+                session.chat_id, self.experiment.name, new, AssignmentSource.HASH
+            )
+            name = new
+        return name
+
+    def _choose(self, chat_id: int) -> str:
+        return choose(self.experiment.name, chat_id, self.experiment.weights)
+
+    async def respond(self, session: SessionRow, user_text: str) -> Reply:
+        """The reply of the chat's variant."""
+        started = time.perf_counter()
+        name = await self.variant_for(session)
+        previous = self._holder.get(session.id)
+        if previous is not None and previous != name:
+            self.engines[previous].evict(session.id)  # moved: the old clone is dead weight
+        self._holder[session.id] = name
+        result = await self.engines[name].generate(session, user_text)
+        latency_ms = (time.perf_counter() - started) * 1000.0
+        return Reply(result.text, latency_ms, name, result.model_ms)
+
+    def set_persona(self, session_id: int, persona: str) -> None:
+        """Tell the engine holding the conversation."""
+        holder = self._holder.get(session_id)
+        if holder is not None:
+            self.engines[holder].set_persona(session_id, persona)
+
+    def evict(self, session_id: int) -> None:
+        """Drop the conversation's clone wherever it is."""
+        holder = self._holder.pop(session_id, None)
+        if holder is not None:
+            self.engines[holder].evict(session_id)
+
+    def turn_stored(self, session_id: int, last_message_id: int) -> None:
+        """Tell the engine holding the conversation."""
+        holder = self._holder.get(session_id)
+        if holder is not None:
+            self.engines[holder].turn_stored(session_id, last_message_id)
+
+    async def worker_stats(self) -> dict[str, dict[str, Any]]:
+        """Per variant: pid, restarts and (for workers) cache and memory figures."""
+        from bot.inference.workers import WorkerHandle
+
+        out: dict[str, dict[str, Any]] = {}
+        for name, engine in self.engines.items():
+            if isinstance(engine, WorkerHandle):
+                figures = await engine.stats() if engine.alive else {}
+                out[name] = {"pid": engine.pid, "restarts": engine.restarts, **figures}
+            else:
+                out[name] = {"pid": None, "restarts": 0}
+        return out
+
+
+async def _start_engine(
+    variant: Variant, settings: Settings, store: ConversationStore, secrets: tuple[str, ...]
+) -> Engine:
+    own = variant.settings(settings)
+    if settings.model_workers == "inline":
+        from bot.inference.responder import Responder
+
+        try:
+            return await Responder.start(own, store, variant.parlai_overrides())
+        except ConfigError:
+            raise
+        except Exception as err:
+            raise ConfigError(str(err) or type(err).__name__) from err
+    from bot.inference.workers import WorkerHandle, WorkerStartError, worker_spec
+
+    handle = WorkerHandle(
+        worker_spec(variant.name, own, variant.parlai_overrides(), variant.threads, secrets),
+        store,
+    )
+    try:
+        await handle.start()
+    except WorkerStartError as err:
+        raise ConfigError(str(err)) from err
+    return handle

@@ -1,0 +1,87 @@
+"""Model workers under the real `python -m bot run`: a variant's worker killed with SIGKILL in
+the middle of a batch is restarted, every turn is answered exactly once, and the other variant
+keeps answering meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+from bot.variants.assign import choose
+from tests.support.botprocess import TOKEN, bot_env, bot_process, db_rows
+from tests.support.fakebotapi import FakeBotAPI
+
+WEIGHTS = {"a": 1.0, "b": 1.0}
+
+
+def write_variants(path: Path, model: str) -> Path:
+    path.write_text(
+        f'[[variants]]\nname = "a"\nmodel = "{model}"\ncontrol = true\n'
+        f'[[variants]]\nname = "b"\nmodel = "{model}"\ninference = "greedy"\n'
+    )
+    return path
+
+
+def chats_of(variant: str, count: int, start: int) -> list[int]:
+    """The first `count` chat ids from `start` that the hash gives `variant`."""
+    found: list[int] = []
+    chat = start
+    while len(found) < count:
+        if choose("default", chat, WEIGHTS) == variant:
+            found.append(chat)
+        chat += 1
+    return found
+
+
+def worker_pid(log: str, variant: str) -> int:
+    pids = re.findall(rf"variant {variant}: worker (\d+) ready", log)
+    assert pids, f"no worker of variant {variant} in the log:\n{log[-3000:]}"
+    return int(pids[-1])
+
+
+async def test_a_killed_worker_is_restarted_and_its_turns_answered_once(
+    tmp_path: Path, tiny_model_file: str
+) -> None:
+    on_a = chats_of("a", 3, 600)
+    on_b = chats_of("b", 2, 600)
+    async with FakeBotAPI(TOKEN) as api:
+        env = bot_env(
+            tmp_path,
+            api,
+            tiny_model_file,
+            VARIANTS_FILE=str(write_variants(tmp_path / "variants.toml", tiny_model_file)),
+            WORKER_THREADS="1",
+            FAULT_GENERATION_DELAY_MS="1500",
+        )
+        async with bot_process(env, tmp_path, api) as bot:
+            for chat in on_a:
+                api.user_message(chat, "hello there")
+            # The batch with a's three turns is generating (1.5 s): kill a's worker.
+            await asyncio.sleep(0.8)
+            pid_a = worker_pid(bot.output(), "a")
+            killed_at = time.time()
+            os.kill(pid_a, signal.SIGKILL)
+            for chat in on_b:
+                api.user_message(chat, "hi from b")
+            for chat in on_a + on_b:
+                await api.wait_for_texts(chat, 1, timeout_s=60)
+            await asyncio.sleep(1.0)  # would a duplicate follow?
+            log = bot.output()
+            bot.proc.send_signal(signal.SIGTERM)
+            assert await bot.wait(30) == 0
+    assert f"variant a: worker {pid_a} died" in log
+    assert worker_pid(log, "a") != pid_a  # restarted
+    for chat in on_a + on_b:
+        assert len(api.texts(chat)) == 1, chat
+    first_a = min(s.at for s in api.sent if s.chat_id in on_a)
+    first_b = min(s.at for s in api.sent if s.chat_id in on_b)
+    assert killed_at < first_b < first_a  # b answered while a was still coming back
+    assert db_rows(tmp_path, "SELECT DISTINCT status FROM inbox") == [("done",)]
+    replies = db_rows(
+        tmp_path, "SELECT chat_id, variant FROM messages WHERE role = 'bot' ORDER BY chat_id"
+    )
+    assert replies == sorted([(c, "a") for c in on_a] + [(c, "b") for c in on_b])
