@@ -10,6 +10,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db.models import (
+    Assignment,
     Inbox,
     InboxStatus,
     Message,
@@ -18,6 +19,7 @@ from bot.db.models import (
     Role,
     Session,
     SessionStatus,
+    Vote,
     utcnow,
 )
 
@@ -25,6 +27,18 @@ DEFAULT_LATENCY_WINDOW = timedelta(hours=24)
 
 
 # --- stats -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VariantStats:
+    """One model variant at a glance (`python -m bot admin variants` has the full report)."""
+
+    name: str
+    chats: int  # assigned chats
+    replies: int  # bot replies it produced
+    votes_up: int
+    votes_down: int
+    up_rate: float | None  # votes_up / (votes_up + votes_down); None without votes
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +59,8 @@ class Stats:
     inbox_pending: int
     inbox_failed: int
     generated_at: datetime
+    # One entry per variant once any chat has an assignment (A/B experiments); else empty.
+    variants: tuple[VariantStats, ...] = ()
 
 
 def _start_of_day(now: datetime) -> datetime:
@@ -87,6 +103,51 @@ async def _latency_percentiles(
     )
 
 
+async def _variant_stats(db: AsyncSession) -> tuple[VariantStats, ...]:
+    chats: dict[str, int] = {
+        name: n
+        for name, n in await db.execute(
+            select(Assignment.variant, func.count()).group_by(Assignment.variant)
+        )
+    }
+    if not chats:
+        return ()
+    replies: dict[str, int] = {
+        str(name): n
+        for name, n in await db.execute(
+            select(Message.variant, func.count())
+            .where(Message.role == Role.BOT, Message.variant.is_not(None))
+            .group_by(Message.variant)
+        )
+    }
+    votes = {
+        name: (int(up or 0), int(down or 0))
+        for name, up, down in await db.execute(
+            select(
+                Vote.variant,
+                func.sum(case((Vote.value == 1, 1), else_=0)),
+                func.sum(case((Vote.value == -1, 1), else_=0)),
+            )
+            .where(Vote.variant.is_not(None))
+            .group_by(Vote.variant)
+        )
+    }
+    result = []
+    for name in sorted({*chats, *replies, *votes}, key=lambda n: (-chats.get(n, 0), n)):
+        up, down = votes.get(name, (0, 0))
+        result.append(
+            VariantStats(
+                name=str(name),
+                chats=int(chats.get(name, 0)),
+                replies=int(replies.get(name, 0)),
+                votes_up=up,
+                votes_down=down,
+                up_rate=up / (up + down) if up + down else None,
+            )
+        )
+    return tuple(result)
+
+
 async def stats(
     sessionmaker: async_sessionmaker[AsyncSession],
     *,
@@ -123,6 +184,7 @@ async def stats(
                 )
             ).all()
         )
+        variants = await _variant_stats(db)
     return Stats(
         chats=int(chats or 0),
         sessions_active=int(by_status.get(SessionStatus.ACTIVE, 0)),
@@ -138,6 +200,7 @@ async def stats(
         inbox_pending=int(inbox.get(InboxStatus.PENDING, 0)),
         inbox_failed=int(inbox.get(InboxStatus.FAILED, 0)),
         generated_at=now,
+        variants=variants,
     )
 
 
@@ -164,4 +227,14 @@ def format_stats(stats: Stats) -> str:
         + (f" ({stats.replies_given_up} given up)" if stats.replies_given_up else ""),
         f"Inbox: {stats.inbox_pending} pending, {stats.inbox_failed} failed",
     ]
+    lines += [format_variant_line(v) for v in stats.variants]
     return "\n".join(lines)
+
+
+def format_variant_line(v: VariantStats) -> str:
+    """`variant beam: 120 chats, 3,400 replies, 👍 71% (n=200)`."""
+    rate = "n/a" if v.up_rate is None else f"{100 * v.up_rate:.0f}%"
+    return (
+        f"variant {v.name}: {v.chats:,} chats, {v.replies:,} replies, "
+        f"👍 {rate} (n={v.votes_up + v.votes_down:,})"
+    )

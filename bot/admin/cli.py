@@ -28,8 +28,10 @@ from bot.admin import reports
 from bot.admin import sql as admin_sql
 from bot.admin.reports import AdminError
 from bot.config import Settings
+from bot.db import assignments
 from bot.db.engine import make_engine, make_sessionmaker, safe_url
-from bot.db.models import Role, SessionStatus
+from bot.db.models import AssignmentSource, Role, SessionStatus
+from bot.variants.config import Experiment, load_experiment
 
 MAX_CELL = 60
 
@@ -260,7 +262,67 @@ async def _sql(url: str, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+async def _variants(
+    engine: AsyncEngine, args: argparse.Namespace, out: TextIO, experiment: Experiment
+) -> int:
+    # numpy and scipy load here, not with every `python -m bot` command
+    from bot.variants import report as variant_report
+
+    report = await variant_report.variant_report(make_sessionmaker(engine), experiment)
+    if args.plot:
+        try:
+            await asyncio.to_thread(variant_report.plot_variants, report, args.plot)
+        except RuntimeError as err:  # matplotlib is missing
+            raise AdminError(str(err)) from err
+        except OSError as err:
+            raise AdminError(f"cannot write {args.plot}: {err}") from err
+    if args.json:
+        print(dump_json(variant_report.report_json(report)), file=out)
+    else:
+        print(variant_report.format_variant_report(report), file=out)
+    if args.plot:
+        # stderr, so that stdout stays the report alone (and valid JSON with --json)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+async def _assign(
+    engine: AsyncEngine, args: argparse.Namespace, out: TextIO, experiment: Experiment
+) -> int:
+    if experiment.get(args.variant) is None:
+        raise AdminError(
+            f"unknown variant {args.variant!r}; the variants of experiment {experiment.name} "
+            f"are: {', '.join(experiment.names)}"
+        )
+    async with make_sessionmaker(engine).begin() as db:
+        previous = await assignments.variant_of(db, args.chat_id)
+        await assignments.set_variant(
+            db, args.chat_id, experiment.name, args.variant, AssignmentSource.ADMIN
+        )
+    if args.json:
+        payload = {
+            "chat_id": args.chat_id,
+            "experiment": experiment.name,
+            "variant": args.variant,
+            "previous": previous,
+            "source": str(AssignmentSource.ADMIN),
+        }
+        print(dump_json(payload), file=out)
+    elif previous is None:
+        print(f"chat {args.chat_id}: assigned to {args.variant} (it had no variant)", file=out)
+    elif previous == args.variant:
+        print(f"chat {args.chat_id}: already on {args.variant} (now source admin)", file=out)
+    else:
+        print(
+            f"chat {args.chat_id}: moved from {previous} to {args.variant} "
+            "(its next reply comes from the new variant)",
+            file=out,
+        )
+    return 0
+
+
 Handler = Callable[[AsyncEngine, argparse.Namespace, TextIO], Awaitable[int]]
+ExperimentHandler = Callable[[AsyncEngine, argparse.Namespace, TextIO, Experiment], Awaitable[int]]
 
 _HANDLERS: dict[str, Handler] = {
     "stats": _stats,
@@ -268,6 +330,12 @@ _HANDLERS: dict[str, Handler] = {
     "show": _show,
     "export": _export,
     "forget": _forget,
+}
+
+# Subcommands that need the experiment (VARIANTS_FILE).
+_EXPERIMENT_HANDLERS: dict[str, ExperimentHandler] = {
+    "variants": _variants,
+    "assign": _assign,
 }
 
 
@@ -278,20 +346,35 @@ def _hint(err: DBAPIError) -> str:
     return text
 
 
+def needs_experiment(args: argparse.Namespace) -> bool:
+    """Whether the subcommand reads the variants file (`admin variants`, `admin assign`)."""
+    return args.admin_command in _EXPERIMENT_HANDLERS
+
+
 async def admin(
-    url: str, args: argparse.Namespace, out: TextIO | None = None, *, sql_url: str | None = None
+    url: str,
+    args: argparse.Namespace,
+    out: TextIO | None = None,
+    *,
+    sql_url: str | None = None,
+    experiment: Experiment | None = None,
 ) -> int:
     """Run a parsed `admin` subcommand against the database at `url`; returns the exit status.
 
-    `admin sql` connects with `sql_url` (ADMIN_DATABASE_URL, the read-only role) when given.
+    `admin sql` connects with `sql_url` (ADMIN_DATABASE_URL, the read-only role) when given;
+    `admin variants` and `admin assign` need the `experiment` (bot.variants.config).
     """
     out = out or sys.stdout
     if args.admin_command == "sql":
         return await _sql(sql_url or url, args, out)
+    if needs_experiment(args) and experiment is None:
+        raise AdminError(f"admin {args.admin_command} needs the experiment (VARIANTS_FILE)")
     if make_url(url).get_backend_name() == "sqlite":
         admin_sql.sqlite_path(url)  # a clear error instead of creating an empty database
     engine = make_engine(url)
     try:
+        if experiment is not None and needs_experiment(args):
+            return await _EXPERIMENT_HANDLERS[args.admin_command](engine, args, out, experiment)
         return await _HANDLERS[args.admin_command](engine, args, out)
     except DBAPIError as err:
         raise AdminError(f"database {safe_url(url)}: {_hint(err)}") from err
@@ -358,6 +441,30 @@ def add_admin_parser(sub: Any) -> None:
     forget.add_argument("chat_id", type=int, metavar="CHAT_ID")
     forget.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
+    variants = cmds.add_parser(
+        "variants",
+        parents=[as_json],
+        help="the A/B experiment: chats, replies, votes, ratings, latency per variant",
+        description="Per model variant (VARIANTS_FILE): assigned chats, replies, 👍/👎 votes "
+        "with the 👍 rate and its 95% Wilson interval, 1-5 ratings with their mean and 95% "
+        "t interval, reply latency p50/p95, model time p50 and reply length; each variant "
+        "against the control (two-proportion z-test, difference in mean rating), and a "
+        "sample-ratio-mismatch check of the hash-assigned chats against the weights.",
+    )
+    variants.add_argument(
+        "--plot", metavar="FILE.png", default=None, help="also draw the 👍 rates (needs matplotlib)"
+    )
+
+    assign = cmds.add_parser(
+        "assign",
+        parents=[as_json],
+        help="move a chat to a variant of the experiment",
+        description="Assign (or move) a chat to a variant of VARIANTS_FILE; its next reply "
+        "comes from that variant. Recorded with source 'admin'.",
+    )
+    assign.add_argument("chat_id", type=int, metavar="CHAT_ID")
+    assign.add_argument("variant", metavar="VARIANT")
+
     sql = cmds.add_parser(
         "sql",
         parents=[as_json],
@@ -382,9 +489,16 @@ def admin_sql_url(settings: Settings) -> str:
 
 
 def run_admin(settings: Settings, args: argparse.Namespace) -> int:
-    """Run an admin subcommand; errors become one line on stderr and exit status 1."""
+    """Run an admin subcommand; errors become one line on stderr and exit status 1.
+
+    A broken VARIANTS_FILE (`admin variants`, `admin assign`) raises ConfigError, which the
+    command line reports like any other configuration error (exit status 2).
+    """
+    experiment = load_experiment(settings) if needs_experiment(args) else None
     try:
-        return asyncio.run(admin(settings.db_url, args, sql_url=admin_sql_url(settings)))
+        return asyncio.run(
+            admin(settings.db_url, args, sql_url=admin_sql_url(settings), experiment=experiment)
+        )
     except AdminError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -1,0 +1,413 @@
+"""The A/B report behind `python -m bot admin variants`: per-variant figures from the database,
+each non-control variant against the control, and the sample-ratio-mismatch check.
+
+Read-only: a handful of aggregate queries (and the latency columns of the bot replies, for
+the percentiles), then pure arithmetic from bot.variants.stats.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import case, func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.db.models import Assignment, AssignmentSource, Message, Rating, Role, Vote
+from bot.variants.config import Experiment
+from bot.variants.stats import (
+    FIXED_SAMPLE_NOTE,
+    SRM_ALPHA,
+    SrmResult,
+    latency_percentiles,
+    mean_interval,
+    sample_ratio_mismatch,
+    two_proportion_test,
+    wilson_interval,
+)
+
+NAN = math.nan
+NOTE_WIDTH = 96
+
+
+@dataclass(frozen=True, slots=True)
+class VariantFigures:
+    """One variant's figures. Rates, means and percentiles are NaN where there is no data."""
+
+    name: str
+    weight: float  # from the variants file; 0 for a variant it no longer has
+    control: bool
+    served: bool  # False: only the database knows it (the file no longer has it)
+    chats: int  # assigned chats, from any source
+    chats_hash: int  # of those, assigned by the weighted hash (what the SRM check counts)
+    turns: int  # bot replies it produced
+    votes_up: int
+    votes_down: int
+    up_rate: float  # votes_up / (votes_up + votes_down)
+    up_low: float  # 95% Wilson interval of up_rate ((0, 1) with no votes)
+    up_high: float
+    ratings: int
+    rating_mean: float
+    rating_low: float  # 95% Student-t interval of the mean (NaN below two ratings)
+    rating_high: float
+    latency_p50_ms: float  # messages.latency_ms of its replies
+    latency_p95_ms: float
+    model_p50_ms: float  # messages.model_ms of its replies
+    reply_chars: float  # mean reply length in characters
+
+    @property
+    def votes(self) -> int:
+        """👍 and 👎 together."""
+        return self.votes_up + self.votes_down
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """A non-control variant against the control: differences are variant minus control."""
+
+    variant: str
+    control: str
+    up_rate_diff: float  # NaN when either has no votes
+    z: float
+    p_value: float  # two-sided two-proportion z-test; see FIXED_SAMPLE_NOTE
+    rating_diff: float  # NaN when either has no ratings
+
+
+@dataclass(frozen=True, slots=True)
+class VariantReport:
+    """Everything `admin variants` shows."""
+
+    experiment: str
+    control: str
+    variants: tuple[VariantFigures, ...]  # the file's order, then ones only the database has
+    comparisons: tuple[Comparison, ...]
+    srm: SrmResult  # hash-assigned chats against the weights (0 for variants not served)
+    note: str = FIXED_SAMPLE_NOTE
+
+    def get(self, name: str) -> VariantFigures | None:
+        """The figures of variant `name`, if it is in the report."""
+        return next((v for v in self.variants if v.name == name), None)
+
+
+# --- reading the database --------------------------------------------------------------------
+
+
+async def _grouped(db: AsyncSession, stmt: Any) -> dict[str, tuple[Any, ...]]:
+    return {str(row[0]): tuple(row[1:]) for row in await db.execute(stmt)}
+
+
+async def variant_report(
+    sessionmaker: async_sessionmaker[AsyncSession], experiment: Experiment
+) -> VariantReport:
+    """Read assignments, replies, votes and ratings per variant and compare them."""
+    is_hash = case((Assignment.source == AssignmentSource.HASH, 1), else_=0)
+    is_up = case((Vote.value == 1, 1), else_=0)
+    is_down = case((Vote.value == -1, 1), else_=0)
+    replies = (Message.role == Role.BOT, Message.variant.is_not(None))
+    async with sessionmaker() as db:
+        assigned = await _grouped(
+            db,
+            select(Assignment.variant, func.count(), func.sum(is_hash)).group_by(
+                Assignment.variant
+            ),
+        )
+        turns = await _grouped(
+            db,
+            select(Message.variant, func.count(), func.avg(func.length(Message.text)))
+            .where(*replies)
+            .group_by(Message.variant),
+        )
+        votes = await _grouped(
+            db,
+            select(Vote.variant, func.sum(is_up), func.sum(is_down))
+            .where(Vote.variant.is_not(None))
+            .group_by(Vote.variant),
+        )
+        latency: dict[str, list[float]] = {}
+        model: dict[str, list[float]] = {}
+        timed = select(Message.variant, Message.latency_ms, Message.model_ms).where(
+            *replies, (Message.latency_ms.is_not(None)) | (Message.model_ms.is_not(None))
+        )
+        for name, latency_ms, model_ms in await db.execute(timed):
+            if latency_ms is not None:
+                latency.setdefault(str(name), []).append(float(latency_ms))
+            if model_ms is not None:
+                model.setdefault(str(name), []).append(float(model_ms))
+        ratings: dict[str, list[float]] = {}
+        for name, value in await db.execute(
+            select(Rating.variant, Rating.value).where(Rating.variant.is_not(None))
+        ):
+            ratings.setdefault(str(name), []).append(float(value))
+
+    served = experiment.names
+    extra = sorted((set(assigned) | set(turns) | set(votes) | set(ratings)) - set(served))
+    control = experiment.control.name
+    figures = []
+    for name in [*served, *extra]:
+        variant = experiment.get(name)
+        chats, chats_hash = assigned.get(name, (0, 0))
+        n_turns, chars = turns.get(name, (0, None))
+        up, down = (int(x or 0) for x in votes.get(name, (0, 0)))
+        up_low, up_high = wilson_interval(up, up + down)
+        rating = mean_interval(ratings.get(name, []))
+        p50, p95 = latency_percentiles(latency.get(name, []))
+        model_p50, _ = latency_percentiles(model.get(name, []))
+        figures.append(
+            VariantFigures(
+                name=name,
+                weight=variant.weight if variant is not None else 0.0,
+                control=name == control,
+                served=variant is not None,
+                chats=int(chats or 0),
+                chats_hash=int(chats_hash or 0),
+                turns=int(n_turns or 0),
+                votes_up=up,
+                votes_down=down,
+                up_rate=up / (up + down) if up + down else NAN,
+                up_low=up_low,
+                up_high=up_high,
+                ratings=rating.n,
+                rating_mean=rating.mean,
+                rating_low=rating.low,
+                rating_high=rating.high,
+                latency_p50_ms=p50,
+                latency_p95_ms=p95,
+                model_p50_ms=model_p50,
+                reply_chars=NAN if chars is None else float(chars),
+            )
+        )
+    base = next(f for f in figures if f.control)
+    comparisons = []
+    for f in figures:
+        if f.control:
+            continue
+        test = two_proportion_test(base.votes_up, base.votes, f.votes_up, f.votes)
+        comparisons.append(
+            Comparison(
+                variant=f.name,
+                control=control,
+                up_rate_diff=test.difference,
+                z=test.z,
+                p_value=test.p_value,
+                rating_diff=f.rating_mean - base.rating_mean,
+            )
+        )
+    srm = sample_ratio_mismatch(
+        {f.name: f.chats_hash for f in figures}, {f.name: f.weight for f in figures}
+    )
+    return VariantReport(experiment.name, control, tuple(figures), tuple(comparisons), srm)
+
+
+# --- text ------------------------------------------------------------------------------------
+
+
+def _num(value: float, spec: str, suffix: str = "") -> str:
+    return "n/a" if math.isnan(value) else f"{value:{spec}}{suffix}"
+
+
+def _interval(low: float, high: float, spec: str, suffix: str = "") -> str:
+    if math.isnan(low) or math.isnan(high):
+        return "n/a"
+    return f"{low:{spec}}..{high:{spec}}{suffix}"
+
+
+def _pct(value: float) -> str:
+    return _num(100.0 * value, ".1f", "%")
+
+
+def _table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Fixed width: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(columns), "  ".join("-" * w for w in widths), *map(line, rows)])
+
+
+COLUMNS = (
+    "variant",
+    "weight",
+    "chats",
+    "turns",
+    "up",
+    "down",
+    "up rate",
+    "95% CI",
+    "ratings",
+    "mean",
+    "95% CI",
+    "p50 ms",
+    "p95 ms",
+    "model p50",
+    "chars",
+)
+
+
+def _label(f: VariantFigures) -> str:
+    if f.control:
+        return f"{f.name} (control)"
+    if not f.served:
+        return f"{f.name} (not served)"
+    return f.name
+
+
+def _p(value: float) -> str:
+    return "p < 0.001" if value < 0.001 else f"p = {value:.3f}"
+
+
+def format_variant_report(report: VariantReport) -> str:
+    """A fixed-width table, one line per comparison with the control, the SRM line, the note."""
+    rows = [
+        (
+            _label(f),
+            f"{f.weight:g}",
+            f"{f.chats:,}",
+            f"{f.turns:,}",
+            f"{f.votes_up:,}",
+            f"{f.votes_down:,}",
+            _pct(f.up_rate),
+            _interval(100 * f.up_low, 100 * f.up_high, ".1f", "%") if f.votes else "n/a",
+            f"{f.ratings:,}",
+            _num(f.rating_mean, ".2f"),
+            _interval(f.rating_low, f.rating_high, ".2f"),
+            _num(f.latency_p50_ms, ".0f"),
+            _num(f.latency_p95_ms, ".0f"),
+            _num(f.model_p50_ms, ".0f"),
+            _num(f.reply_chars, ".1f"),
+        )
+        for f in report.variants
+    ]
+    lines = [
+        f"experiment {report.experiment}, control {report.control}",
+        "",
+        _table(COLUMNS, rows),
+        "",
+    ]
+    by_name = {f.name: f for f in report.variants}
+    base = by_name[report.control]
+    for c in report.comparisons:
+        f = by_name[c.variant]
+        if math.isnan(c.up_rate_diff):
+            vote_part = f"up rate n/a (votes: {f.votes} vs {base.votes})"
+        else:
+            vote_part = (
+                f"up rate {100 * c.up_rate_diff:+.1f} pp ({_pct(f.up_rate)} vs "
+                f"{_pct(base.up_rate)}), z = {c.z:.2f}, {_p(c.p_value)}"
+            )
+        rating_part = (
+            "mean rating n/a"
+            if math.isnan(c.rating_diff)
+            else f"mean rating {c.rating_diff:+.2f} ({f.rating_mean:.2f} vs {base.rating_mean:.2f})"
+        )
+        lines.append(f"{c.variant} vs {c.control}: {vote_part}; {rating_part}")
+    srm = report.srm
+    if srm.dof:
+        lines.append(
+            "sample ratio (hash-assigned chats against the weights): "
+            f"chi2 = {srm.chi2:.2f}, df {srm.dof}, {_p(srm.p_value)}" + ("" if srm.warn else ", ok")
+        )
+        if srm.warn:
+            lines += [
+                f"  WARNING: sample ratio mismatch (p < {SRM_ALPHA:g}): the chats do not follow "
+                "the weights;",
+                "  find out why before trusting any comparison",
+            ]
+    else:
+        lines.append("sample ratio: nothing to test (fewer than two variants with a weight)")
+    lines += ["", textwrap.fill(f"Note: {report.note}", width=NOTE_WIDTH)]
+    return "\n".join(lines)
+
+
+# --- JSON ------------------------------------------------------------------------------------
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def report_json(report: VariantReport) -> dict[str, Any]:
+    """The report as JSON-ready data; NaN (no data) becomes None."""
+    data = {
+        "experiment": report.experiment,
+        "control": report.control,
+        "variants": [{**asdict(f), "votes": f.votes} for f in report.variants],
+        "comparisons": [asdict(c) for c in report.comparisons],
+        "srm": {**asdict(report.srm), "alpha": SRM_ALPHA},
+        "note": report.note,
+    }
+    result: dict[str, Any] = _finite(data)
+    return result
+
+
+# --- plot ------------------------------------------------------------------------------------
+
+
+def plot_variants(report: VariantReport, path: str | Path) -> None:
+    """A PNG: each variant's 👍 rate with its 95% Wilson interval; the control stands out.
+
+    Variants without votes show only their (0-100%) interval. Needs matplotlib.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise RuntimeError(
+            "plotting needs matplotlib, which is not installed: pip install matplotlib"
+        ) from err
+
+    names = [_label(f) for f in report.variants]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.4 * len(names) + 1.5), 4.0))
+    try:
+        for x, f in enumerate(report.variants):
+            colour = "tab:red" if f.control else ("tab:blue" if f.served else "tab:gray")
+            if f.votes:
+                ax.errorbar(
+                    [x],
+                    [100 * f.up_rate],
+                    yerr=[[100 * (f.up_rate - f.up_low)], [100 * (f.up_high - f.up_rate)]],
+                    fmt="D" if f.control else "o",
+                    color=colour,
+                    capsize=6,
+                    markersize=8,
+                )
+                ax.annotate(
+                    f"{100 * f.up_rate:.0f}% (n={f.votes})",
+                    (x, 100 * f.up_rate),
+                    textcoords="offset points",
+                    xytext=(10, 0),
+                    va="center",
+                )
+            else:
+                ax.errorbar([x], [50.0], yerr=[[50.0], [50.0]], fmt="none", color=colour, capsize=6)
+                ax.annotate("no votes", (x, 50.0), textcoords="offset points", xytext=(10, 0))
+        base = report.get(report.control)
+        if base is not None and base.votes:
+            ax.axhline(100 * base.up_rate, color="tab:red", linestyle=":", linewidth=1)
+        ax.set_xticks(range(len(names)), names)
+        ax.set_xlim(-0.6, len(names) - 0.4)
+        ax.set_ylim(0, 105)
+        ax.set_yticks(range(0, 101, 20))
+        ax.set_ylabel("thumbs-up rate, % (95% Wilson interval)")
+        ax.set_title(f"experiment {report.experiment}")
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(Path(path), format="png", dpi=100)
+    finally:
+        plt.close(fig)
