@@ -1,0 +1,146 @@
+"""The variants file: what it accepts, and one clear line per problem, naming the variant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot.config import ConfigError, Settings
+from bot.variants.assign import bucket, choose
+from bot.variants.config import load_experiment
+
+
+def _settings(tmp_path: Path, body: str | None, **kw: object) -> Settings:
+    path = None
+    if body is not None:
+        path = tmp_path / "variants.toml"
+        path.write_text(body)
+    return Settings(_env_file=None, variants_file=path, data_dir=tmp_path, **kw)  # type: ignore[call-arg]
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> str:
+    (tmp_path / "m.opt").write_text("{}")
+    return str(tmp_path / "m")
+
+
+def test_no_file_is_one_variant_from_bot_model(tmp_path: Path) -> None:
+    exp = load_experiment(_settings(tmp_path, None, bot_model="zoo:blender/blender_90M/model"))
+    assert [(v.name, v.model, v.weight, v.control) for v in exp.variants] == [
+        ("default", "zoo:blender/blender_90M/model", 1.0, True)
+    ]
+
+
+def test_a_valid_file(tmp_path: Path, model: str) -> None:
+    exp = load_experiment(
+        _settings(
+            tmp_path,
+            f"""
+experiment = "decoding-1"
+[[variants]]
+name = "beam"
+model = "{model}"
+control = true
+beam_size = 5
+threads = 1
+[[variants]]
+name = "nucleus"
+model = "{model}"
+weight = 0.5
+inference = "nucleus"
+topp = 0.9
+temperature = 0.7
+[[variants]]
+name = "greedy"
+model = "zoo:blender/blender_90M/model"
+weight = 0
+inference = "greedy"
+""",
+            worker_threads=2,
+        )
+    )
+    assert exp.name == "decoding-1"
+    assert exp.control.name == "beam"
+    beam, nucleus, greedy = exp.variants
+    assert beam.threads == 1 and nucleus.threads == 2  # WORKER_THREADS unless the variant says
+    assert nucleus.parlai_overrides() == {"topp": 0.9, "temperature": 0.7}
+    assert nucleus.settings(_settings(tmp_path, None)).inference == "nucleus"
+    assert greedy.generation == {"inference": "greedy", "beam_size": 1}
+    assert exp.weights == {"beam": 1.0, "nucleus": 0.5, "greedy": 0.0}
+
+
+def test_every_problem_is_one_line_naming_its_variant(tmp_path: Path, model: str) -> None:
+    body = f"""
+colour = "blue"
+[[variants]]
+name = "a"
+model = "{model}"
+beam_sise = 3
+[[variants]]
+name = "a"
+model = "{model}"
+[[variants]]
+name = "b"
+model = "{tmp_path}/missing"
+weight = -1
+[[variants]]
+name = "c"
+model = "{model}"
+inference = "magic"
+topp = 1.5
+"""
+    with pytest.raises(ConfigError) as caught:
+        load_experiment(_settings(tmp_path, body))
+    lines = str(caught.value).splitlines()[1:]
+    assert [line.strip() for line in lines] == [
+        "unknown top-level key 'colour' (expected experiment, variants)",
+        "variant 'a': unknown key 'beam_sise'",
+        "variant 'a': duplicate name",
+        "variant 'b': weight must not be negative (0 drains the variant)",
+        f"variant 'b': no model at {tmp_path}/missing (no {tmp_path}/missing.opt); train one "
+        "with `python -m bot train --out PATH`, or use a zoo: path",
+        "variant 'c': inference must be one of beam, greedy, topk, nucleus, delayedbeam",
+        "variant 'c': topp must be at most 1",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('[[variants]]\nname = "a"\nweight = 0\n', "every weight is 0"),
+        ('[[variants]]\nname = "a"\n[[variants]]\nname = "b"\n', "no variant is the control"),
+        (
+            '[[variants]]\nname = "a"\ncontrol = true\n[[variants]]\nname = "b"\ncontrol = true\n',
+            r"only one variant can be the control, not a, b",
+        ),
+        ("experiment = 3\n", "no variants"),
+        ("[[variants]\n", r"is not valid TOML"),
+        ('[[variants]]\nname = "a b"\n', "variant #1: name must be"),
+    ],
+)
+def test_refused_files(tmp_path: Path, body: str, message: str) -> None:
+    settings = _settings(tmp_path, body, bot_model="zoo:x/model")
+    with pytest.raises(ConfigError, match=message):
+        load_experiment(settings)
+
+
+def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    settings = Settings(_env_file=None, variants_file=tmp_path / "nope.toml")  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match=r"nope\.toml does not exist"):
+        load_experiment(settings)
+
+
+def test_assignment_is_deterministic_weighted_and_drains_at_weight_0() -> None:
+    weights = {"a": 3.0, "b": 1.0}
+    picks = [choose("exp", chat, weights) for chat in range(4000)]
+    assert picks == [choose("exp", chat, weights) for chat in range(4000)]  # same every time
+    share = picks.count("a") / len(picks)
+    assert 0.72 < share < 0.78  # 3:1, within sampling noise of 4,000 chats (sd ~0.007)
+    assert {choose("exp", chat, {"a": 1.0, "b": 0.0}) for chat in range(500)} == {"a"}
+    # Another experiment name reshuffles chats (independent experiments).
+    other = [choose("exp2", chat, weights) for chat in range(4000)]
+    assert 0.5 < sum(x == y for x, y in zip(picks, other, strict=True)) / 4000 < 0.7
+    assert 0.0 <= bucket("exp", 1) < 1.0
+    with pytest.raises(ValueError, match="no variant"):
+        choose("exp", 1, {"a": 0.0})
