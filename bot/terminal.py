@@ -1,7 +1,9 @@
 """`python -m bot chat`: the same store, agent cache and batcher, driven from a terminal.
 
-Lines starting with `/` are commands (/persona, /done, /forget, /help, /quit); anything else is a
-turn. Replies go through the outbox like on Telegram, so the database ends up the same.
+Lines starting with `/` are commands (/persona, /done, /forget, /help, /quit, and the feedback
+that Telegram gives as buttons: /good and /bad on the last reply, /rate N on the conversation
+/done ended); anything else is a turn. Replies go through the outbox like on Telegram, so the
+database ends up the same.
 """
 
 from __future__ import annotations
@@ -40,8 +42,22 @@ async def dispatch(chat: ChatActions, chat_id: int, line: str) -> bool:
                 await chat.show_persona(chat_id)
         elif command == "done":
             await chat.done(chat_id)
+            if chat.settings.feedback_buttons:
+                await chat.notice(chat_id, texts.TERMINAL_RATE_HINT)
         elif command == "forget":
             await chat.forget(chat_id)
+        elif command in ("good", "bad"):
+            await chat.vote(
+                chat_id, chat_id, None, 1 if command == "good" else -1, answer_in_chat=True
+            )
+        elif command == "rate":
+            value = argument.strip()
+            if value not in ("1", "2", "3", "4", "5"):
+                await chat.notice(chat_id, texts.RATE_USAGE)
+            else:
+                await chat.rate(chat_id, chat_id, None, int(value), answer_in_chat=True)
+        elif command == "model":
+            await chat.choose_variant(chat_id, argument)
         else:
             await chat.notice(chat_id, texts.unknown_terminal_command(command))
         return True

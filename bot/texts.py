@@ -109,6 +109,7 @@ RATING_TWICE = "You already rated this conversation; thank you!"
 NOTHING_TO_VOTE_ON = "There is no reply of mine to rate yet."
 NOTHING_TO_RATE = "End a conversation with /done first, then rate it with /rate 1-5."
 RATE_USAGE = "Usage: /rate N, with N from 1 (bad) to 5 (great)."
+TERMINAL_RATE_HINT = "How was it? /rate 1 (bad) to 5 (great). /good or /bad rate my last reply."
 
 
 def rated(value: int) -> str:

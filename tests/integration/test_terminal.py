@@ -14,8 +14,14 @@ SCRIPT = """\
 /persona My name is Sarah. I love hiking.
 hello how are you
 what do you like
+/good
+/bad
 /persona
+/rate 4
 /done
+/rate 9
+/rate 5
+/rate 3
 hello again
 /bogus
 """
@@ -46,6 +52,12 @@ def test_terminal_chat_persists_everything(tmp_path: Path, tiny_model_file: str)
     assert "My persona: My name is Sarah. I love hiking." in out
     assert "Conversation ended" in out
     assert "Unknown command /bogus" in out
+    # feedback: /good then /bad (the vote changes), a rating before /done has nothing to rate
+    assert out.index("Glad that one worked") < out.index("I'll try to do better")
+    assert out.count("End a conversation with /done first") == 1
+    assert "Usage: /rate N" in out
+    assert out.count("Thanks for rating this conversation 5/5!") == 1
+    assert "You already rated this conversation" in out
     assert "Traceback" not in proc.stderr
 
     with sqlite3.connect(db_file) as conn:
@@ -61,6 +73,12 @@ def test_terminal_chat_persists_everything(tmp_path: Path, tiny_model_file: str)
         ).fetchall()
         assert [r[0] for r in first] == ["user", "bot", "user", "bot"]
         assert first[0][1] == "hello how are you"
+        votes = conn.execute("SELECT user_id, value, source FROM votes").fetchall()
+        assert votes == [(42, -1, "button")]
+        ratings = conn.execute("SELECT session_id, value FROM ratings").fetchall()
+        assert ratings == [(sessions[0][0], 5)]
+        variants = conn.execute("SELECT DISTINCT variant FROM messages WHERE role = 'bot'")
+        assert variants.fetchall() == [("default",)]
         undelivered = conn.execute(
             "SELECT count(*) FROM messages WHERE role = 'bot' AND delivered_at IS NULL"
         ).fetchone()[0]
