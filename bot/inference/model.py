@@ -62,8 +62,50 @@ def resolve_device(settings: Settings) -> str:
     return settings.model_device
 
 
-def load_shared_agent(settings: Settings, extra_overrides: dict[str, Any] | None = None) -> Any:
+def map_weights(agent: Any, model_file: str) -> bool:
+    """Point the loaded model's parameters at the weight file's own pages.
+
+    `torch.load(mmap=True)` maps the file instead of reading it into private memory, so every
+    process that serves the same file (two variants of one model: beam and nucleus, say) uses
+    the same page-cache pages for its weights: one copy, not one per process. The pages are
+    mapped copy-on-write and inference never writes them. Only done when the file's tensors
+    match the model's exactly (names, shapes, dtypes: an fp16 file for an fp32 model is copied
+    as before); returns whether it was.
+    """
+    import parlai.utils.pickle
+    import torch
+
+    try:
+        states = torch.load(
+            model_file, mmap=True, map_location="cpu", pickle_module=parlai.utils.pickle
+        )
+    except (RuntimeError, OSError, ValueError) as err:  # e.g. a legacy (non-zip) file
+        log.info("weights of %s stay private to this process: %s", model_file, err)
+        return False
+    saved = states.get("model") if isinstance(states, dict) else None
+    current = agent.model.state_dict()
+    if not isinstance(saved, dict) or saved.keys() != current.keys():
+        log.info("weights of %s stay private: its tensors are not the model's", model_file)
+        return False
+    for name, tensor in current.items():
+        other = saved[name]
+        if other.shape != tensor.shape or other.dtype != tensor.dtype:
+            log.info("weights of %s stay private: %s differs from the model's", model_file, name)
+            return False
+    agent.model.load_state_dict(saved, assign=True)
+    return True
+
+
+def load_shared_agent(
+    settings: Settings,
+    extra_overrides: dict[str, Any] | None = None,
+    *,
+    share_weights: bool = False,
+) -> Any:
     """Build the shared agent from BOT_MODEL (a model file or a `zoo:` path) for serving.
+
+    With `share_weights` (model worker processes), the weights are mapped from the file, shared
+    with every other process serving it (map_weights).
 
     Expects the process set up (ParlAI shims, torch threads, logging): bot/__main__.py does it.
     """
@@ -95,6 +137,9 @@ def load_shared_agent(settings: Settings, extra_overrides: dict[str, Any] | None
     if agent is None:  # pragma: no cover - guarded by the .opt check above
         raise ConfigError(f"could not load a ParlAI model from {model_file}")
     agent.model.eval()
+    if share_weights and settings.quantize == "none" and device == "cpu":
+        shared = map_weights(agent, str(resolved))
+        log.info("weights of %s: %s", model_file, "mapped from the file" if shared else "private")
     if settings.quantize == "int8":
         if device != "cpu":
             raise ConfigError(

@@ -48,6 +48,8 @@ class WorkerSpec:
     threads: int | None = None
     log_level: str = "INFO"
     secrets: tuple[str, ...] = ()
+    # Map the weights from the model file, shared with other processes serving it.
+    share_weights: bool = True
 
 
 class NeedContext(Exception):
@@ -67,8 +69,16 @@ class _Given:
 
 
 def rss_bytes() -> dict[str, int]:
-    """This process's resident and proportional set size (PSS splits shared pages)."""
+    """This process's resident and proportional set size (PSS splits shared pages), after a
+    garbage collection and giving freed heap back to the OS (so figures compare)."""
+    import ctypes
+    import gc
+
     import psutil
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: a little noisier
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
     info = psutil.Process().memory_full_info()
     return {"rss": int(info.rss), "pss": int(getattr(info, "pss", info.rss))}
@@ -87,7 +97,9 @@ def main(conn: Connection, spec: WorkerSpec) -> None:
     set_torch_threads(spec.threads)
     route_parlai_logging(spec.log_level)
     try:
-        agent = load_shared_agent(spec.settings, spec.parlai_overrides)
+        agent = load_shared_agent(
+            spec.settings, spec.parlai_overrides, share_weights=spec.share_weights
+        )
     except Exception as err:  # noqa: BLE001 - whatever it was, the service reports it
         with contextlib.suppress(OSError):
             conn.send(("failed", str(err) or type(err).__name__))
