@@ -79,6 +79,8 @@ class Settings(BaseSettings):
     feedback_buttons: bool = True
     # Let users pick a variant by name with /model (the experiment is blind otherwise).
     allow_model_choice: bool = False
+    # /arena: the next message gets two variants' replies, the user picks the better one.
+    arena: bool = False
 
     # --- limits ---------------------------------------------------------------------------
     persona_max_chars: int = Field(default=1000, ge=1)

@@ -112,6 +112,29 @@ RATE_USAGE = "Usage: /rate N, with N from 1 (bad) to 5 (great)."
 TERMINAL_RATE_HINT = "How was it? /rate 1 (bad) to 5 (great). /good or /bad rate my last reply."
 
 
+ARENA_READY = (
+    "Arena: your next message gets two replies from two different models, A and B. "
+    "Tap the better one (or Both bad); the one you choose stays in our conversation."
+)
+ARENA_OFF = "Arena mode is not available here."
+ARENA_BETTER_A = "A is better"
+ARENA_BETTER_B = "B is better"
+ARENA_BOTH_BAD = "Both bad"
+ARENA_TWICE = "You already chose for these two replies."
+ARENA_STALE = "Those two replies are gone (the conversation was deleted)."
+ARENA_TIE = "Thanks! Neither reply stays; say it again in other words if you like."
+
+
+def arena_duel(text_a: str, text_b: str) -> str:
+    """The two replies of a duel, in one message."""
+    return f"Which reply is better?\n\nA: {text_a}\n\nB: {text_b}"
+
+
+def arena_chosen(label: str) -> str:
+    """The answer to a pick of A or B."""
+    return f"Thanks! Reply {label} is now part of our conversation."
+
+
 def rated(value: int) -> str:
     """The answer to a rating."""
     return f"Thanks for rating this conversation {value}/5!"

@@ -42,6 +42,16 @@ class GenerationError(Exception):
     """Generation failed for this request; the message is safe to log."""
 
 
+class DuelResponder(Protocol):
+    """A responder with variants that can answer one message twice (/arena)."""
+
+    engines: dict[str, object]
+
+    async def duel(self, session: SessionRow, user_text: str) -> tuple[Reply, Reply]:
+        """Two variants' replies, in random order."""
+        ...
+
+
 class ResponderProtocol(Protocol):
     """What the conversation layer needs from the model responder."""
 
@@ -201,8 +211,11 @@ class ChatActions:
         *,
         update_id: int | None = None,
         telegram_message_id: int | None = None,
+        arena_markup: Callable[[int], str] | None = None,
     ) -> None:
-        """A plain message: one model turn, stored with its reply in one transaction."""
+        """A plain message: one model turn, stored with its reply in one transaction (after
+        /arena: two variants' replies, shown with `arena_markup`, a front end's pick buttons
+        for a match id)."""
         text = clean_text(text)
         if not text:
             await self.notice(chat_id, texts.SAY_SOMETHING, update_id=update_id)
@@ -216,6 +229,17 @@ class ChatActions:
             )
             return
         session = await self.store.active_session(chat_id, user_id)
+        duel = self._duel_responder()
+        if session.arena_match_id is not None and duel is not None:
+            await self._duel(
+                duel,
+                session,
+                text,
+                arena_markup,
+                update_id=update_id,
+                telegram_message_id=telegram_message_id,
+            )
+            return
         try:
             reply = await self.responder.respond(session, text)
         except GenerationError as err:
@@ -323,6 +347,81 @@ class ChatActions:
             notice=texts.variant_chosen(name),
             update_id=update_id,
         )
+
+    # --- arena ---------------------------------------------------------------------------
+
+    def _duel_responder(self) -> DuelResponder | None:
+        engines = getattr(self.responder, "engines", None)
+        if not self.settings.arena or not hasattr(self.responder, "duel") or not engines:
+            return None
+        if len(engines) < 2:
+            return None
+        return self.responder  # type: ignore[return-value]
+
+    async def arena(
+        self, chat_id: int, user_id: int | None, *, update_id: int | None = None
+    ) -> None:
+        """/arena: the next message gets two variants' replies to choose from."""
+        if self._duel_responder() is None:
+            await self.notice(chat_id, texts.ARENA_OFF, update_id=update_id)
+            return
+        await self.store.request_arena(
+            chat_id, user_id, notice=texts.ARENA_READY, update_id=update_id
+        )
+
+    async def _duel(
+        self,
+        duel: DuelResponder,
+        session: SessionRow,
+        text: str,
+        markup: Callable[[int], str] | None,
+        *,
+        update_id: int | None,
+        telegram_message_id: int | None,
+    ) -> None:
+        assert session.arena_match_id is not None
+        try:
+            a, b = await duel.duel(session, text)
+        except GenerationError as err:
+            log.warning("arena generation failed for chat %s: %s", session.chat_id, err)
+            await self.unanswered(
+                session.chat_id,
+                session.user_id,
+                text,
+                notice=texts.NO_REPLY,
+                update_id=update_id,
+                telegram_message_id=telegram_message_id,
+            )
+            return
+        await self.store.record_duel(
+            session.id,
+            session.chat_id,
+            session.arena_match_id,
+            text,
+            ((a.variant, a.text), (b.variant, b.text)),
+            text=texts.arena_duel(a.text, b.text),
+            markup=markup(session.arena_match_id) if markup else None,
+            update_id=update_id,
+            telegram_message_id=telegram_message_id,
+        )
+
+    async def arena_pick(
+        self, chat_id: int, match_id: int, winner: str, *, update_id: int | None = None
+    ) -> Outcome:
+        """The pick of a duel: the chosen reply joins the conversation."""
+        decided = await self.store.decide_duel(chat_id, match_id, winner, update_id=update_id)
+        if decided.session_id is not None and decided.outcome is Outcome.STORED:
+            self.responder.evict(decided.session_id)  # the history changed in the database
+        return decided.outcome
+
+
+def arena_answer(outcome: Outcome, winner: str) -> str:
+    """What a pick gets as its answer."""
+    if outcome is Outcome.STALE:
+        return texts.ARENA_STALE
+    if outcome is Outcome.TWICE:
+        return texts.ARENA_TWICE
+    return texts.ARENA_TIE if winner == "tie" else texts.arena_chosen(winner.upper())
 
 
 def rating_answer(outcome: Outcome, value: int, *, terminal: bool = False) -> str:

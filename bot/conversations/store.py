@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.db import assignments, conversations, feedback, inbox, outbox
+from bot.db import arena, assignments, conversations, feedback, inbox, outbox
+from bot.db.arena import Decided
 from bot.db.conversations import MessageRow, SessionRow
 from bot.db.feedback import Outcome
 from bot.db.models import AssignmentSource, InboxStatus, OutboxKind, Role, Session, VoteSource
@@ -388,3 +389,49 @@ class ConversationStore:
             status = InboxStatus.IGNORED if outcome is Outcome.STALE else InboxStatus.DONE
             await _answer(db, chat_id, None, update_id, status)
             return outcome
+
+    # --- arena -----------------------------------------------------------------------------
+
+    async def request_arena(
+        self, chat_id: int, user_id: int | None, *, notice: str, update_id: int | None = None
+    ) -> int:
+        """Mark the chat's next message for a duel of two variants, and say so."""
+        async with self.sessionmaker.begin() as db:
+            session = await self._active_or_new(db, chat_id, user_id)
+            match_id = await arena.request(db, chat_id, session.id)
+            await _answer(db, chat_id, notice, update_id)
+            return match_id
+
+    async def record_duel(
+        self,
+        session_id: int,
+        chat_id: int,
+        match_id: int,
+        user_text: str,
+        pair: tuple[tuple[str | None, str], tuple[str | None, str]],
+        *,
+        text: str,
+        markup: str | None,
+        update_id: int | None = None,
+        telegram_message_id: int | None = None,
+    ) -> int:
+        """Store the duel's user message (its answer comes when the user picks) and the two
+        replies, queue them as one message with the pick buttons, close the update."""
+        async with self.sessionmaker.begin() as db:
+            user_message_id = await _user_message(
+                db, session_id, chat_id, user_text, update_id, telegram_message_id
+            )
+            await arena.fill(db, match_id, user_message_id, pair)
+            await conversations.touch_session(db, session_id)
+            await _answer(db, chat_id, text, update_id, markup=markup)
+            return user_message_id
+
+    async def decide_duel(
+        self, chat_id: int, match_id: int, winner: str, *, update_id: int | None = None
+    ) -> Decided:
+        """The user's pick of a duel; closes the update."""
+        async with self.sessionmaker.begin() as db:
+            decided = await arena.decide(db, chat_id, match_id, winner)
+            status = InboxStatus.IGNORED if decided.outcome is Outcome.STALE else InboxStatus.DONE
+            await _answer(db, chat_id, None, update_id, status)
+            return decided

@@ -10,6 +10,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.models import (
+    ArenaMatch,
     Assignment,
     Inbox,
     InboxStatus,
@@ -40,6 +41,8 @@ class SessionRow:
     last_message_id: int | None = None
     # The model variant the chat is assigned to (None: not yet, or not read with the row).
     variant: str | None = None
+    # An /arena request waiting for the session's next message (its arena_matches id).
+    arena_match_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +56,10 @@ class MessageRow:
 
 
 def _session_row(
-    s: Session, last_message_id: int | None = None, variant: str | None = None
+    s: Session,
+    last_message_id: int | None = None,
+    variant: str | None = None,
+    arena_match_id: int | None = None,
 ) -> SessionRow:
     return SessionRow(
         s.id,
@@ -65,6 +71,7 @@ def _session_row(
         s.ended_at,
         last_message_id,
         variant,
+        arena_match_id,
     )
 
 
@@ -72,20 +79,26 @@ def _session_row(
 
 
 async def get_active_session(db: AsyncSession, chat_id: int) -> SessionRow | None:
-    """The chat's active conversation, if any, with its newest message id and its variant (one
-    statement: this runs on every turn)."""
+    """The chat's active conversation, if any, with its newest message id, its variant and any
+    waiting /arena request (one statement: this runs on every turn)."""
     newest = select(func.max(Message.id)).where(Message.session_id == Session.id).scalar_subquery()
     variant = (
         select(Assignment.variant).where(Assignment.chat_id == Session.chat_id).scalar_subquery()
     )
+    arena = (
+        select(ArenaMatch.id)
+        .where(ArenaMatch.session_id == Session.id, ArenaMatch.user_message_id.is_(None))
+        .limit(1)
+        .scalar_subquery()
+    )
     row = (
         await db.execute(
-            select(Session, newest, variant).where(
+            select(Session, newest, variant, arena).where(
                 Session.chat_id == chat_id, Session.status == SessionStatus.ACTIVE
             )
         )
     ).first()
-    return None if row is None else _session_row(row[0], row[1], row[2])
+    return None if row is None else _session_row(row[0], row[1], row[2], row[3])
 
 
 async def latest_persona(db: AsyncSession, chat_id: int) -> str:
@@ -191,6 +204,7 @@ async def delete_chat(
     """
     await db.execute(delete(Outbox).where(Outbox.chat_id == chat_id))
     await db.execute(delete(Vote).where(Vote.chat_id == chat_id))
+    await db.execute(delete(ArenaMatch).where(ArenaMatch.chat_id == chat_id))
     await db.execute(delete(Rating).where(Rating.chat_id == chat_id))
     await db.execute(delete(Assignment).where(Assignment.chat_id == chat_id))
     await db.execute(delete(Message).where(Message.chat_id == chat_id))

@@ -319,3 +319,38 @@ class Rating(Base):
     variant: Mapped[str | None] = mapped_column(String(64))
     update_id: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+
+
+class ArenaMatch(Base):
+    """An arena duel (/arena): two variants' replies to one user message, and the user's pick.
+
+    Requested (no user message yet) -> open (both replies shown) -> decided (`winner`: a, b,
+    or tie for "both bad"). The chosen reply becomes the conversation's bot message.
+    """
+
+    __tablename__ = "arena_matches"
+    __table_args__ = (
+        CheckConstraint("winner IN ('a', 'b', 'tie')", name="winner"),
+        Index("ix_arena_matches_chat_id", "chat_id"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    chat_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    session_id: Mapped[int] = mapped_column(
+        ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False
+    )
+    user_message_id: Mapped[int | None] = mapped_column(
+        ForeignKey("messages.id", ondelete="CASCADE")
+    )
+    variant_a: Mapped[str | None] = mapped_column(String(64))
+    variant_b: Mapped[str | None] = mapped_column(String(64))
+    text_a: Mapped[str | None] = mapped_column(Text)
+    text_b: Mapped[str | None] = mapped_column(Text)
+    winner: Mapped[str | None] = mapped_column(String(4))
+    # The bot message the chosen reply became (None: not decided, or both were bad).
+    bot_message_id: Mapped[int | None] = mapped_column(
+        ForeignKey("messages.id", ondelete="SET NULL")
+    )
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    decided_at: Mapped[datetime | None] = mapped_column(UtcDateTime)

@@ -2,7 +2,8 @@
 
 callback_data (at most 64 bytes) names what a button is about, in the database's terms:
     v:<message id>:<+1|-1>   a vote on one bot reply
-    r:<session id>:<1..5>    the rating of one conversation
+    r:<session id>:<1..5>    the rating of one conversation (0: the tick once rated)
+    x:<match id>:<a|b|tie>   the pick in an arena duel (/arena)
 Anything else is stale or forged and is answered without changing anything.
 """
 
@@ -18,6 +19,7 @@ from bot import texts
 
 _VOTE = re.compile(r"v:([0-9]{1,19}):(1|-1)")
 # 0: the tick shown once a conversation is rated (pressing it changes nothing)
+_DUEL = re.compile(r"x:([0-9]{1,19}):(a|b|tie)")
 _RATE = re.compile(r"r:([0-9]{1,19}):([0-5])")
 CHOSEN = " ✓"
 
@@ -38,7 +40,15 @@ class RatePress:
     value: int
 
 
-def parse(data: str | None) -> VotePress | RatePress | None:
+@dataclass(frozen=True, slots=True)
+class DuelPress:
+    """A pick in an arena duel: a, b, or tie (both bad)."""
+
+    match_id: int
+    winner: str
+
+
+def parse(data: str | None) -> VotePress | RatePress | DuelPress | None:
     """What a button's callback_data means; None when it is not one of ours."""
     if data is None:
         return None
@@ -46,6 +56,8 @@ def parse(data: str | None) -> VotePress | RatePress | None:
         return VotePress(int(m.group(1)), int(m.group(2)))
     if m := _RATE.fullmatch(data):
         return RatePress(int(m.group(1)), int(m.group(2)))
+    if m := _DUEL.fullmatch(data):
+        return DuelPress(int(m.group(1)), m.group(2))
     return None
 
 
@@ -76,6 +88,26 @@ def rating_keyboard(session_id: int, chosen: int | None = None) -> InlineKeyboar
     return InlineKeyboardMarkup(
         [[InlineKeyboardButton(str(n), callback_data=f"r:{session_id}:{n}") for n in range(1, 6)]]
     )
+
+
+def duel_keyboard(match_id: int, chosen: str | None = None) -> InlineKeyboardMarkup:
+    """A is better / B is better / Both bad; once chosen, the choice ticked."""
+    labels = {"a": texts.ARENA_BETTER_A, "b": texts.ARENA_BETTER_B, "tie": texts.ARENA_BOTH_BAD}
+    return InlineKeyboardMarkup(
+        [
+            [
+                InlineKeyboardButton(
+                    label + (CHOSEN if key == chosen else ""), callback_data=f"x:{match_id}:{key}"
+                )
+                for key, label in labels.items()
+            ]
+        ]
+    )
+
+
+def duel_markup_json(match_id: int) -> str:
+    """The duel keyboard as the outbox stores it."""
+    return json.dumps(duel_keyboard(match_id).to_dict())
 
 
 def rating_markup_json(session_id: int) -> str:

@@ -34,7 +34,7 @@ from telegram.ext import (
 
 from bot import texts
 from bot.config import Settings
-from bot.conversations.actions import ChatActions, rating_answer
+from bot.conversations.actions import ChatActions, arena_answer, rating_answer
 from bot.db import inbox
 from bot.db.feedback import Outcome
 from bot.db.inbox import InboxRow
@@ -53,7 +53,7 @@ TYPING_INTERVAL_S = 4.0
 
 COMMANDS = [BotCommand(name, description) for name, description in texts.COMMAND_MENU.items()]
 # Commands a bare "/name" in a group may mean us by (admins' /stats is not advertised).
-KNOWN_COMMANDS = frozenset({c.command for c in COMMANDS} | {"stats", "model"})
+KNOWN_COMMANDS = frozenset({c.command for c in COMMANDS} | {"stats", "model", "arena"})
 
 # Always run, whatever the flood gate says: a user must always be able to delete their data.
 FLOOD_EXEMPT = frozenset({"forget"})
@@ -130,6 +130,7 @@ class Handlers:
         application.add_handler(CommandHandler("forget", self.forget, filters=message))
         application.add_handler(CommandHandler("stats", self.stats, filters=message))
         application.add_handler(CommandHandler("model", self.model, filters=message))
+        application.add_handler(CommandHandler("arena", self.arena, filters=message))
         # After every CommandHandler: any other command.
         application.add_handler(MessageHandler(message & filters.COMMAND, self.unknown_command))
         # After the commands, since "/persona x" is TEXT as well.
@@ -246,6 +247,10 @@ class Handlers:
             rating_markup=feedback.rating_markup_json if self.settings.feedback_buttons else None,
         )
 
+    async def arena(self, update: Update, context: Context) -> None:
+        """/arena: the next message is answered by two variants; the user picks one."""
+        await self.chat.arena(_chat_id(update), _user_id(update), update_id=update.update_id)
+
     async def model(self, update: Update, context: Context) -> None:
         """/model lists the variants, /model NAME chooses one (where ALLOW_MODEL_CHOICE)."""
         assert update.message is not None
@@ -302,6 +307,7 @@ class Handlers:
                 text,
                 update_id=update.update_id,
                 telegram_message_id=message.message_id,
+                arena_markup=feedback.duel_markup_json,
             )
 
     async def edited(self, update: Update, context: Context) -> None:
@@ -343,6 +349,13 @@ class Handlers:
             if outcome is not Outcome.STALE:
                 answer = texts.VOTED_UP if press.value > 0 else texts.VOTED_DOWN
                 markup = feedback.vote_keyboard(press.message_id, press.value)
+        elif isinstance(press, feedback.DuelPress):
+            outcome = await self.chat.arena_pick(
+                chat_id, press.match_id, press.winner, update_id=update.update_id
+            )
+            answer = arena_answer(outcome, press.winner)
+            if outcome is Outcome.STORED:
+                markup = feedback.duel_keyboard(press.match_id, press.winner)
         elif isinstance(press, feedback.RatePress) and press.value > 0:
             outcome = await self.chat.rate(
                 chat_id, user_id, press.session_id, press.value, update_id=update.update_id

@@ -17,12 +17,13 @@ from typing import Any
 from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.db.models import Assignment, AssignmentSource, Message, Rating, Role, Vote
+from bot.db.models import ArenaMatch, Assignment, AssignmentSource, Message, Rating, Role, Vote
 from bot.variants.config import Experiment
 from bot.variants.stats import (
     FIXED_SAMPLE_NOTE,
     SRM_ALPHA,
     SrmResult,
+    bradley_terry_bootstrap,
     latency_percentiles,
     mean_interval,
     sample_ratio_mismatch,
@@ -78,6 +79,19 @@ class Comparison:
 
 
 @dataclass(frozen=True, slots=True)
+class ArenaRank:
+    """One variant in the arena ranking."""
+
+    name: str
+    matches: int  # decided duels it took part in
+    wins: int
+    ties: int  # "both bad"
+    strength: float  # Bradley-Terry strength (geometric mean 1): s_a / s_b = odds a beats b
+    low: float  # 95% bootstrap interval
+    high: float
+
+
+@dataclass(frozen=True)
 class VariantReport:
     """Everything `admin variants` shows."""
 
@@ -87,6 +101,8 @@ class VariantReport:
     comparisons: tuple[Comparison, ...]
     srm: SrmResult  # hash-assigned chats against the weights (0 for variants not served)
     note: str = FIXED_SAMPLE_NOTE
+    # /arena duels: variants ranked by Bradley-Terry strength, strongest first (none: no duels).
+    arena: tuple[ArenaRank, ...] = ()
 
     def get(self, name: str) -> VariantFigures | None:
         """The figures of variant `name`, if it is in the report."""
@@ -199,7 +215,35 @@ async def variant_report(
     srm = sample_ratio_mismatch(
         {f.name: f.chats_hash for f in figures}, {f.name: f.weight for f in figures}
     )
-    return VariantReport(experiment.name, control, tuple(figures), tuple(comparisons), srm)
+    async with sessionmaker() as db:
+        arena = await _arena_ranking(db)
+    return VariantReport(
+        experiment.name, control, tuple(figures), tuple(comparisons), srm, arena=arena
+    )
+
+
+async def _arena_ranking(db: AsyncSession) -> tuple[ArenaRank, ...]:
+    """Bradley-Terry strengths from the decided duels ("both bad" counts as a tie)."""
+    rows = await db.execute(
+        select(ArenaMatch.variant_a, ArenaMatch.variant_b, ArenaMatch.winner).where(
+            ArenaMatch.winner.is_not(None),
+            ArenaMatch.variant_a.is_not(None),
+            ArenaMatch.variant_b.is_not(None),
+        )
+    )
+    score = {"a": 1.0, "b": 0.0, "tie": 0.5}
+    matches = [(str(a), str(b), score[str(w)]) for a, b, w in rows if a != b and str(w) in score]
+    if not matches:
+        return ()
+    estimates = bradley_terry_bootstrap(matches)
+    ranks = []
+    for name, est in estimates.items():
+        mine = [(a, b, s) for a, b, s in matches if name in (a, b)]
+        wins = sum(1 for a, _, s in mine if (s == 1.0) == (a == name) and s != 0.5)
+        ties = sum(1 for *_, s in mine if s == 0.5)
+        ranks.append(ArenaRank(name, len(mine), wins, ties, est.strength, est.low, est.high))
+    ranks.sort(key=lambda r: -r.strength)
+    return tuple(ranks)
 
 
 # --- text ------------------------------------------------------------------------------------
@@ -323,6 +367,13 @@ def format_variant_report(report: VariantReport) -> str:
             ]
     else:
         lines.append("sample ratio: nothing to test (fewer than two variants with a weight)")
+    if report.arena:
+        lines += ["", "arena (Bradley-Terry strength, 95% bootstrap interval; 1 = average):"]
+        for i, r in enumerate(report.arena, start=1):
+            lines.append(
+                f"  {i}. {r.name}: {r.strength:.2f} [{r.low:.2f}..{r.high:.2f}], "
+                f"{r.matches} duels, {r.wins} won, {r.ties} both bad"
+            )
     lines += ["", textwrap.fill(f"Note: {report.note}", width=NOTE_WIDTH)]
     return "\n".join(lines)
 
@@ -348,6 +399,7 @@ def report_json(report: VariantReport) -> dict[str, Any]:
         "variants": [{**asdict(f), "votes": f.votes} for f in report.variants],
         "comparisons": [asdict(c) for c in report.comparisons],
         "srm": {**asdict(report.srm), "alpha": SRM_ALPHA},
+        "arena": [asdict(r) for r in report.arena],
         "note": report.note,
     }
     result: dict[str, Any] = _finite(data)

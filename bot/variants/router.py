@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from typing import Any, Protocol
 
@@ -139,6 +140,29 @@ class VariantResponder:
         result = await self.engines[name].generate(session, user_text)
         latency_ms = (time.perf_counter() - started) * 1000.0
         return Reply(result.text, latency_ms, name, result.model_ms)
+
+    async def duel(self, session: SessionRow, user_text: str) -> tuple[Reply, Reply]:
+        """Two variants' replies to one message (/arena), in random order: the chat's own
+        variant and another one. Neither clone keeps the turn: the user's pick is stored, and
+        the next turn rebuilds from the database."""
+        own = await self.variant_for(session)
+        pair = [own, random.choice([name for name in self.engines if name != own])]
+        random.shuffle(pair)
+        started = time.perf_counter()
+        try:
+            results = await asyncio.gather(
+                *(self.engines[name].generate(session, user_text) for name in pair)
+            )
+        finally:
+            self.evict(session.id)
+            for name in pair:
+                self.engines[name].evict(session.id)
+        latency_ms = (time.perf_counter() - started) * 1000.0
+        a, b = (
+            Reply(r.text, latency_ms, name, r.model_ms)
+            for name, r in zip(pair, results, strict=True)
+        )
+        return a, b
 
     def set_persona(self, session_id: int, persona: str) -> None:
         """Tell the engine holding the conversation."""

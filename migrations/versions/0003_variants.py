@@ -1,4 +1,4 @@
-"""model variants: assignments, votes, ratings; the variant and model time of each reply
+"""model variants: assignments, votes, ratings, arena matches; each reply's variant and model time
 
 Revision ID: 0003
 Revises: 0002
@@ -87,9 +87,47 @@ def upgrade() -> None:
         sqlite_autoincrement=True,
     )
     op.create_index("ix_ratings_chat_id", "ratings", ["chat_id"])
+    op.create_table(
+        "arena_matches",
+        sa.Column("id", BIG_ID, autoincrement=True, nullable=False),
+        sa.Column("chat_id", sa.BigInteger(), nullable=False),
+        sa.Column("session_id", BIG_ID, nullable=False),
+        sa.Column("user_message_id", BIG_ID, nullable=True),
+        sa.Column("variant_a", sa.String(length=64), nullable=True),
+        sa.Column("variant_b", sa.String(length=64), nullable=True),
+        sa.Column("text_a", sa.Text(), nullable=True),
+        sa.Column("text_b", sa.Text(), nullable=True),
+        sa.Column("winner", sa.String(length=4), nullable=True),
+        sa.Column("bot_message_id", BIG_ID, nullable=True),
+        sa.Column("created_at", bot.db.models.UtcDateTime(timezone=True), nullable=False),
+        sa.Column("decided_at", bot.db.models.UtcDateTime(timezone=True), nullable=True),
+        sa.CheckConstraint("winner IN ('a', 'b', 'tie')", name=op.f("ck_arena_matches_winner")),
+        sa.ForeignKeyConstraint(
+            ["session_id"],
+            ["sessions.id"],
+            name=op.f("fk_arena_matches_session_id_sessions"),
+            ondelete="CASCADE",
+        ),
+        sa.ForeignKeyConstraint(
+            ["user_message_id"],
+            ["messages.id"],
+            name=op.f("fk_arena_matches_user_message_id_messages"),
+            ondelete="CASCADE",
+        ),
+        sa.ForeignKeyConstraint(
+            ["bot_message_id"],
+            ["messages.id"],
+            name=op.f("fk_arena_matches_bot_message_id_messages"),
+            ondelete="SET NULL",
+        ),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_arena_matches")),
+        sqlite_autoincrement=True,
+    )
+    op.create_index("ix_arena_matches_chat_id", "arena_matches", ["chat_id"])
 
 
 def downgrade() -> None:
+    op.drop_table("arena_matches")
     op.drop_table("ratings")
     op.drop_table("votes")
     op.drop_table("assignments")

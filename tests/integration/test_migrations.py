@@ -24,6 +24,7 @@ TABLES = {
     "assignments",
     "votes",
     "ratings",
+    "arena_matches",
     "alembic_version",
 }
 

@@ -166,3 +166,67 @@ async def test_isolation_eviction_and_persona_hold_through_the_worker_boundary(
     stats = await router.worker_stats()
     assert {name: s["restarts"] for name, s in stats.items()} == {"a": 0, "b": 0}
     assert sum(s["misses"] for s in stats.values()) >= 12  # the caches really were too small
+
+
+async def test_arena_shows_two_variants_and_keeps_the_pick(
+    db_url: str, tmp_path: Path, api: FakeBotAPI, tiny_model_file: str
+) -> None:
+    from bot.variants.config import load_experiment
+    from bot.variants.report import variant_report
+
+    vf = write_variants(tmp_path / "v.toml", tiny_model_file, {"a": 1, "b": 1})
+    off = make_settings(db_url, api, tmp_path, variants_file=vf, model_workers="inline")
+    chat = 461
+    async with running_service(off, None):
+        api.user_message(chat, "/arena")
+        assert await api.wait_for_texts(chat, 1, timeout_s=30) == [texts.ARENA_OFF]
+    on = off.model_copy(update={"arena": True})
+    async with running_service(on, None) as service:
+        api.user_message(chat, "/arena")
+        api.user_message(chat, "hello there")
+        sent = await api.wait_for_texts(chat, 3, timeout_s=30)
+        assert sent[1] == texts.ARENA_READY
+        [(match_id, va, ta, vb, tb)] = await rows(
+            service, "SELECT id, variant_a, text_a, variant_b, text_b FROM arena_matches"
+        )
+        assert {va, vb} == {"a", "b"}
+        assert sent[2] == texts.arena_duel(ta, tb)
+        duel = api.last_sent(chat)
+        keyboard = duel.reply_markup["inline_keyboard"][0]  # type: ignore[index]
+        assert [b["callback_data"] for b in keyboard] == [
+            f"x:{match_id}:a", f"x:{match_id}:b", f"x:{match_id}:tie"
+        ]  # fmt: skip
+        # Until the pick, the message has no reply in the history.
+        assert await rows(service, "SELECT role FROM messages ORDER BY id") == [("user",)]
+        update_id, pick = api.press(chat, duel.message_id, f"x:{match_id}:b")
+        await api.wait_for(lambda: pick in api.callback_answers, what="the pick's answer")
+        assert api.callback_answers[pick] == texts.arena_chosen("B")
+        api.redeliver(update_id)
+        _, again = api.press(chat, duel.message_id, f"x:{match_id}:a")
+        _, forged = api.press(chat, duel.message_id, "x:99999:a")
+        await api.wait_for(lambda: forged in api.callback_answers, what="the forged pick")
+        assert api.callback_answers[again] == texts.ARENA_TWICE
+        assert api.callback_answers[forged] == texts.ARENA_STALE
+        history = await rows(service, "SELECT role, text, variant FROM messages ORDER BY id")
+        assert history == [("user", "hello there", None), ("bot", tb, vb)]
+        assert await rows(service, "SELECT winner FROM arena_matches") == [("b",)]
+
+        # "Both bad": no reply stays; the message joins the next turn.
+        api.user_message(chat, "/arena")
+        api.user_message(chat, "tell me more")
+        await api.wait_for_texts(chat, 5, timeout_s=30)
+        [(second,)] = await rows(service, "SELECT max(id) FROM arena_matches")
+        _, tie = api.press(chat, api.last_sent(chat).message_id, f"x:{second}:tie")
+        await api.wait_for(lambda: tie in api.callback_answers, what="the tie's answer")
+        api.user_message(chat, "what do you like")
+        await api.wait_for_texts(chat, 6, timeout_s=30)
+        roles = await rows(service, "SELECT role FROM messages ORDER BY id")
+        assert [r for (r,) in roles] == ["user", "bot", "user", "user", "bot"]
+        experiment = load_experiment(on)
+        report = await variant_report(service.sessionmaker, experiment)
+        ranks = {r.name: r for r in report.arena}
+        assert {n: (r.matches, r.wins, r.ties) for n, r in ranks.items()} == {
+            vb: (2, 1, 1),
+            va: (2, 0, 1),
+        }
+        assert ranks[vb].strength > ranks[va].strength

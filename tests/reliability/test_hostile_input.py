@@ -40,6 +40,7 @@ TABLES = {
     "assignments",
     "votes",
     "ratings",
+    "arena_matches",
     "alembic_version",
 }
 

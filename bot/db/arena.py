@@ -1,0 +1,105 @@
+"""Arena matches (/arena): two variants' replies to one message, and which one the user picked.
+Functions take an AsyncSession, never commit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from bot.db import conversations
+from bot.db.feedback import Outcome
+from bot.db.models import ArenaMatch, Message, Role, utcnow
+
+WINNERS = ("a", "b", "tie")
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """What a pick did."""
+
+    outcome: Outcome
+    session_id: int | None = None
+    # The bot message the chosen reply became (None: both were bad, or nothing changed).
+    bot_message_id: int | None = None
+
+
+async def requested(db: AsyncSession, session_id: int) -> int | None:
+    """The session's arena request still waiting for its message, if any."""
+    found: int | None = await db.scalar(
+        select(ArenaMatch.id).where(
+            ArenaMatch.session_id == session_id, ArenaMatch.user_message_id.is_(None)
+        )
+    )
+    return found
+
+
+async def request(db: AsyncSession, chat_id: int, session_id: int) -> int:
+    """Mark the session's next message for a duel (once: a second /arena changes nothing)."""
+    existing = await requested(db, session_id)
+    if existing is not None:
+        return existing
+    match = ArenaMatch(chat_id=chat_id, session_id=session_id)
+    db.add(match)
+    await db.flush()
+    return match.id
+
+
+async def fill(
+    db: AsyncSession,
+    match_id: int,
+    user_message_id: int,
+    pair: tuple[tuple[str | None, str], tuple[str | None, str]],
+) -> None:
+    """The duel's message and its two replies, as ((variant_a, text_a), (variant_b, text_b))."""
+    (variant_a, text_a), (variant_b, text_b) = pair
+    await db.execute(
+        update(ArenaMatch)
+        .where(ArenaMatch.id == match_id)
+        .values(
+            user_message_id=user_message_id,
+            variant_a=variant_a,
+            text_a=text_a,
+            variant_b=variant_b,
+            text_b=text_b,
+        )
+    )
+
+
+async def decide(db: AsyncSession, chat_id: int, match_id: int, winner: str) -> Decided:
+    """The user's pick; the chosen reply is added to the conversation as the bot's answer."""
+    match = await db.get(ArenaMatch, match_id)
+    if (
+        match is None
+        or match.chat_id != chat_id
+        or match.user_message_id is None
+        or winner not in WINNERS
+    ):
+        return Decided(Outcome.STALE)
+    if match.winner is not None:
+        return Decided(Outcome.TWICE, match.session_id)
+    bot_message_id = None
+    newest = await db.scalar(
+        select(Message.id)
+        .where(Message.session_id == match.session_id)
+        .order_by(Message.id.desc())
+        .limit(1)
+    )
+    if winner != "tie" and newest == match.user_message_id:
+        # Only while the duel's message is still the conversation's last one: a reply added
+        # after later turns would land out of order (the user moved on; the pick still counts).
+        text = match.text_a if winner == "a" else match.text_b
+        variant = match.variant_a if winner == "a" else match.variant_b
+        bot_message_id = await conversations.add_message(
+            db,
+            session_id=match.session_id,
+            chat_id=chat_id,
+            role=Role.BOT,
+            text=text or "",
+            variant=variant,
+        )
+    match.winner = winner
+    match.decided_at = utcnow()
+    match.bot_message_id = bot_message_id
+    return Decided(Outcome.STORED, match.session_id, bot_message_id)
