@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from bot.config import Settings
+from bot.config import ConfigError, Settings
 from bot.conversations.actions import GenerationError
 from bot.conversations.store import ConversationContext
 
@@ -101,8 +101,13 @@ def main(conn: Connection, spec: WorkerSpec) -> None:
             spec.settings, spec.parlai_overrides, share_weights=spec.share_weights
         )
     except Exception as err:  # noqa: BLE001 - whatever it was, the service reports it
+        reason = (
+            str(err)
+            if isinstance(err, ConfigError)
+            else (f"loading {spec.settings.model_file} failed: {type(err).__name__}: {err}")
+        )
         with contextlib.suppress(OSError):
-            conn.send(("failed", str(err) or type(err).__name__))
+            conn.send(("failed", reason))
         return
     info = {
         "pid": os.getpid(),

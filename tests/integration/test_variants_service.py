@@ -230,3 +230,30 @@ async def test_arena_shows_two_variants_and_keeps_the_pick(
             va: (2, 0, 1),
         }
         assert ranks[vb].strength > ranks[va].strength
+
+
+async def test_a_variant_that_cannot_load_is_one_clear_error_naming_it(
+    tmp_path: Path, tiny_model_file: str, sqlite_url: str
+) -> None:
+    from bot.config import ConfigError
+
+    broken = tmp_path / "broken"
+    Path(str(broken) + ".opt").write_text("{not json")
+    vf = tmp_path / "v.toml"
+    vf.write_text(
+        f'[[variants]]\nname = "good"\nmodel = "{tiny_model_file}"\ncontrol = true\n'
+        f'[[variants]]\nname = "bad"\nmodel = "{broken}"\n'
+    )
+    await asyncio.to_thread(migrate.upgrade, sqlite_url)
+    engine = make_engine(sqlite_url)
+    settings = Settings(_env_file=None, variants_file=vf, data_dir=tmp_path)  # type: ignore[call-arg]
+    try:
+        with pytest.raises(ConfigError) as caught:
+            await VariantResponder.start(settings, ConversationStore(make_sessionmaker(engine)))
+    finally:
+        await engine.dispose()
+    lines = str(caught.value).splitlines()
+    assert lines[0] == "1 variant(s) cannot load:"
+    assert lines[1].strip().startswith("variant 'bad': ")
+    assert f"loading {broken} failed: JSONDecodeError" in lines[1]
+    assert "good" not in str(caught.value)
