@@ -232,18 +232,23 @@ async def test_arena_shows_two_variants_and_keeps_the_pick(
         assert ranks[vb].strength > ranks[va].strength
 
 
+def _broken_variants(tmp_path: Path, model: str) -> tuple[Path, Path]:
+    broken = tmp_path / "broken"
+    Path(str(broken) + ".opt").write_text("{not json")
+    vf = tmp_path / "v.toml"
+    vf.write_text(
+        f'[[variants]]\nname = "good"\nmodel = "{model}"\ncontrol = true\n'
+        f'[[variants]]\nname = "bad"\nmodel = "{broken}"\n'
+    )
+    return vf, broken
+
+
 async def test_a_variant_that_cannot_load_is_one_clear_error_naming_it(
     tmp_path: Path, tiny_model_file: str, sqlite_url: str
 ) -> None:
     from bot.config import ConfigError
 
-    broken = tmp_path / "broken"
-    Path(str(broken) + ".opt").write_text("{not json")
-    vf = tmp_path / "v.toml"
-    vf.write_text(
-        f'[[variants]]\nname = "good"\nmodel = "{tiny_model_file}"\ncontrol = true\n'
-        f'[[variants]]\nname = "bad"\nmodel = "{broken}"\n'
-    )
+    vf, broken = _broken_variants(tmp_path, tiny_model_file)
     await asyncio.to_thread(migrate.upgrade, sqlite_url)
     engine = make_engine(sqlite_url)
     settings = Settings(_env_file=None, variants_file=vf, data_dir=tmp_path)  # type: ignore[call-arg]
