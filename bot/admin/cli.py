@@ -282,6 +282,7 @@ async def _variants(
         print(variant_report.format_variant_report(report), file=out)
     if args.plot:
         # stderr, so that stdout stays the report alone (and valid JSON with --json)
+        out.flush()
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
