@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PARLAI := parlai==1.7.2
 PYTEST_ARGS ?=
 
-.PHONY: install run chat train test test-all lint format bench bench-quick soak clean
+.PHONY: install run chat train test test-all lint format bench bench-quick bench-variants soak clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,12 +49,17 @@ bench: install
 	$(PY) -m bench.rehydrate
 	$(PY) -m bench.throughput --users 1,4,8,16,32,64
 	$(PY) -m bench.e2e --users 50 --messages 5
+	$(PY) -m bench.variants
 
 bench-quick: install
 	$(PY) -m bench.memory --quick
 	$(PY) -m bench.rehydrate --quick
 	$(PY) -m bench.throughput --quick
 	$(PY) -m bench.e2e --quick
+
+# Variants side by side: interference between worker processes, service overhead inline vs process.
+bench-variants: install
+	$(PY) -m bench.variants
 
 soak: install
 	$(PY) -m tests.soak

@@ -361,6 +361,20 @@ def print_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[obje
     print(flush=True)
 
 
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """A GitHub-flavoured markdown table; cells as `fmt` writes them, number columns
+    right-aligned."""
+    body = [list(row) for row in rows]
+    numeric = [
+        bool(body) and all(isinstance(row[i], int | float) for row in body)
+        for i in range(len(headers))
+    ]
+    lines = ["| " + " | ".join(headers) + " |"]
+    lines.append("|" + "|".join("---:" if n else "---" for n in numeric) + "|")
+    lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in body]
+    return "\n".join(lines)
+
+
 def emit_results(results: dict[str, float]) -> None:
     """The machine-readable lines every benchmark ends with."""
     for name, value in results.items():

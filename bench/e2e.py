@@ -11,15 +11,23 @@ here, `--decoding beam` for Blender's beam settings). Every user sets a persona,
 answers), all users at once.
 
 Latency = from queuing the update on the server to the server receiving the bot's sendMessage.
-Model time = messages.latency_ms of the bot's row (Engine.respond: cache lookup or rebuild,
-waiting for a batch, generation). Overhead = latency - model time: polling, the inbox, the
-per-chat sequencer, the database transactions, the outbox and delivery.
+Model time = messages.model_ms of the bot's row (the batch that produced the reply).
+Overhead = latency - model time, split in two:
+- in the engine, outside the model = messages.latency_ms - model_ms (the whole respond call:
+  routing, the clone cache, waiting for a batch and for the batches ahead of it, and with
+  MODEL_WORKERS=process the pipe to the worker);
+- outside the engine = latency - messages.latency_ms: polling, the inbox, the per-chat
+  sequencer, the database transactions, the outbox and delivery.
+
+The machinery (the bot process against the loopback server, closed-loop users, reading the
+bot's database, the summary) is shared with bench/variants.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -28,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +45,7 @@ from bench import common
 
 TOKEN = "123456789:AAbenchmarkTokenForTheLoopbackApi0001"
 START_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 120.0
 FIRST_CHAT = 5000
 
 
@@ -45,25 +55,79 @@ class Turn:
 
     chat_id: int
     index: int
-    sent_at: float
-    latency_ms: float | None = None
-    model_ms: float | None = None
+    sent_at: float  # time.time() when the update was queued on the server
+    latency_ms: float | None = None  # queued -> the server received the bot's sendMessage
+    replied_at: float | None = None  # time.time() of that sendMessage
+    respond_ms: float | None = None  # messages.latency_ms: the whole respond call
+    model_ms: float | None = None  # messages.model_ms: the batch that produced the reply
+    variant: str | None = None  # messages.variant
     text: str | None = None
 
 
 @dataclass
 class Run:
-    """Everything measured."""
+    """Everything measured over one set of users."""
 
     turns: list[Turn] = field(default_factory=list)
     wall_s: float = 0.0
-    model_ms: dict[tuple[int, int], float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     pending_inbox: int = 0
     unsent_outbox: int = 0
 
+    @property
+    def answered(self) -> list[Turn]:
+        """The turns that got their reply."""
+        return [t for t in self.turns if t.latency_ms is not None]
 
-def _missing() -> str | None:
+
+@dataclass
+class Summary:
+    """Per-reply figures of a set of turns, in ms (see the module docstring)."""
+
+    latency: list[float] = field(default_factory=list)
+    model: list[float] = field(default_factory=list)
+    overhead: list[float] = field(default_factory=list)  # latency - model_ms
+    engine_wait: list[float] = field(default_factory=list)  # respond_ms - model_ms
+    outside: list[float] = field(default_factory=list)  # latency - respond_ms
+
+    def rows(self) -> list[tuple[str, float, float]]:
+        """(label, p50, p95) for a table."""
+        series = [
+            ("reply latency", self.latency),
+            ("model time (model_ms)", self.model),
+            ("overhead (latency - model_ms)", self.overhead),
+            ("  in the engine, outside the model", self.engine_wait),
+            ("  outside the engine", self.outside),
+        ]
+        return [(label, common.percentile(v, 50), common.percentile(v, 95)) for label, v in series]
+
+    def percentiles(self) -> dict[str, dict[str, float]]:
+        """{"latency_ms": {"p50": .., "p95": ..}, ...} for the JSON."""
+        names = ["latency_ms", "model_ms", "overhead_ms", "engine_wait_ms", "outside_engine_ms"]
+        return {
+            name: {"p50": p50, "p95": p95}
+            for name, (_, p50, p95) in zip(names, self.rows(), strict=True)
+        }
+
+
+def summarize(turns: Sequence[Turn]) -> Summary:
+    """The figures of the answered turns (overheads only where the database has the times)."""
+    out = Summary()
+    for t in turns:
+        if t.latency_ms is None:
+            continue
+        out.latency.append(t.latency_ms)
+        if t.model_ms is not None:
+            out.model.append(t.model_ms)
+            out.overhead.append(t.latency_ms - t.model_ms)
+            if t.respond_ms is not None:
+                out.engine_wait.append(t.respond_ms - t.model_ms)
+        if t.respond_ms is not None:
+            out.outside.append(t.latency_ms - t.respond_ms)
+    return out
+
+
+def missing_parts() -> str | None:
     """Why the end-to-end benchmark cannot run yet, or None."""
     if not (common.ROOT / "tests" / "support" / "fakebotapi.py").exists():
         return "tests/support/fakebotapi.py (the loopback Bot API server) does not exist yet"
@@ -72,26 +136,36 @@ def _missing() -> str | None:
     return None
 
 
-def bot_env(tmp: Path, base_url: str, model_file: str, args: argparse.Namespace) -> dict[str, str]:
-    """The bot's environment: only what a deployment would set."""
+def bot_env(
+    tmp: Path,
+    model_file: str,
+    *,
+    decoding: str | None = None,
+    threads: int | None = None,
+    log_level: str = "WARNING",
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The bot's environment: only what a deployment would set (loopback_bot adds the server's
+    URL). `decoding` None keeps the model file's own generation settings."""
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": os.environ.get("HOME", str(tmp)),
         "PYTHONPATH": str(common.ROOT),
         "TELEGRAM_BOT_TOKEN": TOKEN,
-        "TELEGRAM_BASE_URL": base_url,
         "DATABASE_URL": f"sqlite+aiosqlite:///{tmp / 'bot.sqlite3'}",
         "BOT_MODEL": model_file,
         "DATA_DIR": str(tmp / "data"),
         "MODEL_DEVICE": "cpu",
-        "LOG_LEVEL": args.log_level,
+        "LOG_LEVEL": log_level,
         "SHUTDOWN_GRACE_S": "30",
-        "INFERENCE": args.decoding,
     }
-    if args.decoding == "greedy":
-        env["BEAM_SIZE"] = "1"
-    if args.threads:
-        env["TORCH_THREADS"] = str(args.threads)
+    if decoding is not None:
+        env["INFERENCE"] = decoding
+        if decoding == "greedy":
+            env["BEAM_SIZE"] = "1"
+    if threads:
+        env["TORCH_THREADS"] = str(threads)
+    env.update(extra or {})
     return env
 
 
@@ -101,6 +175,7 @@ class Replies:
 
     def __init__(self, api: Any) -> None:
         self.api = api
+        self.bot_pid: int | None = None  # the bot's process, once loopback_bot started it
         self.counts: dict[int, int] = {}
         self.sent_at: dict[int, list[float]] = {}
         self.texts: dict[int, list[str]] = {}
@@ -137,98 +212,159 @@ class Replies:
         return True
 
 
+@contextlib.asynccontextmanager
+async def loopback_bot(env: Mapping[str, str], tmp: Path) -> AsyncIterator[Replies]:
+    """`python -m bot run` with `env` against a fresh loopback Bot API server, until it polls.
+
+    Its log is tmp/bot.log. Leaving the block stops the bot with SIGTERM and waits for it (so
+    its database is complete); an error kills it.
+    """
+    from tests.support.fakebotapi import FakeBotAPI
+
+    async with FakeBotAPI(TOKEN) as api:
+        replies = Replies(api)
+        log_path = tmp / "bot.log"
+        with log_path.open("wb") as log:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "bot",
+                "run",
+                cwd=common.ROOT,
+                env={**env, "TELEGRAM_BASE_URL": api.base_url},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            replies.bot_pid = proc.pid
+            try:
+                deadline = time.monotonic() + START_TIMEOUT_S
+                while not api.calls_to("getUpdates"):
+                    if proc.returncode is not None or time.monotonic() > deadline:
+                        raise RuntimeError(
+                            "the bot did not start:\n" + log_path.read_text()[-3000:]
+                        )
+                    await asyncio.sleep(0.05)
+                yield replies
+                proc.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+
+
+async def warm_up(replies: Replies, chats: Sequence[int], wait_s: float) -> None:
+    """One message in each chat (not measured): the first generation pays lazy initialisation."""
+    for chat in chats:
+        replies.api.user_message(chat, "hello there")
+    for chat in chats:
+        if not await replies.wait(chat, 1, wait_s):
+            raise RuntimeError(f"no reply to the warm-up message in chat {chat}")
+
+
 async def _user(
-    replies: Replies, chat_id: int, user: int, messages: int, run: Run, wait_s: float
+    replies: Replies,
+    chat_id: int,
+    user: int,
+    run: Run,
+    wait_s: float,
+    *,
+    messages: int | None,
+    stop: asyncio.Event | None,
+    think_s: float,
 ) -> None:
-    """Persona first (not measured), then `messages` turns, each after the previous reply."""
+    """Persona first (not measured), then turns, each `think_s` after the previous reply: up to
+    `messages` of them (None: no limit) and until `stop` is set."""
     api = replies.api
     api.user_message(chat_id, "/persona " + common.persona(user))
     if not await replies.wait(chat_id, 1, wait_s):
         run.errors.append(f"chat {chat_id}: no answer to /persona")
         return
-    for k in range(messages):
-        text = common.user_message(user, k)
+    k = 0
+    while (messages is None or k < messages) and not (stop is not None and stop.is_set()):
+        if k and think_s:
+            await asyncio.sleep(think_s)
         turn = Turn(chat_id, k, time.time())
         run.turns.append(turn)
-        api.user_message(chat_id, text)
+        api.user_message(chat_id, common.user_message(user, k))
         if not await replies.wait(chat_id, k + 2, wait_s):
             run.errors.append(f"chat {chat_id}: no reply to message {k + 1}")
             return
-        turn.latency_ms = (replies.sent_at[chat_id][k + 1] - turn.sent_at) * 1000
+        turn.replied_at = replies.sent_at[chat_id][k + 1]
+        turn.latency_ms = (turn.replied_at - turn.sent_at) * 1000
         turn.text = replies.texts[chat_id][k + 1]
+        k += 1
 
 
-def _read_db(path: Path, run: Run, chats: set[int]) -> None:
+async def talk(
+    replies: Replies,
+    chats: Sequence[int],
+    run: Run,
+    wait_s: float,
+    *,
+    messages: int | None,
+    stop: asyncio.Event | None = None,
+    think_s: float = 0.0,
+) -> float:
+    """All `chats` at once, closed loop (user u of the list says what user u always says);
+    records the turns in `run` and returns the wall time in seconds (also run.wall_s)."""
+    started = time.perf_counter()
+    await asyncio.gather(
+        *(
+            _user(replies, chat, u, run, wait_s, messages=messages, stop=stop, think_s=think_s)
+            for u, chat in enumerate(chats)
+        )
+    )
+    run.wall_s = time.perf_counter() - started
+    return run.wall_s
+
+
+async def wait_until(condition: Callable[[], bool], wait_s: float, what: str) -> None:
+    """Poll `condition` a few times a second; RuntimeError naming `what` after `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def read_db(path: Path, *runs: Run) -> None:
+    """Fill the runs' turns with their rows' latency_ms, model_ms and variant (a chat's k-th
+    timed bot row is its k-th turn's reply); every run gets the database's leftovers (pending
+    inbox rows, unsent outbox rows)."""
     with sqlite3.connect(path) as conn:
         rows = conn.execute(
-            "SELECT chat_id, latency_ms FROM messages WHERE role = 'bot' ORDER BY chat_id, id"
+            "SELECT chat_id, latency_ms, model_ms, variant FROM messages "
+            "WHERE role = 'bot' AND latency_ms IS NOT NULL ORDER BY chat_id, id"
         ).fetchall()
-        run.pending_inbox = conn.execute(
-            "SELECT count(*) FROM inbox WHERE status = 'pending'"
-        ).fetchone()[0]
-        run.unsent_outbox = conn.execute(
-            "SELECT count(*) FROM outbox WHERE sent_at IS NULL"
-        ).fetchone()[0]
+        pending = conn.execute("SELECT count(*) FROM inbox WHERE status = 'pending'").fetchone()[0]
+        unsent = conn.execute("SELECT count(*) FROM outbox WHERE sent_at IS NULL").fetchone()[0]
+    turns = {(t.chat_id, t.index): t for run in runs for t in run.turns}
     seen: dict[int, int] = {}
-    for chat_id, latency in rows:
-        if chat_id in chats and latency is not None:
-            k = seen.get(chat_id, 0)
-            seen[chat_id] = k + 1
-            run.model_ms[(chat_id, k)] = float(latency)
+    for chat_id, latency, model, variant in rows:
+        k = seen.get(chat_id, 0)
+        seen[chat_id] = k + 1
+        turn = turns.get((chat_id, k))
+        if turn is not None:
+            turn.respond_ms = float(latency)
+            turn.model_ms = None if model is None else float(model)
+            turn.variant = variant
+    for run in runs:
+        run.pending_inbox, run.unsent_outbox = int(pending), int(unsent)
 
 
-async def session(args: argparse.Namespace, model_file: str, tmp: Path) -> Run:
-    """Start the server and the bot, run the users, stop the bot, read its database."""
-    from tests.support.fakebotapi import FakeBotAPI
-
+async def session(
+    env: Mapping[str, str], tmp: Path, *, users: int, messages: int, wait_s: float
+) -> Run:
+    """Start the server and the bot (`env`, see bot_env), warm it up, run `users` users x
+    `messages` messages, stop the bot, read its database."""
     run = Run()
     common.corpus()  # load the message texts before anything is timed
-    async with FakeBotAPI(TOKEN) as api:
-        replies = Replies(api)
-        env = bot_env(tmp, api.base_url, model_file, args)
-        log = (tmp / "bot.log").open("wb")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bot",
-            "run",
-            cwd=common.ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while not api.calls_to("getUpdates"):
-                if proc.returncode is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        "the bot did not start:\n" + (tmp / "bot.log").read_text()[-3000:]
-                    )
-                await asyncio.sleep(0.05)
-            # warm-up chat: the first generation pays lazy initialisation
-            warm = FIRST_CHAT - 1
-            api.user_message(warm, "hello there")
-            if not await replies.wait(warm, 1, args.timeout):
-                raise RuntimeError("no reply to the warm-up message")
-            chats = [FIRST_CHAT + u for u in range(args.users)]
-            started = time.perf_counter()
-            await asyncio.gather(
-                *(
-                    _user(replies, chat, u, args.messages, run, args.timeout)
-                    for u, chat in enumerate(chats)
-                )
-            )
-            run.wall_s = time.perf_counter() - started
-            proc.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(proc.wait(), 120)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            log.close()
-    _read_db(tmp / "bot.sqlite3", run, set(chats))
-    for turn in run.turns:
-        turn.model_ms = run.model_ms.get((turn.chat_id, turn.index))
+    async with loopback_bot(env, tmp) as replies:
+        await warm_up(replies, [FIRST_CHAT - 1], wait_s)
+        chats = [FIRST_CHAT + u for u in range(users)]
+        await talk(replies, chats, run, wait_s, messages=messages)
+    read_db(tmp / "bot.sqlite3", run)
     return run
 
 
@@ -249,7 +385,7 @@ def main() -> None:
     if args.quick:
         args.users, args.messages, args.decoding = 3, 2, "greedy"
         args.threads = args.threads or 1  # a smoke run must not depend on an idle machine
-    missing = _missing()
+    missing = missing_parts()
     if missing is not None:
         print(f"e2e: cannot run: {missing}")
         common.emit_results({"lost": float("nan")})
@@ -263,29 +399,27 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp_dir:
         try:
-            run = asyncio.run(session(args, model_file, Path(tmp_dir)))
+            tmp = Path(tmp_dir)
+            env = bot_env(
+                tmp,
+                model_file,
+                decoding=args.decoding,
+                threads=args.threads,
+                log_level=args.log_level,
+            )
+            run = asyncio.run(
+                session(env, tmp, users=args.users, messages=args.messages, wait_s=args.timeout)
+            )
         finally:
             if args.keep_log is not None:
                 shutil.copyfile(Path(tmp_dir) / "bot.log", args.keep_log)
 
     expected = args.users * args.messages
-    answered = [t for t in run.turns if t.latency_ms is not None]
-    latencies = [t.latency_ms for t in answered if t.latency_ms is not None]
-    overheads = [
-        t.latency_ms - run.model_ms[(t.chat_id, t.index)]
-        for t in answered
-        if t.latency_ms is not None and (t.chat_id, t.index) in run.model_ms
-    ]
-    model = [
-        run.model_ms[(t.chat_id, t.index)] for t in answered if (t.chat_id, t.index) in run.model_ms
-    ]
+    answered = run.answered
+    summary = summarize(run.turns)
     lost = expected - len(answered)
     sorry = sum(1 for t in answered if (t.text or "").startswith("Sorry"))
-    rows = [
-        ("reply latency", common.percentile(latencies, 50), common.percentile(latencies, 95)),
-        ("model time (latency_ms)", common.percentile(model, 50), common.percentile(model, 95)),
-        ("service overhead", common.percentile(overheads, 50), common.percentile(overheads, 95)),
-    ]
+    rows = summary.rows()
     common.print_table(
         f"End to end, {args.users} users x {args.messages} messages (ms)",
         ["", "p50", "p95"],
@@ -310,9 +444,7 @@ def main() -> None:
             "error_replies": sorry,
             "wall_s": run.wall_s,
             "replies_per_s": rate,
-            "latency_ms": {"p50": rows[0][1], "p95": rows[0][2]},
-            "model_ms": {"p50": rows[1][1], "p95": rows[1][2]},
-            "overhead_ms": {"p50": rows[2][1], "p95": rows[2][2]},
+            **summary.percentiles(),
             "pending_inbox": run.pending_inbox,
             "unsent_outbox": run.unsent_outbox,
             "errors": run.errors,
@@ -320,23 +452,28 @@ def main() -> None:
             "quick": args.quick,
         },
     )
+    overhead_p50 = rows[2][1]
     fig, axes = common.new_figure(ncols=2, width=5.0)
-    axes[0][0].hist([latencies, model], bins=30, label=["reply latency", "model time"])
+    axes[0][0].hist(
+        [summary.latency, summary.model], bins=30, label=["reply latency", "model time"]
+    )
     axes[0][0].set_xlabel("ms")
     axes[0][0].set_ylabel("replies")
     axes[0][0].set_title(f"{args.users} users x {args.messages} messages")
     axes[0][0].legend()
-    axes[0][1].hist(overheads, bins=30, color="tab:green")
+    axes[0][1].hist(summary.overhead, bins=30, color="tab:green")
     axes[0][1].set_xlabel("latency - model time (ms)")
-    axes[0][1].set_title(f"service overhead, p50 {rows[2][1]:.1f} ms")
+    axes[0][1].set_title(f"service overhead, p50 {overhead_p50:.1f} ms")
     common.save_figure("e2e", fig)
     common.emit_results(
         {
             "latency_ms_p50": rows[0][1],
             "latency_ms_p95": rows[0][2],
             "replies_per_s": rate,
-            "overhead_ms_p50": rows[2][1],
+            "overhead_ms_p50": overhead_p50,
             "overhead_ms_p95": rows[2][2],
+            "outside_engine_ms_p50": rows[4][1],
+            "outside_engine_ms_p95": rows[4][2],
             "lost": float(lost),
         }
     )

@@ -1,4 +1,5 @@
-"""The benchmarks' shared helpers (the benchmarks themselves run with `make bench`, never here)."""
+"""The benchmarks' shared helpers (the benchmarks themselves run with `make bench`; only
+bench.variants' `--quick` smoke run is here, marked slow)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import common
+from bench import common, e2e, variants
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -96,3 +97,81 @@ def test_rss_and_uss_read_another_process() -> None:
     finally:
         for proc in procs:
             proc.communicate(b"\n", timeout=30)
+
+
+def test_markdown_table_right_aligns_number_columns() -> None:
+    text = common.markdown_table(["mode", "p50"], [("inline", 61.52), ("process", float("nan"))])
+    assert text.splitlines() == [
+        "| mode | p50 |",
+        "|---|---:|",
+        "| inline | 61.5 |",
+        "| process | - |",
+    ]
+
+
+def test_summary_splits_the_overhead_at_the_engine() -> None:
+    turns = [
+        e2e.Turn(1, 0, 0.0, latency_ms=100.0, respond_ms=70.0, model_ms=40.0),
+        e2e.Turn(1, 1, 0.0, latency_ms=50.0, respond_ms=30.0, model_ms=None),  # no batch time
+        e2e.Turn(2, 0, 0.0),  # never answered
+    ]
+    summary = e2e.summarize(turns)
+    assert summary.latency == [100.0, 50.0]
+    assert summary.model == [40.0] and summary.overhead == [60.0]
+    assert summary.engine_wait == [30.0] and summary.outside == [30.0, 20.0]
+    assert summary.percentiles()["overhead_ms"] == {"p50": 60.0, "p95": 60.0}
+
+
+def test_variant_chats_are_the_ones_the_router_assigns() -> None:
+    from bot.variants.assign import choose
+
+    weights = {variants.A: 1.0, variants.B: 3.0}
+    a = variants.take(variants.chats_for(variants.A, weights, 100), 5)
+    b = variants.take(variants.chats_for(variants.B, weights, 100), 5)
+    assert not set(a) & set(b) and a == sorted(a)
+    assert all(choose(variants.EXPERIMENT, c, weights) == variants.A for c in a)
+    assert all(choose(variants.EXPERIMENT, c, weights) == variants.B for c in b)
+
+
+def test_a_busy_is_the_share_of_the_window_inside_batches() -> None:
+    part = variants.Interference("process", window=(10.0, 20.0))
+    # two batches (their replies share model_ms): 9-12 s (2 replies) and 15-17 s (1 reply);
+    # 2 s of each inside the window, so 2/3 of the first batch's replies count
+    for model_ms, replied_at in ((3000.0, 12.0), (3000.0, 12.1), (2000.0, 17.0)):
+        turn = e2e.Turn(1, 0, 0.0, latency_ms=1.0, replied_at=replied_at, model_ms=model_ms)
+        part.a.turns.append(turn)
+    assert part.a_busy() == pytest.approx(0.4)
+    assert part.a_replies_per_s() == pytest.approx((2 * 2 / 3 + 1) / 10)
+    assert sorted(size for _, _, size in part.a_batches()) == [1, 2]
+
+
+@pytest.mark.slow
+def test_variants_benchmark_quick_run() -> None:
+    # The whole benchmark in miniature: three `python -m bot run` processes, the tiny model.
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.variants", "--quick"],
+        cwd=common.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = dict(
+        line.removeprefix("RESULT ").split("=", 1)
+        for line in proc.stdout.splitlines()
+        if line.startswith("RESULT ")
+    )
+    for name in (
+        "variants_b_alone_p50_ms",
+        "variants_b_with_a_saturated_p95_ms",
+        "variants_a_saturated_replies_per_s",
+        "variants_e2e_inline_overhead_p50_ms",
+        "variants_e2e_process_overhead_p50_ms",
+    ):
+        assert float(results[name]) > 0, name
+    assert float(results["variants_lost"]) == 0
+    assert float(results["variants_misrouted"]) == 0
+    assert "| MODEL_WORKERS |" in proc.stdout
+    body = json.loads((common.RESULTS_DIR / "variants-quick.json").read_text())
+    assert body["setup"]["quick"] is True and body["lost"] == 0
