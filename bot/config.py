@@ -82,6 +82,13 @@ class Settings(BaseSettings):
     # /arena: the next message gets two variants' replies, the user picks the better one.
     arena: bool = False
 
+    # --- safety ---------------------------------------------------------------------------
+    # block: offensive replies replaced (next clean beam, else a deflection), offensive personas
+    # refused; flag: kept but marked for the admins; off: no classifier (bot/safety.py).
+    safety: Literal["off", "flag", "block"] = "block"
+    # The classifier's probability from which a text counts as offensive.
+    safety_threshold: float = Field(default=0.5, gt=0, lt=1)
+
     # --- limits ---------------------------------------------------------------------------
     persona_max_chars: int = Field(default=1000, ge=1)
     message_max_chars: int = Field(default=2000, ge=1)

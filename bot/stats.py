@@ -61,6 +61,11 @@ class Stats:
     generated_at: datetime
     # One entry per variant once any chat has an assignment (A/B experiments); else empty.
     variants: tuple[VariantStats, ...] = ()
+    # The safety gate (bot/safety.py): replies by what it did, and personas it flagged.
+    replies_flagged: int = 0  # sent, marked (SAFETY=flag)
+    replies_replaced: int = 0  # a clean candidate beam sent instead (SAFETY=block)
+    replies_deflected: int = 0  # the deflection sent instead (SAFETY=block)
+    personas_flagged: int = 0
 
 
 def _start_of_day(now: datetime) -> datetime:
@@ -185,6 +190,18 @@ async def stats(
             ).all()
         )
         variants = await _variant_stats(db)
+        safety = dict(
+            (
+                await db.execute(
+                    select(Message.safety, func.count())
+                    .where(Message.safety.is_not(None))
+                    .group_by(Message.safety)
+                )
+            ).all()
+        )
+        personas_flagged = await db.scalar(
+            select(func.count()).select_from(Session).where(Session.persona_safety.is_not(None))
+        )
     return Stats(
         chats=int(chats or 0),
         sessions_active=int(by_status.get(SessionStatus.ACTIVE, 0)),
@@ -201,6 +218,10 @@ async def stats(
         inbox_failed=int(inbox.get(InboxStatus.FAILED, 0)),
         generated_at=now,
         variants=variants,
+        replies_flagged=int(safety.get("flagged", 0)),
+        replies_replaced=int(safety.get("replaced", 0)),
+        replies_deflected=int(safety.get("deflected", 0)),
+        personas_flagged=int(personas_flagged or 0),
     )
 
 
@@ -227,6 +248,13 @@ def format_stats(stats: Stats) -> str:
         + (f" ({stats.replies_given_up} given up)" if stats.replies_given_up else ""),
         f"Inbox: {stats.inbox_pending} pending, {stats.inbox_failed} failed",
     ]
+    unsafe = stats.replies_flagged + stats.replies_replaced + stats.replies_deflected
+    if unsafe or stats.personas_flagged:
+        lines.append(
+            f"Safety: {unsafe} offensive replies ({stats.replies_replaced} replaced, "
+            f"{stats.replies_deflected} deflected, {stats.replies_flagged} sent flagged), "
+            f"{stats.personas_flagged} flagged personas"
+        )
     lines += [format_variant_line(v) for v in stats.variants]
     return "\n".join(lines)
 

@@ -88,7 +88,8 @@ async def run_terminal(
     db = make_engine(settings.db_url)
     store = ConversationStore(make_sessionmaker(db))
     responder = await VariantResponder.start(settings, store, tuple(settings_secrets(settings)))
-    chat = ChatActions(store, responder, settings)
+    chat = ChatActions(store, responder, settings, experiment=responder.experiment)
+    await chat.safety.warm_up()
     interactive = stdin.isatty()
     try:
         if interactive:

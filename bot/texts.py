@@ -44,6 +44,12 @@ PERSONA_EMPTY = (
 PERSONA_CLEARED = "Persona cleared. I'm just me now."
 
 
+PERSONA_REFUSED = (
+    "I can't take on that persona: it reads as offensive. Your current persona is unchanged; "
+    "try describing me in other words."
+)
+
+
 def persona_set(persona: str) -> str:
     """The confirmation of /persona <text>."""
     return f"Got it. From now on: {persona}"
@@ -63,6 +69,8 @@ ENDED = "Conversation ended. Say something to start a new one; my persona stays.
 FORGOTTEN = "Done: I deleted everything I had stored about this chat."
 SAY_SOMETHING = "Say something and I'll answer."
 NO_REPLY = "Sorry, I couldn't come up with a reply just now. Please try again."
+# What the safety gate sends when every candidate reply was offensive.
+DEFLECTION = "Let's talk about something else. What's on your mind?"
 APOLOGY = "Sorry, something went wrong on my side with that message. Please send it again."
 
 

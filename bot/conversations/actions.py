@@ -17,6 +17,7 @@ from bot.conversations.store import ConversationStore
 from bot.db.conversations import SessionRow
 from bot.db.feedback import Outcome
 from bot.db.models import AssignmentSource, VoteSource
+from bot.safety import SafetyGate, SafetyMark
 
 if TYPE_CHECKING:
     from bot.variants.config import Experiment
@@ -36,6 +37,8 @@ class Reply:
     variant: str | None = None
     # Time inside the model (the batch that produced it), for the service-overhead figures.
     model_ms: float | None = None
+    # The search's other hypotheses, best first, for the safety gate (bot.safety).
+    candidates: tuple[str, ...] = ()
 
 
 class GenerationError(Exception):
@@ -95,10 +98,12 @@ class ChatActions:
         responder: ResponderProtocol,
         settings: Settings,
         experiment: Experiment | None = None,
+        safety: SafetyGate | None = None,
     ) -> None:
         self.store = store
         self.responder = responder
         self.settings = settings
+        self.safety = safety or SafetyGate(settings.safety, settings.safety_threshold)
         # The variants served (for /model); None: the responder has no variants.
         self.experiment = experiment
 
@@ -141,9 +146,19 @@ class ChatActions:
                 update_id=update_id,
             )
             return
+        offensive = await self.safety.persona(persona)
+        if offensive and self.safety.mode == "block":
+            log.info("chat %s: refused an offensive persona", chat_id)
+            await self.notice(chat_id, texts.PERSONA_REFUSED, update_id=update_id)
+            return
         notice = texts.persona_set(persona) if persona else texts.PERSONA_CLEARED
         session = await self.store.set_persona(
-            chat_id, user_id, persona, notice=notice, update_id=update_id
+            chat_id,
+            user_id,
+            persona,
+            notice=notice,
+            update_id=update_id,
+            safety=SafetyMark.FLAGGED if offensive else None,
         )
         self.responder.set_persona(session.id, persona)
 
@@ -254,17 +269,23 @@ class ChatActions:
                 telegram_message_id=telegram_message_id,
             )
             return
+        verdict = await self.safety.reply(reply.text, reply.candidates)
+        if verdict.text != reply.text:
+            # The clone heard the reply that is not sent: it is rebuilt from the database.
+            self.responder.evict(session.id)
         try:
             stored = await self.store.record_turn(
                 session.id,
                 chat_id,
                 text,
-                reply.text,
+                verdict.text,
                 latency_ms=reply.latency_ms,
                 update_id=update_id,
                 telegram_message_id=telegram_message_id,
                 variant=reply.variant,
                 model_ms=reply.model_ms,
+                safety=verdict.mark,
+                unsafe_text=verdict.unsafe_text,
             )
         except BaseException:
             # The clone already heard this turn but the database did not keep it.
@@ -393,13 +414,15 @@ class ChatActions:
                 telegram_message_id=telegram_message_id,
             )
             return
+        shown_a = (await self.safety.reply(a.text, a.candidates)).text
+        shown_b = (await self.safety.reply(b.text, b.candidates)).text
         await self.store.record_duel(
             session.id,
             session.chat_id,
             session.arena_match_id,
             text,
-            ((a.variant, a.text), (b.variant, b.text)),
-            text=texts.arena_duel(a.text, b.text),
+            ((a.variant, shown_a), (b.variant, shown_b)),
+            text=texts.arena_duel(shown_a, shown_b),
             markup=markup(session.arena_match_id) if markup else None,
             update_id=update_id,
             telegram_message_id=telegram_message_id,

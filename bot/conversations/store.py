@@ -154,11 +154,13 @@ class ConversationStore:
         *,
         notice: str,
         update_id: int | None = None,
+        safety: str | None = None,
     ) -> SessionRow:
-        """Set (or clear, with '') the persona of the chat's conversation and confirm it."""
+        """Set (or clear, with '') the persona of the chat's conversation and confirm it;
+        `safety` marks it (SAFETY=flag)."""
         async with self.sessionmaker.begin() as db:
             session = await self._active_or_new(db, chat_id, user_id)
-            await conversations.set_session_persona(db, session.id, persona)
+            await conversations.set_session_persona(db, session.id, persona, safety)
             await _answer(db, chat_id, notice, update_id)
             return session
 
@@ -276,6 +278,8 @@ class ConversationStore:
         telegram_message_id: int | None = None,
         variant: str | None = None,
         model_ms: float | None = None,
+        safety: str | None = None,
+        unsafe_text: str | None = None,
     ) -> StoredTurn:
         """Store a user message, the bot's reply (queued for sending) and close the update."""
         async with self.sessionmaker.begin() as db:
@@ -291,6 +295,8 @@ class ConversationStore:
                 latency_ms=latency_ms,
                 variant=variant,
                 model_ms=model_ms,
+                safety=safety,
+                unsafe_text=unsafe_text,
             )
             await conversations.touch_session(db, session_id)
             outbox_id = await outbox.enqueue(

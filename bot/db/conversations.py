@@ -122,10 +122,14 @@ async def create_session(
     return _session_row(s)
 
 
-async def set_session_persona(db: AsyncSession, session_id: int, persona: str) -> None:
-    """Change a conversation's persona."""
+async def set_session_persona(
+    db: AsyncSession, session_id: int, persona: str, safety: str | None = None
+) -> None:
+    """Change a conversation's persona (with the safety gate's mark, if any)."""
     await db.execute(
-        update(Session).where(Session.id == session_id).values(persona=persona, updated_at=utcnow())
+        update(Session)
+        .where(Session.id == session_id)
+        .values(persona=persona, persona_safety=safety, updated_at=utcnow())
     )
 
 
@@ -159,6 +163,8 @@ async def add_message(
     latency_ms: float | None = None,
     variant: str | None = None,
     model_ms: float | None = None,
+    safety: str | None = None,
+    unsafe_text: str | None = None,
 ) -> int:
     """Append an utterance; returns its id."""
     m = Message(
@@ -171,6 +177,8 @@ async def add_message(
         latency_ms=latency_ms,
         variant=variant,
         model_ms=model_ms,
+        safety=safety,
+        unsafe_text=unsafe_text,
     )
     db.add(m)
     await db.flush()

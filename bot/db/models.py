@@ -123,6 +123,8 @@ class Session(Base):
         UtcDateTime, nullable=False, default=utcnow, onupdate=utcnow
     )
     ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    # "flagged" when the safety gate found the persona offensive (SAFETY=flag); NULL otherwise.
+    persona_safety: Mapped[str | None] = mapped_column(String(16))
 
 
 class Message(Base):
@@ -155,6 +157,10 @@ class Message(Base):
     # Bot replies only: the model variant that produced it, and its time in the model.
     variant: Mapped[str | None] = mapped_column(String(64))
     model_ms: Mapped[float | None] = mapped_column()
+    # Bot replies only: what the safety gate did (bot.safety.SafetyMark; NULL: it passed, or
+    # SAFETY=off), and the offensive reply that was not sent in its place.
+    safety: Mapped[str | None] = mapped_column(String(16))
+    unsafe_text: Mapped[str | None] = mapped_column(Text)
 
 
 class Outbox(Base):

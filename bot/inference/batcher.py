@@ -39,6 +39,9 @@ class Generated:
     model_input: list[int]
     batch_size: int
     model_ms: float
+    # The search's other finished hypotheses, cleaned like `text`, best first (beam search
+    # only; the safety gate falls back on them).
+    candidates: tuple[str, ...] = ()
 
 
 @dataclass
@@ -166,5 +169,7 @@ class Batcher:
             job.clone.self_observe(Message({"text": text, "episode_done": False}))
             vec = obs.get("text_vec")
             model_input = vec.tolist() if vec is not None else []
-            results.append(Generated(text, model_input, len(batch), model_ms))
+            beams = reply.get("beam_texts") or []
+            candidates = tuple(dict.fromkeys(self.postprocess(str(t)) for t, *_ in beams))
+            results.append(Generated(text, model_input, len(batch), model_ms, candidates))
         return results

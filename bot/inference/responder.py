@@ -126,7 +126,8 @@ class Responder:
         """The bot's reply to `user_text` in `session`'s context."""
         started = time.perf_counter()
         result = await self.generate(session, user_text)
-        return Reply(result.text, (time.perf_counter() - started) * 1000.0, None, result.model_ms)
+        latency_ms = (time.perf_counter() - started) * 1000.0
+        return Reply(result.text, latency_ms, None, result.model_ms, result.candidates)
 
     def set_persona(self, session_id: int, persona: str) -> None:
         """Use a new persona for a cached conversation from its next turn."""

@@ -187,6 +187,7 @@ class Service:
         Raises Interrupted if `stop` is set while setWebhook/deleteWebhook is being retried.
         """
         self._commands_task = asyncio.create_task(self._set_commands(), name="setMyCommands")
+        await self.chat.safety.warm_up()  # the classifier loads now, not on the first reply
         for leases in self.leases:
             leases.start()
         await self.delivery.start()

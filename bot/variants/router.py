@@ -139,7 +139,7 @@ class VariantResponder:
         self._holder[session.id] = name
         result = await self.engines[name].generate(session, user_text)
         latency_ms = (time.perf_counter() - started) * 1000.0
-        return Reply(result.text, latency_ms, name, result.model_ms)
+        return Reply(result.text, latency_ms, name, result.model_ms, result.candidates)
 
     async def duel(self, session: SessionRow, user_text: str) -> tuple[Reply, Reply]:
         """Two variants' replies to one message (/arena), in random order: the chat's own
@@ -159,7 +159,7 @@ class VariantResponder:
                 self.engines[name].evict(session.id)
         latency_ms = (time.perf_counter() - started) * 1000.0
         a, b = (
-            Reply(r.text, latency_ms, name, r.model_ms)
+            Reply(r.text, latency_ms, name, r.model_ms, r.candidates)
             for name, r in zip(pair, results, strict=True)
         )
         return a, b

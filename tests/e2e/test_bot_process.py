@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.texts import RATE_PROMPT
 from tests.support.botprocess import (
     SECRET,
     TOKEN,
@@ -38,6 +39,8 @@ async def conversation(api: FakeBotAPI, chat: int, tmp_path: Path) -> None:
         reply = await say(text)
         assert reply.strip() and not reply.startswith(("Sorry", "Hi! "))
     assert (await say("/done")).startswith("Conversation ended")
+    sent += 1  # the 1-5 rating of the conversation follows
+    assert (await api.wait_for_texts(chat, sent, timeout_s=30))[-1] == RATE_PROMPT
     ((status, persona, count),) = db_rows(
         tmp_path,
         f"SELECT s.status, s.persona, count(m.id) FROM sessions s JOIN messages m "

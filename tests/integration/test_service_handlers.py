@@ -19,7 +19,9 @@ async def test_commands_persona_turns_done_and_forget(
 ) -> None:
     chat = 101
     responder = EchoResponder()
-    service = await start_service(make_settings(db_url, api, tmp_path), responder)
+    # Without the feedback buttons /done sends one text; the rating has tests of its own.
+    settings = make_settings(db_url, api, tmp_path, feedback_buttons=False)
+    service = await start_service(settings, responder)
     await api.wait_for(lambda: bool(api.commands), what="setMyCommands")
     assert [c["command"] for c in api.commands] == [
         "start", "help", "persona", "done", "forget",

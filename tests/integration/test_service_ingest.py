@@ -95,7 +95,12 @@ async def test_webhook_answers_403_without_the_secret_and_stores_nothing(
     responder = EchoResponder()
     async with running_service(settings, responder) as service:
         assert api.webhook.url == url and api.webhook.secret == SECRET
-        assert api.webhook.allowed_updates == ["message", "edited_message"]
+        assert api.webhook.allowed_updates == [
+            "message",
+            "edited_message",
+            "callback_query",
+            "message_reaction",
+        ]
         forged = {
             "update_id": 999,
             "message": {

@@ -41,6 +41,8 @@ class EchoResponder:
         self.personas: dict[int, str] = {}
         self.fail_on: set[str] = set()
         self.reply_override: Callable[[int, str], str] | None = None
+        # The "other beams" each reply comes with (the safety gate's fallbacks).
+        self.candidates: tuple[str, ...] = ()
         self.in_progress = 0
         self.closed = False
 
@@ -57,8 +59,9 @@ class EchoResponder:
             if user_text in self.fail_on:
                 raise RuntimeError(f"responder exploded on {user_text!r}")
             if self.reply_override is not None:
-                return Reply(self.reply_override(session.chat_id, user_text), 1.0)
-            return Reply(f"echo {session.chat_id}: {user_text}", 1.0)
+                text = self.reply_override(session.chat_id, user_text)
+                return Reply(text, 1.0, candidates=self.candidates)
+            return Reply(f"echo {session.chat_id}: {user_text}", 1.0, candidates=self.candidates)
         finally:
             self.in_progress -= 1
 

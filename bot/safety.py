@@ -1,0 +1,124 @@
+"""The safety gate (SAFETY=off|flag|block): replies and personas through an offline classifier.
+
+The classifier is alt-profanity-check: a linear SVM over character and word n-grams, shipped in
+its wheel with scikit-learn as its only dependency, a few milliseconds per text on a CPU.
+ParlAI's own safety list and classifier are downloaded at run time and cannot be used offline.
+It scores offensive language (profanity, insults, slurs), not every harmful meaning: an operator
+who needs more should put a stronger classifier behind the same interface.
+
+- block (the default): a flagged reply is replaced by the best-scoring candidate beam that
+  passes; when none does, by a short neutral deflection. The flagged text is stored with the
+  reply (`messages.unsafe_text`) and never sent. An offensive /persona is refused.
+- flag: replies and personas go through unchanged and are stored marked, for the admins.
+- off: no classifier at all.
+
+The classifier runs on a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from bot import texts
+
+log = logging.getLogger(__name__)
+
+
+class SafetyMark(StrEnum):
+    """`messages.safety` and `sessions.persona_safety`: what the gate did."""
+
+    FLAGGED = "flagged"  # offensive, kept (SAFETY=flag)
+    REPLACED = "replaced"  # offensive; a clean candidate beam was sent instead
+    DEFLECTED = "deflected"  # offensive, and so were all candidates: the deflection was sent
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What to send and store for one reply."""
+
+    text: str
+    mark: SafetyMark | None = None  # None: it passed
+    unsafe_text: str | None = None  # the flagged reply that was not sent (block)
+    check_ms: float = 0.0  # time in the classifier
+
+
+Scorer = Callable[[list[str]], list[float]]
+
+_scorer: Scorer | None = None
+_scorer_lock = threading.Lock()
+
+
+def profanity_scorer() -> Scorer:
+    """alt-profanity-check's probability of offensive language, loaded once per process."""
+    global _scorer
+    with _scorer_lock:
+        if _scorer is None:
+            from profanity_check import predict_prob
+
+            def score(items: list[str]) -> list[float]:
+                return [float(p) for p in predict_prob(items)]
+
+            _scorer = score
+        return _scorer
+
+
+class SafetyGate:
+    """The gate of one service; `scorer` is the classifier (a test may pass its own)."""
+
+    def __init__(
+        self, mode: str, threshold: float = 0.5, scorer: Callable[[], Scorer] | None = None
+    ) -> None:
+        self.mode = mode
+        self.threshold = threshold
+        self._scorer = scorer or profanity_scorer
+
+    @property
+    def on(self) -> bool:
+        """Whether anything is checked."""
+        return self.mode != "off"
+
+    async def warm_up(self) -> None:
+        """Load the classifier now (about a second), not on the first reply."""
+        if self.on:
+            await asyncio.to_thread(self._scorer)
+
+    async def offensive(self, items: Sequence[str]) -> list[bool]:
+        """Whether each text is offensive, scored on a worker thread."""
+        if not items:
+            return []
+        scores = await asyncio.to_thread(lambda: self._scorer()(list(items)))
+        return [s >= self.threshold for s in scores]
+
+    async def reply(self, text: str, candidates: Sequence[str] = ()) -> Verdict:
+        """The reply to send: `text` if it passes, else (block) the first candidate that does,
+        else the deflection; with flag, `text` marked. `candidates` are the other beams, best
+        first (they may include `text`)."""
+        if not self.on:
+            return Verdict(text)
+        started = time.perf_counter()
+        others = [c for c in dict.fromkeys(candidates) if c != text]
+        if self.mode == "flag":
+            [bad] = await self.offensive([text])
+            ms = (time.perf_counter() - started) * 1000.0
+            return Verdict(text, SafetyMark.FLAGGED if bad else None, None, ms)
+        verdicts = await self.offensive([text, *others])
+        ms = (time.perf_counter() - started) * 1000.0
+        if not verdicts[0]:
+            return Verdict(text, None, None, ms)
+        clean = next((c for c, bad in zip(others, verdicts[1:], strict=True) if not bad), None)
+        if clean is not None:
+            return Verdict(clean, SafetyMark.REPLACED, text, ms)
+        return Verdict(texts.DEFLECTION, SafetyMark.DEFLECTED, text, ms)
+
+    async def persona(self, persona: str) -> bool:
+        """Whether a persona is offensive (always False with SAFETY=off)."""
+        if not self.on or not persona:
+            return False
+        [bad] = await self.offensive([persona])
+        return bad

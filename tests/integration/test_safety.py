@@ -1,0 +1,119 @@
+"""The safety gate through the real PTB Application and the loopback Bot API, with the real
+offline classifier (alt-profanity-check): offensive replies replaced or deflected (block),
+marked (flag), personas refused or marked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot import texts
+from bot.safety import SafetyGate
+from tests.support.fakebotapi import FakeBotAPI
+from tests.support.fixtures import StartService
+from tests.support.service_harness import EchoResponder, make_settings, rows
+
+TOXIC = "you are a fucking idiot"
+TOXIC_TOO = "shut up you stupid piece of shit"
+CLEAN = "I like hiking on weekends"
+
+
+async def test_the_classifier_tells_the_examples_apart() -> None:
+    gate = SafetyGate("block")
+    assert await gate.offensive([TOXIC, TOXIC_TOO, CLEAN, "hello, how are you?"]) == [
+        True,
+        True,
+        False,
+        False,
+    ]
+
+
+def _toxic(responder: EchoResponder, *candidates: str) -> EchoResponder:
+    responder.reply_override = lambda chat, text: TOXIC
+    responder.candidates = (TOXIC, *candidates)
+    return responder
+
+
+async def test_block_sends_the_next_clean_beam_or_the_deflection(
+    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    responder = _toxic(EchoResponder(), TOXIC_TOO, CLEAN)
+    service = await start_service(make_settings(db_url, api, tmp_path), responder)
+    api.user_message(601, "say something")
+    assert await api.wait_for_texts(601, 1) == [CLEAN]
+    responder.candidates = (TOXIC, TOXIC_TOO)
+    api.user_message(601, "again")
+    assert await api.wait_for_texts(601, 2) == [CLEAN, texts.DEFLECTION]
+    stored = await rows(
+        service, "SELECT text, safety, unsafe_text FROM messages WHERE role = 'bot' ORDER BY id"
+    )
+    assert stored == [(CLEAN, "replaced", TOXIC), (texts.DEFLECTION, "deflected", TOXIC)]
+    assert TOXIC not in " ".join(s.text for s in api.sent)
+    # The responder's cached conversation heard the unsent reply: it is dropped.
+    assert len(responder.evicted) >= 2
+
+
+async def test_flag_sends_it_and_marks_it(
+    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    responder = _toxic(EchoResponder(), CLEAN)
+    service = await start_service(make_settings(db_url, api, tmp_path, safety="flag"), responder)
+    api.user_message(611, "say something")
+    assert await api.wait_for_texts(611, 1) == [TOXIC]
+    assert await rows(
+        service, "SELECT text, safety, unsafe_text FROM messages WHERE role = 'bot'"
+    ) == [(TOXIC, "flagged", None)]
+
+
+@pytest.mark.parametrize("mode", ["block", "flag", "off"])
+async def test_an_offensive_persona_is_refused_or_marked(
+    mode: str, db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    service = await start_service(
+        make_settings(db_url, api, tmp_path, safety=mode), EchoResponder()
+    )
+    chat = 621
+    api.user_message(chat, "/persona My name is Sarah. I love hiking.")
+    api.user_message(chat, f"/persona {TOXIC_TOO}")
+    sent = await api.wait_for_texts(chat, 2)
+    personas = await rows(service, "SELECT persona, persona_safety FROM sessions")
+    if mode == "block":
+        assert sent[1] == texts.PERSONA_REFUSED
+        assert personas == [("My name is Sarah. I love hiking.", None)]
+    else:
+        assert sent[1] == texts.persona_set(TOXIC_TOO)
+        assert personas == [(TOXIC_TOO, "flagged" if mode == "flag" else None)]
+
+
+async def test_off_changes_nothing(
+    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    responder = _toxic(EchoResponder(), CLEAN)
+    service = await start_service(make_settings(db_url, api, tmp_path, safety="off"), responder)
+    api.user_message(631, "say something")
+    assert await api.wait_for_texts(631, 1) == [TOXIC]
+    assert await rows(service, "SELECT safety FROM messages WHERE role = 'bot'") == [(None,)]
+
+
+async def test_stats_count_what_the_gate_did(
+    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    from bot.stats import format_stats, stats
+
+    responder = _toxic(EchoResponder(), CLEAN)
+    service = await start_service(make_settings(db_url, api, tmp_path), responder)
+    api.user_message(641, "one")
+    await api.wait_for_texts(641, 1)
+    responder.candidates = (TOXIC,)
+    api.user_message(641, "two")
+    await api.wait_for_texts(641, 2)
+    figures = await stats(service.sessionmaker)
+    assert (figures.replies_replaced, figures.replies_deflected, figures.replies_flagged) == (
+        1,
+        1,
+        0,
+    )
+    assert "Safety: 2 offensive replies (1 replaced, 1 deflected, 0 sent flagged)" in (
+        format_stats(figures)
+    )
