@@ -82,6 +82,14 @@ class Settings(BaseSettings):
     # /arena: the next message gets two variants' replies, the user picks the better one.
     arena: bool = False
 
+    # --- conversation touches ---------------------------------------------------------------
+    # Named personas for /persona use NAME and t.me/<bot>?start=persona_NAME (bot/presets.py).
+    personas_file: Path | None = None
+    # A text file that replaces the built-in /privacy notice (plain text).
+    privacy_file: Path | None = None
+    # Delete conversations (and their feedback) and delivered texts older than this many days.
+    retention_days: int | None = Field(default=None, ge=1)
+
     # --- safety ---------------------------------------------------------------------------
     # block: offensive replies replaced (next clean beam, else a deflection), offensive personas
     # refused; flag: kept but marked for the admins; off: no classifier (bot/safety.py).

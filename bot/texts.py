@@ -13,6 +13,7 @@ HELP = (
     "/persona clear - remove the persona\n"
     "/done - end this conversation and start afresh (the persona stays)\n"
     "/forget - delete everything stored about this chat\n"
+    "/privacy - what I store and how to delete it\n"
     "/help - this message"
 )
 GREETING = "Hi! "
@@ -24,6 +25,7 @@ COMMAND_MENU = {
     "persona": "Show my persona; /persona <text> sets it, /persona clear clears it",
     "done": "End this conversation (my persona stays)",
     "forget": "Delete everything stored about this chat",
+    "privacy": "What I store, for how long, and how to delete it",
 }
 
 # --- the persona -----------------------------------------------------------------------------
@@ -53,6 +55,22 @@ PERSONA_REFUSED = (
 def persona_set(persona: str) -> str:
     """The confirmation of /persona <text>."""
     return f"Got it. From now on: {persona}"
+
+
+NO_PRESETS = "There are no ready-made personas here; describe one with /persona <text>."
+
+
+def presets_list(personas: dict[str, str]) -> str:
+    """/persona list."""
+    lines = [f"{name}: {text}" for name, text in personas.items()]
+    return "Ready-made personas:\n\n" + "\n".join(lines) + "\n\nTake one with /persona use NAME."
+
+
+def preset_unknown(name: str, names: list[str]) -> str:
+    """/persona use NAME (or a deep link) with a name that is not a preset."""
+    if not names:
+        return NO_PRESETS
+    return f"There is no persona called {name!r}. Choose one of: {', '.join(names)}."
 
 
 def persona_too_long(length: int, limit: int) -> str:
@@ -102,6 +120,27 @@ EDITED = (
 UNKNOWN_COMMAND = "I don't know that command. /help lists what I can do."
 # Telegram refuses empty texts; a blank reply still deserves an answer.
 EMPTY_REPLY = "…"
+
+
+# --- privacy ---------------------------------------------------------------------------------
+
+
+def privacy(retention_days: int | None) -> str:
+    """/privacy (an operator's PRIVACY_FILE replaces it)."""
+    kept = (
+        f"Conversations are deleted automatically {retention_days} days after their last message."
+        if retention_days
+        else "They are kept until you delete them."
+    )
+    return (
+        "What I store: the messages of this chat and my replies, the persona you gave me, "
+        "your Telegram user and chat ids, your 👍/👎 votes and ratings, and which model "
+        f"version answers you. {kept}\n\n"
+        "Who can read it: the people who run this bot (its administrators), to keep it working "
+        "and to improve the replies. It is not sold or shared.\n\n"
+        "To delete everything I have stored about this chat, send /forget. It takes effect at "
+        "once and cannot be undone."
+    )
 
 
 # --- feedback and variants -------------------------------------------------------------------

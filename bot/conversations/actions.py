@@ -17,6 +17,7 @@ from bot.conversations.store import ConversationStore
 from bot.db.conversations import SessionRow
 from bot.db.feedback import Outcome
 from bot.db.models import AssignmentSource, VoteSource
+from bot.presets import deep_link_preset, load_presets
 from bot.safety import SafetyGate, SafetyMark
 
 if TYPE_CHECKING:
@@ -104,6 +105,12 @@ class ChatActions:
         self.responder = responder
         self.settings = settings
         self.safety = safety or SafetyGate(settings.safety, settings.safety_threshold)
+        self.presets = load_presets(settings.personas_file, settings.persona_max_chars)
+        self.privacy_text = (
+            settings.privacy_file.read_text(encoding="utf-8").strip()
+            if settings.privacy_file is not None
+            else texts.privacy(settings.retention_days)
+        )
         # The variants served (for /model); None: the responder has no variants.
         self.experiment = experiment
 
@@ -112,11 +119,40 @@ class ChatActions:
         await self.store.notice(chat_id, text, update_id=update_id)
 
     async def help(
-        self, chat_id: int, *, update_id: int | None = None, start: bool = False
+        self,
+        chat_id: int,
+        *,
+        update_id: int | None = None,
+        start: bool = False,
+        user_id: int | None = None,
+        payload: str = "",
     ) -> None:
-        """/start and /help."""
+        """/start and /help; `/start persona_NAME` (a deep link) also takes that preset."""
         greeting = texts.GREETING if start else ""
-        await self.notice(chat_id, greeting + texts.HELP, update_id=update_id)
+        name = deep_link_preset(payload.strip()) if start else None
+        if name is None:
+            await self.notice(chat_id, greeting + texts.HELP, update_id=update_id)
+            return
+        preset = self.presets.get(name)
+        if preset is None:
+            await self.notice(
+                chat_id,
+                greeting + texts.HELP + "\n\n" + texts.preset_unknown(name, self.presets.names),
+                update_id=update_id,
+            )
+            return
+        session = await self.store.set_persona(
+            chat_id,
+            user_id,
+            preset,
+            notice=greeting + texts.persona_set(preset) + "\n\n" + texts.HELP,
+            update_id=update_id,
+        )
+        self.responder.set_persona(session.id, preset)
+
+    async def privacy(self, chat_id: int, *, update_id: int | None = None) -> None:
+        """/privacy: what is stored, for how long, who reads it, how to delete it."""
+        await self.notice(chat_id, self.privacy_text, update_id=update_id)
 
     async def show_persona(self, chat_id: int, *, update_id: int | None = None) -> None:
         """/persona without text."""
@@ -127,7 +163,20 @@ class ChatActions:
     async def set_persona(
         self, chat_id: int, user_id: int | None, text: str, *, update_id: int | None = None
     ) -> None:
-        """/persona <text>: set it (or clear it with a clear word)."""
+        """/persona <text>: set it (or clear it with a clear word); `/persona list` shows the
+        presets, `/persona use NAME` takes one."""
+        word, _, rest = text.strip().partition(" ")
+        if word.lower() == "list" and not rest.strip():
+            listing = texts.presets_list(self.presets.personas) if self.presets.personas else None
+            await self.notice(chat_id, listing or texts.NO_PRESETS, update_id=update_id)
+            return
+        if word.lower() == "use" and rest.strip():
+            preset = self.presets.get(rest)
+            if preset is None:
+                unknown = texts.preset_unknown(rest.strip(), self.presets.names)
+                await self.notice(chat_id, unknown, update_id=update_id)
+                return
+            text = preset
         persona = clean_text(text)
         if not persona and text.strip():
             await self.notice(

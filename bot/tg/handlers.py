@@ -56,7 +56,7 @@ COMMANDS = [BotCommand(name, description) for name, description in texts.COMMAND
 KNOWN_COMMANDS = frozenset({c.command for c in COMMANDS} | {"stats", "model", "arena"})
 
 # Always run, whatever the flood gate says: a user must always be able to delete their data.
-FLOOD_EXEMPT = frozenset({"forget"})
+FLOOD_EXEMPT = frozenset({"forget", "privacy"})
 
 
 @contextlib.asynccontextmanager
@@ -128,6 +128,7 @@ class Handlers:
         application.add_handler(CommandHandler("persona", self.persona, filters=message))
         application.add_handler(CommandHandler("done", self.done, filters=message))
         application.add_handler(CommandHandler("forget", self.forget, filters=message))
+        application.add_handler(CommandHandler("privacy", self.privacy, filters=message))
         application.add_handler(CommandHandler("stats", self.stats, filters=message))
         application.add_handler(CommandHandler("model", self.model, filters=message))
         application.add_handler(CommandHandler("arena", self.arena, filters=message))
@@ -220,8 +221,19 @@ class Handlers:
     # --- commands --------------------------------------------------------------------------
 
     async def start(self, update: Update, context: Context) -> None:
-        """/start: greeting and how to use."""
-        await self.chat.help(_chat_id(update), update_id=update.update_id, start=True)
+        """/start: greeting and how to use; /start persona_NAME (a deep link) takes a preset."""
+        assert update.message is not None
+        await self.chat.help(
+            _chat_id(update),
+            update_id=update.update_id,
+            start=True,
+            user_id=_user_id(update),
+            payload=_command_argument(update.message),
+        )
+
+    async def privacy(self, update: Update, context: Context) -> None:
+        """/privacy."""
+        await self.chat.privacy(_chat_id(update), update_id=update.update_id)
 
     async def help(self, update: Update, context: Context) -> None:
         """/help."""
