@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db.models import (
     Assignment,
+    Counter,
     Inbox,
     InboxStatus,
     Message,
@@ -66,6 +67,9 @@ class Stats:
     replies_replaced: int = 0  # a clean candidate beam sent instead (SAFETY=block)
     replies_deflected: int = 0  # the deflection sent instead (SAFETY=block)
     personas_flagged: int = 0
+    # RETENTION_DAYS (bot/retention.py): the limit, and conversations deleted by it so far.
+    retention_days: int | None = None
+    retention_conversations: int = 0
 
 
 def _start_of_day(now: datetime) -> datetime:
@@ -158,6 +162,7 @@ async def stats(
     *,
     now: datetime | None = None,
     latency_window: timedelta = DEFAULT_LATENCY_WINDOW,
+    retention_days: int | None = None,
 ) -> Stats:
     """Count chats, sessions, messages, latency and delivery problems (days are UTC days)."""
     now = now or utcnow()
@@ -202,6 +207,9 @@ async def stats(
         personas_flagged = await db.scalar(
             select(func.count()).select_from(Session).where(Session.persona_safety.is_not(None))
         )
+        retained = await db.scalar(
+            select(Counter.value).where(Counter.name == "retention_conversations")
+        )
     return Stats(
         chats=int(chats or 0),
         sessions_active=int(by_status.get(SessionStatus.ACTIVE, 0)),
@@ -222,6 +230,8 @@ async def stats(
         replies_replaced=int(safety.get("replaced", 0)),
         replies_deflected=int(safety.get("deflected", 0)),
         personas_flagged=int(personas_flagged or 0),
+        retention_days=retention_days,
+        retention_conversations=int(retained or 0),
     )
 
 
@@ -254,6 +264,11 @@ def format_stats(stats: Stats) -> str:
             f"Safety: {unsafe} offensive replies ({stats.replies_replaced} replaced, "
             f"{stats.replies_deflected} deflected, {stats.replies_flagged} sent flagged), "
             f"{stats.personas_flagged} flagged personas"
+        )
+    if stats.retention_days or stats.retention_conversations:
+        limit = f"{stats.retention_days} days" if stats.retention_days else "off"
+        lines.append(
+            f"Retention: {limit}; {stats.retention_conversations} conversations deleted so far"
         )
     lines += [format_variant_line(v) for v in stats.variants]
     return "\n".join(lines)

@@ -111,7 +111,9 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 async def _stats(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> int:
-    result = await service_stats.stats(make_sessionmaker(engine))
+    result = await service_stats.stats(
+        make_sessionmaker(engine), retention_days=getattr(args, "retention_days", None)
+    )
     print(dump_json(result) if args.json else service_stats.format_stats(result), file=out)
     return 0
 
@@ -498,7 +500,12 @@ def run_admin(settings: Settings, args: argparse.Namespace) -> int:
     experiment = load_experiment(settings) if needs_experiment(args) else None
     try:
         return asyncio.run(
-            admin(settings.db_url, args, sql_url=admin_sql_url(settings), experiment=experiment)
+            admin(
+                settings.db_url,
+                argparse.Namespace(**vars(args), retention_days=settings.retention_days),
+                sql_url=admin_sql_url(settings),
+                experiment=experiment,
+            )
         )
     except AdminError as err:
         print(f"error: {err}", file=sys.stderr)

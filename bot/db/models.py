@@ -360,3 +360,13 @@ class ArenaMatch(Base):
     )
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
     decided_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class Counter(Base):
+    """Running totals the service keeps across restarts (e.g. rows deleted by retention)."""
+
+    __tablename__ = "counters"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0, server_default="0")
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)

@@ -149,6 +149,7 @@ class Service:
         else:
             self.ingest = PollingIngest(bot, self.store, self.inbox_worker.wake, backoff=backoff)
         self._commands_task: asyncio.Task[None] | None = None
+        self._retention_task: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(
@@ -188,6 +189,12 @@ class Service:
         """
         self._commands_task = asyncio.create_task(self._set_commands(), name="setMyCommands")
         await self.chat.safety.warm_up()  # the classifier loads now, not on the first reply
+        if self.settings.retention_days:
+            from bot.retention import run_forever
+
+            self._retention_task = asyncio.create_task(
+                run_forever(self.sessionmaker, self.settings.retention_days), name="retention"
+            )
         for leases in self.leases:
             leases.start()
         await self.delivery.start()
@@ -222,10 +229,11 @@ class Service:
         await self.delivery.stop(max(deadline - loop.time(), min(grace, 3.0)))
         for leases in self.leases:
             await leases.stop()
-        if self._commands_task is not None:
-            self._commands_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._commands_task
+        for task in (self._commands_task, self._retention_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
     async def close(self) -> None:
         """Release the responder, the Bot API client and the database."""

@@ -283,7 +283,8 @@ class Handlers:
                 _chat_id(update), texts.UNKNOWN_COMMAND, update_id=update.update_id
             )
             return
-        text = format_stats(await stats(self.sessionmaker))
+        figures = await stats(self.sessionmaker, retention_days=self.settings.retention_days)
+        text = format_stats(figures)
         await self.chat.notice(_chat_id(update), text, update_id=update.update_id)
 
     async def unknown_command(self, update: Update, context: Context) -> None:

@@ -1,4 +1,4 @@
-"""safety gate: what it did to each reply, the unsent offensive text, flagged personas
+"""safety gate marks (replies, personas) and the counters table (retention totals)
 
 Revision ID: 0004
 Revises: 0003
@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+
+import bot.db.models
 
 revision: str = "0004"
 down_revision: str | None = "0003"
@@ -22,9 +24,17 @@ def upgrade() -> None:
         batch.add_column(sa.Column("unsafe_text", sa.Text(), nullable=True))
     with op.batch_alter_table("sessions") as batch:
         batch.add_column(sa.Column("persona_safety", sa.String(length=16), nullable=True))
+    op.create_table(
+        "counters",
+        sa.Column("name", sa.String(length=64), nullable=False),
+        sa.Column("value", sa.BigInteger(), server_default="0", nullable=False),
+        sa.Column("updated_at", bot.db.models.UtcDateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("name", name=op.f("pk_counters")),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("counters")
     with op.batch_alter_table("sessions") as batch:
         batch.drop_column("persona_safety")
     with op.batch_alter_table("messages") as batch:

@@ -25,6 +25,7 @@ TABLES = {
     "votes",
     "ratings",
     "arena_matches",
+    "counters",
     "alembic_version",
 }
 

@@ -41,6 +41,7 @@ TABLES = {
     "votes",
     "ratings",
     "arena_matches",
+    "counters",
     "alembic_version",
 }
 
