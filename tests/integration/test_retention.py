@@ -44,9 +44,7 @@ async def _seed(store: ConversationStore) -> dict[str, int]:
             db.add(Vote(chat_id=chat, message_id=bot.id, user_id=chat, value=1, source="button"))
             db.add(Rating(chat_id=chat, session_id=s.id, value=4))
             db.add(ArenaMatch(chat_id=chat, session_id=s.id, user_message_id=user.id))
-            db.add(
-                Outbox(chat_id=chat, kind="reply", text="yo", message_id=bot.id, sent_at=NEW)
-            )
+            db.add(Outbox(chat_id=chat, kind="reply", text="yo", message_id=bot.id, sent_at=NEW))
             ids[name] = s.id
         # Texts and updates not tied to a conversation: by their own dates.
         db.add_all(
