@@ -243,9 +243,9 @@ def test_batch_act_replies_and_beam_texts_match(agent: Any) -> None:
 def test_unsupported_settings_fall_back_to_parlai(agent: Any) -> None:
     from parlai.core.message import Message
 
-    with generation(agent, inference="topk", topk=5, beam_size=2):
+    with generation(agent, inference="nucleus", topp=0.9, beam_size=2):
         batch = agent.batchify([agent.clone().observe(Message({"text": "hello there"}))])
-        assert fastgen.fallback_reason(agent, batch, None) == "inference=topk"
+        assert fastgen.fallback_reason(agent, batch, None) == "inference=nucleus"
         preds, beams = agent._generate(batch, 2, 5)
         assert not isinstance(beams[0], fastgen.BatchedBeams)
         assert preds[0][0].numel() >= 1
@@ -306,3 +306,54 @@ def test_same_results_as_parlai_blender90m_architecture(
         tally = sweep(big, seed=90, cases_per_config=6, beams=(1, 5, 10))
     print("\n" + report(tally))
     assert not tally.differences, "\n".join(tally.differences[:10])
+
+
+def test_delayed_beam_draws_what_parlai_draws_for_one_chat(agent: Any, one_thread: None) -> None:
+    """Delayed beam samples its first tokens: with one chat and the same seed, the batched
+    search draws the same tokens as ParlAI's and finishes with the same hypotheses; across
+    seeds the replies differ (the sampling is real)."""
+    import torch
+    from parlai.core.message import Message
+
+    rng = random.Random(5)
+    words = [agent.dict.ind2tok[i] for i in range(4, len(agent.dict))]
+    gen = {
+        "inference": "delayedbeam",
+        "beam_size": 4,
+        "topk": 5,
+        "beam_delay": 3,
+        "beam_min_length": 3,
+        "beam_block_ngram": 2,
+        "beam_context_block_ngram": 0,
+    }
+    tops = set()
+    for seed in range(12):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 20)))
+        with generation(agent, **gen), torch.no_grad():
+            batch = agent.batchify([agent.clone().observe(Message({"text": text}))])
+            assert fastgen.fallback_reason(agent, batch, None) is None
+            agent.fast_search = False
+            torch.manual_seed(seed)
+            ref, ref_beams = agent._generate(batch, 4, 12)
+            agent.fast_search = True
+            torch.manual_seed(seed)
+            got, got_beams = agent._generate(batch, 4, 12)
+        assert isinstance(got_beams[0], fastgen.BatchedBeams)
+        assert finished_lists(got_beams) == finished_lists(ref_beams), (seed, text)
+        tops.add(tuple(got[0][0].tolist()))
+    assert len(tops) > 6  # different draws, different replies
+
+
+def test_delayed_beam_in_a_batch_keeps_each_chat_its_own(agent: Any) -> None:
+    """With several chats the draws come in another order than ParlAI's, but each reply is a
+    well-formed finished hypothesis of its own chat's search."""
+    import torch
+    from parlai.core.message import Message
+
+    with generation(agent, inference="delayedbeam", beam_size=3, topk=4, beam_delay=2):
+        clones = [agent.clone() for _ in range(5)]
+        obs = [c.observe(Message({"text": f"hello {w}"})) for c, w in zip(clones, "abcde")]
+        torch.manual_seed(0)
+        replies = agent.batch_act(obs)
+    assert all(r["text"] and r["beam_texts"] for r in replies)
+    assert all(r["text"] == r["beam_texts"][0][0] for r in replies)

@@ -1,4 +1,4 @@
-"""The batched beam (and greedy) search, and the per-chat result it hands back to ParlAI."""
+"""The batched beam (greedy, delayed beam) search, and the per-chat result it hands ParlAI."""
 
 from __future__ import annotations
 
@@ -79,16 +79,23 @@ class BatchedBeams:
 def batched_generate(
     agent: Any, batch: Any, beam_size: int, max_ts: int
 ) -> tuple[list[tuple[Any, Any, Any]], list[BatchedBeams]]:
-    """ParlAI's beam (or greedy) search over the whole batch at once; see the module docstring.
+    """ParlAI's beam, greedy or delayed-beam search over the whole batch at once.
 
-    Follows TorchGeneratorAgent._generate, TreeSearch.advance, BeamSearch/GreedySearch
-    .select_paths and TreeSearch.get_rescored_finished step for step.
+    Follows TorchGeneratorAgent._generate, TreeSearch.advance, BeamSearch/GreedySearch/
+    DelayedBeamSearch .select_paths and TreeSearch.get_rescored_finished step for step. The
+    sampled steps of delayed beam draw for all chats at once: with one chat the draws are
+    ParlAI's (same seed, same reply); with several they come in another order.
     """
     model = agent.model
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model = model.module
     opt = agent.opt
-    greedy = opt.get("inference", "greedy") == "greedy"
+    inference = opt.get("inference", "greedy")
+    greedy = inference == "greedy"
+    # Delayed beam (Massarelli et al., 2019; ParlAI's DelayedBeamSearch): the first `delay`
+    # tokens of every hypothesis are sampled from its own top-k, then beam search goes on.
+    delay = int(opt.get("beam_delay", 30)) if inference == "delayedbeam" else 0
+    topk = int(opt.get("topk", 10))
     if greedy and beam_size != 1:
         raise ValueError("Greedy search can only be run with beam size 1.")
     beam = beam_size
@@ -138,7 +145,16 @@ def batched_generate(
         if context is not None:
             block_context_ngrams(lp, hyps, context, context_ngram)
 
-        if t == 0:
+        if t < delay:
+            # TopKSampling.select_paths: every row draws one token from its own top-k (at the
+            # first step all rows are the same start: that is what makes them differ)
+            prior = scores if t == 0 else scores.masked_fill(last == eos, NEG)
+            values, indices = lp.view(rows, vocab).topk(topk, dim=-1)
+            choices = torch.multinomial(torch.softmax(values, dim=-1), 1)
+            tok_ids = indices.gather(1, choices).view(bsz, beam)
+            new_scores = values.gather(1, choices).view(bsz, beam) + prior
+            hyp_ids = torch.arange(beam, device=dev).expand(bsz, beam)
+        elif t == 0:
             # only the first hypothesis of each chat exists yet
             first = lp[:, 0, :]
             if greedy:

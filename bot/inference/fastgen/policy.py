@@ -32,7 +32,7 @@ def fallback_reason(agent: Any, batch: Any, prefix_tokens: Any) -> str | None:
     if not getattr(agent, "fast_search", True):
         return "disabled"
     opt = agent.opt
-    if opt.get("inference", "greedy") not in ("beam", "greedy"):
+    if opt.get("inference", "greedy") not in ("beam", "greedy", "delayedbeam"):
         return f"inference={opt.get('inference')}"
     if prefix_tokens is not None:
         return "prefix tokens"
