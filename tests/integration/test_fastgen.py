@@ -335,6 +335,7 @@ def test_delayed_beam_draws_what_parlai_draws_for_one_chat(agent: Any, one_threa
             agent.fast_search = False
             torch.manual_seed(seed)
             ref, ref_beams = agent._generate(batch, 4, 12)
+            assert ref[0][0].numel() > 0
             agent.fast_search = True
             torch.manual_seed(seed)
             got, got_beams = agent._generate(batch, 4, 12)
@@ -352,7 +353,9 @@ def test_delayed_beam_in_a_batch_keeps_each_chat_its_own(agent: Any) -> None:
 
     with generation(agent, inference="delayedbeam", beam_size=3, topk=4, beam_delay=2):
         clones = [agent.clone() for _ in range(5)]
-        obs = [c.observe(Message({"text": f"hello {w}"})) for c, w in zip(clones, "abcde")]
+        obs = [
+            c.observe(Message({"text": f"hello {w}"})) for c, w in zip(clones, "abcde", strict=True)
+        ]
         torch.manual_seed(0)
         replies = agent.batch_act(obs)
     assert all(r["text"] and r["beam_texts"] for r in replies)
