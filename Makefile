@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PARLAI := parlai==1.7.2
 PYTEST_ARGS ?=
 
-.PHONY: install run chat train test test-all lint format bench bench-quick bench-variants soak clean
+.PHONY: install run chat train train-shipped test test-all lint format bench bench-quick bench-variants soak clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ chat: install
 
 train: install
 	$(PY) -m bot train
+
+# Reproduce the shipped default model (models/chitchat/): 100 minutes, then its recipe files.
+train-shipped: install
+	$(PY) -m bot train --ship
 
 lint: install
 	$(PY) -m ruff check bot tests bench migrations

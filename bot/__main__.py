@@ -48,6 +48,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "--if-missing", action="store_true", help="do nothing if the default model exists"
     )
     train.add_argument("--out", default=None, help="model file to write (default: data dir)")
+    train.add_argument(
+        "--ship",
+        action="store_true",
+        help="reproduce the shipped default model: the default recipe for --minutes (default "
+        "100, no 15-minute cap), installed in models/chitchat/ with recipe.json and RECIPE.md",
+    )
 
     db = sub.add_parser("db", help="database schema (Alembic migrations)")
     db_sub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
@@ -170,6 +176,11 @@ def _train(settings: Settings, args: argparse.Namespace) -> int:
     from bot.training import TrainingError, train_cli
 
     try:
+        if args.ship:
+            from bot.training.ship import SHIP_MINUTES, ship
+
+            ship(args.minutes or SHIP_MINUTES)
+            return 0
         return train_cli(settings, minutes=args.minutes, if_missing=args.if_missing, out=args.out)
     except TrainingError as err:
         log.debug("training failed", exc_info=err)

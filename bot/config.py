@@ -11,6 +11,8 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path("data")
+# The embedded default model, trained once and committed with its recipe (models/chitchat/).
+SHIPPED_MODEL_FILE = Path(__file__).resolve().parents[1] / "models" / "chitchat" / "model"
 # Telegram takes 1-256 characters of A-Za-z0-9_- as a webhook secret; we want at least 16: it is
 # all that tells Telegram's posts from forged ones, and a short one would shred the logs, where
 # every occurrence of it is redacted.
@@ -156,8 +158,17 @@ class Settings(BaseSettings):
 
     @property
     def model_file(self) -> str:
-        """The model to serve: BOT_MODEL, or the locally trained default."""
-        return self.bot_model or str(self.default_model_file)
+        """The model to serve: BOT_MODEL; else a default model trained here (`make train`);
+        else the default model shipped in the repository (models/chitchat/); else where a
+        first start trains one."""
+        if self.bot_model:
+            return self.bot_model
+        trained = self.default_model_file
+        if Path(str(trained) + ".opt").is_file() or not SHIPPED_MODEL_FILE.with_suffix(
+            ".opt"
+        ).is_file():
+            return str(trained)
+        return str(SHIPPED_MODEL_FILE)
 
     def require_token(self) -> str:
         """Return the bot token or raise ConfigError with what to do."""

@@ -169,8 +169,8 @@ def ensure_model(settings: Settings) -> None:
 
     Imports the training pipeline only then: a normal start never loads it.
     """
-    if settings.bot_model or Path(str(settings.default_model_file) + ".opt").exists():
-        return
+    if settings.bot_model or Path(settings.model_file + ".opt").exists():
+        return  # BOT_MODEL, a model trained here, or the one shipped in models/chitchat/
     from bot.training import TrainingError, train_cli
 
     log.warning(

@@ -59,10 +59,12 @@ def train_model(
     recipe: Recipe = DEFAULT_RECIPE,
     progress: bool = True,
     conversations: Iterable[tuple[str, list[list[str]]]] | None = None,
+    cap_minutes: float = MAX_MINUTES,
 ) -> TrainResult:
-    """Train within `minutes` of wall-clock time (all steps) and install the model at `out`."""
+    """Train within `minutes` of wall-clock time (all steps, at most `cap_minutes`) and install
+    the model at `out`."""
     started = time.monotonic()
-    deadline = started + min(minutes, MAX_MINUTES) * 60.0
+    deadline = started + min(minutes, cap_minutes) * 60.0
     out = out.resolve()
     import torch
     from parlai.core.params import ParlaiParser

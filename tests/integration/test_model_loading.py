@@ -46,6 +46,8 @@ def test_a_failed_first_start_training_says_what_to_do(
         raise bot.training.TrainingError("training the model into /x failed: disk full")
 
     monkeypatch.setattr(bot.training, "train_cli", failing)
+    # as on an installed copy without the repository's shipped model
+    monkeypatch.setattr("bot.config.SHIPPED_MODEL_FILE", tmp_path / "none" / "model")
     settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
     with pytest.raises(ConfigError, match=r"disk full.*python -m bot train.*BOT_MODEL"):
         ensure_model(settings)

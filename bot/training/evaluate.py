@@ -1,0 +1,78 @@
+"""Held-out perplexity of a model on the chitchat-dataset split a recipe makes, and sample
+replies: the figures models/chitchat/RECIPE.md records, and the test that keeps them true."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bot.training.data import load_conversations, write_dataset
+from bot.training.recipe import DEFAULT_RECIPE, Recipe
+
+# The prompts of the sample exchanges in RECIPE.md and the README.
+SAMPLE_PROMPTS = (
+    "hi! how are you today?",
+    "what do you do for a living?",
+    "i just got back from a trip to italy.",
+    "do you have any pets?",
+    "what kind of music do you like?",
+    "i'm so tired, i worked all day.",
+    "what's your favorite food?",
+    "do you like to read?",
+    "i'm thinking about learning to play the guitar.",
+    "what are you doing this weekend?",
+)
+
+
+def held_out_perplexity(
+    model_file: str, recipe: Recipe = DEFAULT_RECIPE, max_examples: int | None = None
+) -> dict[str, float]:
+    """ppl, loss and token accuracy on the first `max_examples` held-out examples (the
+    recipe's validation_max_exs by default), in their file order, batch by batch."""
+    from parlai.scripts.eval_model import EvalModel
+
+    from bot.training.train import parlai_quiet
+
+    n = max_examples or recipe.validation_max_exs
+    with tempfile.TemporaryDirectory(prefix="heldout-") as tmp:
+        write_dataset(Path(tmp), load_conversations(), recipe)
+        with parlai_quiet():
+            report = EvalModel.main(
+                task="fromfile:parlaiformat",
+                fromfile_datapath=str(Path(tmp) / "chitchat"),
+                fromfile_datatype_extension=True,
+                model_file=model_file,
+                datatype="valid",
+                num_examples=n,
+                batchsize=16,
+                skip_generation=True,
+                no_cuda=True,
+                log_every_n_secs=-1,
+                display_examples=False,
+                interactive_mode=False,
+            )
+    return {k: _value(report[k]) for k in ("ppl", "loss", "token_acc", "exs") if k in report}
+
+
+def _value(metric: Any) -> float:
+    value = metric.value() if hasattr(metric, "value") else metric
+    return float(value)
+
+
+def sample_replies(
+    agent: Any, prompts: tuple[str, ...] = SAMPLE_PROMPTS, seed: int = 0
+) -> list[str]:
+    """One reply per prompt, each in a fresh conversation, with the agent's own decoding."""
+    import torch
+    from parlai.core.message import Message
+
+    from bot.inference.batcher import chat_reply
+
+    torch.manual_seed(seed)
+    replies = []
+    for prompt in prompts:
+        clone = agent.clone()
+        obs = clone.observe(Message({"text": prompt, "episode_done": False}))
+        replies.append(chat_reply(str(agent.batch_act([obs])[0]["text"])))
+    return replies
