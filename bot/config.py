@@ -164,9 +164,10 @@ class Settings(BaseSettings):
         if self.bot_model:
             return self.bot_model
         trained = self.default_model_file
-        if Path(str(trained) + ".opt").is_file() or not SHIPPED_MODEL_FILE.with_suffix(
-            ".opt"
-        ).is_file():
+        if (
+            Path(str(trained) + ".opt").is_file()
+            or not SHIPPED_MODEL_FILE.with_suffix(".opt").is_file()
+        ):
             return str(trained)
         return str(SHIPPED_MODEL_FILE)
 
