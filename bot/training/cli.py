@@ -53,7 +53,12 @@ def train_cli(
                 log.info("default model already at %s; not training", model_file)
                 return 0
             log.info("training the default model into %s, budget %.1f minutes", model_file, budget)
-            result = train_model(model_file, minutes=budget, recipe=recipe)
+            result = train_model(
+                model_file,
+                minutes=budget,
+                recipe=recipe,
+                cache_dir=settings.data_dir / "cache" / "training",
+            )
     except Exception as err:  # whatever broke, the caller gets one clear error
         reason = str(err) or type(err).__name__
         raise TrainingError(f"training the model into {model_file} failed: {reason}") from err

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
+import json
 import logging
 import random
 import shutil
@@ -13,6 +15,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bot.training.args import parlai_args
 from bot.training.data import DataStats, load_conversations, write_dataset
@@ -39,6 +42,70 @@ class TrainResult:
     size_bytes: int = 0
 
 
+def _cache_entry(cache_dir: Path | None, recipe: Recipe) -> Path | None:
+    """The cache directory of this recipe and data version (created), or None."""
+    if cache_dir is None:
+        return None
+    from dataclasses import asdict
+    from importlib.metadata import version
+
+    key = json.dumps({"data": version("chitchat-dataset"), **asdict(recipe)}, sort_keys=True)
+    entry = cache_dir / hashlib.sha256(key.encode()).hexdigest()[:16]
+    entry.mkdir(parents=True, exist_ok=True)
+    return entry
+
+
+def _dataset(
+    directory: Path,
+    recipe: Recipe,
+    conversations: Iterable[tuple[str, list[list[str]]]] | None,
+    cache: Path | None,
+) -> DataStats:
+    """The ParlAI data files in `directory`: from the cache, or converted (and cached)."""
+    cached = cache / "data" if cache is not None else None
+    if cached is not None and (cached / "stats.json").is_file():
+        shutil.copytree(cached, directory)
+        stats = DataStats(**json.loads((cached / "stats.json").read_text()))
+        log.info("data from the cache (%s)", cache)
+    else:
+        source = conversations if conversations is not None else load_conversations()
+        stats = write_dataset(directory, source, recipe)
+        if cached is not None:
+            shutil.rmtree(cached, ignore_errors=True)
+            shutil.copytree(directory, cached)
+            (cached / "stats.json").write_text(json.dumps(stats.__dict__))
+    log.info(
+        "data: %d conversations -> %d training / %d held-out examples (%d with persona lines)",
+        stats.conversations,
+        stats.train_examples,
+        stats.valid_examples,
+        stats.with_persona,
+    )
+    return stats
+
+
+@contextlib.contextmanager
+def _quiet_bars(progress: bool) -> Iterator[None]:
+    """No progress bar from subword-nmt's BPE learner unless a terminal shows it: in a log it
+    is a stream of carriage returns. (tqdm reads TQDM_DISABLE when it is imported, too early
+    to set here, so the learner's own `tqdm` name is swapped for a plain iterator.)"""
+    if progress and sys.stderr.isatty():
+        yield
+        return
+    from subword_nmt import learn_bpe
+
+    bar = learn_bpe.tqdm
+
+    def plain(iterable: Any, *_: Any, **__: Any) -> Any:
+        return iterable
+
+    learn_bpe.tqdm = plain
+    try:
+        yield
+    finally:
+        learn_bpe.tqdm = bar
+
+
 @contextlib.contextmanager
 def parlai_quiet(level: str = "WARNING") -> Iterator[None]:
     """ParlAI's own logger at `level` for a block (its INFO lines would drown the progress)."""
@@ -60,11 +127,17 @@ def train_model(
     progress: bool = True,
     conversations: Iterable[tuple[str, list[list[str]]]] | None = None,
     cap_minutes: float = MAX_MINUTES,
+    cache_dir: Path | None = None,
 ) -> TrainResult:
-    """Train within `minutes` of wall-clock time (all steps, at most `cap_minutes`) and install
-    the model at `out`."""
+    """Train for `minutes` of wall-clock time (at most `cap_minutes`) and install the model at
+    `out`.
+
+    The budget is for training: the set-up before it (the dataset conversion and the BPE
+    dictionary, about a minute on 2 cores) comes on top, and with `cache_dir` it is done once
+    per recipe and data version and reused after that.
+    """
     started = time.monotonic()
-    deadline = started + min(minutes, cap_minutes) * 60.0
+    budget_s = min(minutes, cap_minutes) * 60.0
     out = out.resolve()
     import torch
     from parlai.core.params import ParlaiParser
@@ -78,18 +151,8 @@ def train_model(
         shutil.rmtree(stale, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix=prefix, dir=out.parent) as tmp_name:
         tmp = Path(tmp_name)
-        data = write_dataset(
-            tmp / "data",
-            conversations if conversations is not None else load_conversations(),
-            recipe,
-        )
-        log.info(
-            "data: %d conversations -> %d training / %d held-out examples (%d with persona lines)",
-            data.conversations,
-            data.train_examples,
-            data.valid_examples,
-            data.with_persona,
-        )
+        cache = _cache_entry(cache_dir, recipe) if conversations is None else None
+        data = _dataset(tmp / "data", recipe, conversations, cache)
         tmp_model = tmp / "model" / "model"
         tmp_model.parent.mkdir()
         torch.manual_seed(recipe.seed)
@@ -104,14 +167,25 @@ def train_model(
             if not (progress and sys.stderr.isatty()):
                 # build_dict draws a tqdm bar when this is set: only useful on a terminal.
                 dict_opt["log_every_n_secs"] = None
-            build_dict(dict_opt, skip_if_built=True)
+            dict_file = Path(str(tmp_model) + ".dict")
+            if cache is not None and (cache / "model.dict").is_file():
+                log.info("BPE dictionary from the cache (%s)", cache)
+                for suffix in (".dict", ".dict.codecs"):
+                    shutil.copyfile(cache / f"model{suffix}", str(tmp_model) + suffix)
+            else:
+                with _quiet_bars(progress):
+                    build_dict(dict_opt, skip_if_built=True)
+                if cache is not None:
+                    for suffix in (".dict", ".dict.codecs"):
+                        shutil.copyfile(str(tmp_model) + suffix, cache / f"model{suffix}")
+            assert dict_file.is_file()
             # Whatever is left after data, dictionary and model set-up, less time for the
             # final evaluation and the save, goes to training.
             reserve = 15.0 + recipe.validation_max_exs / 50.0
             set_up = time.monotonic()
             loop = BudgetTrainLoop(opt)
             set_up_s = time.monotonic() - set_up
-            train_s = max(deadline - time.monotonic() - reserve, 5.0)
+            train_s = max(budget_s - reserve, 5.0)
             loop.max_train_time = train_s
             loop.val_every_n_secs = max(30.0, train_s / 3)
             loop.opt["max_train_time"] = train_s

@@ -129,3 +129,25 @@ async def _reply(agent: object, persona: str, text: str) -> Generated:
         return await batcher.generate(new_clone(agent, persona), text)
     finally:
         await batcher.close()
+
+
+def test_a_second_run_reuses_the_data_and_the_dictionary(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The set-up (dataset conversion, BPE dictionary) is done once per recipe and data
+    version; without a terminal no progress bar writes carriage returns."""
+    import logging
+
+    settings = _settings(tmp_path)
+    with caplog.at_level(logging.INFO, logger="bot.training"):
+        for name in ("one", "two"):
+            out = tmp_path / name / "model"
+            training.train_cli(settings, minutes=0.2, if_missing=False, out=str(out), recipe=TINY)
+    first, second = (
+        [r.getMessage() for r in caplog.records if r.getMessage().startswith(what)]
+        for what in ("data from the cache", "BPE dictionary from the cache")
+    )
+    assert len(first) == 1 and len(second) == 1  # the second run only
+    one, two = (Path(tmp_path / n / "model.dict").read_text() for n in ("one", "two"))
+    assert one == two
+    assert "\r" not in capfd.readouterr().err
