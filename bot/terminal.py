@@ -48,6 +48,8 @@ async def dispatch(chat: ChatActions, chat_id: int, line: str) -> bool:
             await chat.forget(chat_id)
         elif command == "privacy":
             await chat.privacy(chat_id)
+        elif command == "context":
+            await chat.context(chat_id)
         elif command in ("good", "bad"):
             await chat.vote(
                 chat_id, chat_id, None, 1 if command == "good" else -1, answer_in_chat=True

@@ -13,6 +13,7 @@ HELP = (
     "/persona clear - remove the persona\n"
     "/done - end this conversation and start afresh (the persona stays)\n"
     "/forget - delete everything stored about this chat\n"
+    "/context - what I read before my next reply\n"
     "/privacy - what I store and how to delete it\n"
     "/help - this message"
 )
@@ -25,6 +26,7 @@ COMMAND_MENU = {
     "persona": "Show my persona; /persona <text> sets it, /persona clear clears it",
     "done": "End this conversation (my persona stays)",
     "forget": "Delete everything stored about this chat",
+    "context": "What I read before my next reply",
     "privacy": "What I store, for how long, and how to delete it",
 }
 
@@ -120,6 +122,23 @@ EDITED = (
 UNKNOWN_COMMAND = "I don't know that command. /help lists what I can do."
 # Telegram refuses empty texts; a blank reply still deserves an answer.
 EMPTY_REPLY = "…"
+
+
+# --- /context --------------------------------------------------------------------------------
+
+CONTEXT_EMPTY = "We haven't talked yet: I read only my persona, if I have one (/persona)."
+CONTEXT_UNAVAILABLE = "I can't show what I read right now. Please try again in a moment."
+
+
+def context_view(persona: list[str], turns: list[tuple[str, str]], dropped: int) -> str:
+    """/context: the persona lines and the turns the model reads now."""
+    lines = ["What I read before my next reply:", ""]
+    lines += persona or ["(no persona)"]
+    lines.append("")
+    lines += [f"{'you' if role == 'user' else 'me'}: {text}" for role, text in turns]
+    if dropped:
+        lines += ["", f"({dropped} older messages no longer fit; I don't see them.)"]
+    return "\n".join(lines)
 
 
 # --- privacy ---------------------------------------------------------------------------------

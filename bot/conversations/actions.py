@@ -150,6 +150,33 @@ class ChatActions:
         )
         self.responder.set_persona(session.id, preset)
 
+    async def context(self, chat_id: int, *, update_id: int | None = None) -> None:
+        """/context: the persona lines and the turns the model reads now, and how many older
+        ones were dropped to fit its input."""
+        from bot.inference.persona import join_turns, persona_lines  # imports ParlAI
+
+        inspect = getattr(self.responder, "inspect", None)
+        session = await self.store.active_session_row(chat_id)
+        if session is None or session.last_message_id is None:
+            await self.notice(chat_id, texts.CONTEXT_EMPTY, update_id=update_id)
+            return
+        if inspect is None:
+            await self.notice(chat_id, texts.CONTEXT_UNAVAILABLE, update_id=update_id)
+            return
+        try:
+            view = await inspect(session)
+        except GenerationError as err:
+            log.warning("/context for chat %s failed: %s", chat_id, err)
+            await self.notice(chat_id, texts.CONTEXT_UNAVAILABLE, update_id=update_id)
+            return
+        ctx = await self.store.load_context(session.id, None)
+        turns = join_turns([(m.role, m.text) for m in ctx.messages])
+        shown = turns[len(turns) - view.visible_turns :] if view.visible_turns else []
+        text = texts.context_view(
+            persona_lines(session.persona), shown, len(turns) - view.visible_turns
+        )
+        await self.notice(chat_id, text, update_id=update_id)
+
     async def privacy(self, chat_id: int, *, update_id: int | None = None) -> None:
         """/privacy: what is stored, for how long, who reads it, how to delete it."""
         await self.notice(chat_id, self.privacy_text, update_id=update_id)

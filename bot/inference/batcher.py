@@ -44,6 +44,15 @@ class Generated:
     candidates: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class ModelView:
+    """What the model reads now for a conversation (the /context command)."""
+
+    model_input: list[int]  # the token ids: persona lines, then the turns that fit
+    text: str  # the same ids as text
+    visible_turns: int  # how many of the newest turns reach the model
+
+
 @dataclass
 class _Job:
     clone: Any

@@ -151,22 +151,33 @@ class PersonaHistory(History):  # type: ignore[misc]
             return f"{self.persona_text}{self.delimiter}{turns}"
         return turns
 
-    def get_history_vec(self) -> list[int] | None:
-        """Persona tokens, then the newest turns that fit, never longer than `maxlen`."""
-        if not self.history_vecs:
-            return None
+    def _fitting(self) -> list[Sequence[int]]:
+        """The turn vectors that reach the model, newest first (the newest one cut to its end
+        when even it alone is too long)."""
         budget = self._turn_budget()
-        delim: list[int] = list(self.delimiter_tok)
+        delim = len(self.delimiter_tok)
         chosen: list[Sequence[int]] = []
         used = 0
         for vec in reversed(self.history_vecs):
-            extra = len(vec) + (len(delim) if chosen else 0)
+            extra = len(vec) + (delim if chosen else 0)
             if budget is not None and used + extra > budget:
                 if not chosen:  # even the newest turn is too long: keep its end
                     chosen.append(vec[-budget:])
                 break
             chosen.append(vec)
             used += extra
+        return chosen
+
+    def visible_turns(self) -> int:
+        """How many of the newest turns reach the model now (the /context command)."""
+        return len(self._fitting()) if self.history_vecs else 0
+
+    def get_history_vec(self) -> list[int] | None:
+        """Persona tokens, then the newest turns that fit, never longer than `maxlen`."""
+        if not self.history_vecs:
+            return None
+        delim: list[int] = list(self.delimiter_tok)
+        chosen = self._fitting()
         out: list[int] = []
         if self.persona_vec:
             out.extend(self.persona_vec)

@@ -14,7 +14,7 @@ from bot.config import Settings
 from bot.conversations.actions import GenerationError, Reply
 from bot.conversations.store import ConversationContext
 from bot.db.conversations import SessionRow
-from bot.inference.batcher import Batcher, BatchError, Generated
+from bot.inference.batcher import Batcher, BatchError, Generated, ModelView
 from bot.inference.cache import AgentCache, Conversation
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,14 @@ class Responder:
             except BatchError as err:
                 self.cache.evict(session.id)
                 raise GenerationError(str(err)) from err
+
+    async def inspect(self, session: SessionRow, source: ContextSource | None = None) -> ModelView:
+        """The model input the conversation's clone holds now, without generating."""
+        async with self.checkout(session, source) as entry:
+            history = entry.clone.history
+            vec = history.get_history_vec() or list(history.persona_vec)
+            text = str(self.shared_agent.dict.vec2txt(vec)) if vec else ""
+            return ModelView(list(vec), text, history.visible_turns())
 
     async def respond(self, session: SessionRow, user_text: str) -> Reply:
         """The bot's reply to `user_text` in `session`'s context."""

@@ -9,11 +9,12 @@ Messages, parent -> worker:
     ("turn", req_id, SessionRow, text, ConversationContext | None)
     ("evict", session_id)                  drop a cached clone
     ("stored", session_id, last_message_id) the turn is committed up to this message
+    ("inspect", req_id, SessionRow, ConversationContext | None)   what the model reads now
     ("stats", req_id)                      cache, batch and memory figures
     ("stop",)
 worker -> parent:
     ("ready", info) or ("failed", reason)   once, after loading the model
-    ("reply", req_id, Generated)
+    ("reply", req_id, Generated)            (also the ModelView of an inspect)
     ("context", req_id, tail)               a cache miss: send the turn again with its context
     ("error", req_id, message)              generation failed (safe to log)
     ("stats", req_id, dict)
@@ -164,12 +165,25 @@ async def _serve(conn: Connection, agent: Any, spec: WorkerSpec) -> None:
         else:
             send(("reply", req_id, result))
 
+    async def inspect(req_id: int, session: Any, context: ConversationContext | None) -> None:
+        if context is None and not responder.has_fresh(session):
+            send(("context", req_id, responder.cache.tail_limit))
+            return
+        try:
+            view = await responder.inspect(session, _Given(context))
+        except Exception as err:
+            log.exception("variant %s: inspecting session %s failed", spec.variant, session.id)
+            send(("error", req_id, f"{type(err).__name__}: {err}"))
+        else:
+            send(("reply", req_id, view))
+
     running: set[asyncio.Task[None]] = set()
     while True:
         message = await inbox.get()
         kind = message[0]
-        if kind == "turn":
-            task = asyncio.create_task(turn(*message[1:]))
+        if kind in ("turn", "inspect"):
+            work = turn(*message[1:]) if kind == "turn" else inspect(*message[1:])
+            task = asyncio.create_task(work)
             running.add(task)
             task.add_done_callback(running.discard)
         elif kind == "evict":

@@ -18,15 +18,17 @@ import threading
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.config import Settings
 from bot.conversations.actions import GenerationError
 from bot.db.conversations import SessionRow
-from bot.inference.batcher import Generated
-from bot.inference.responder import ContextSource
+from bot.inference.batcher import Generated, ModelView
 from bot.inference.worker import WorkerSpec
 from bot.tg.backoff import Backoff
+
+if TYPE_CHECKING:  # the service process never imports torch or ParlAI: the workers do
+    from bot.inference.responder import ContextSource
 
 log = logging.getLogger(__name__)
 
@@ -112,12 +114,24 @@ class WorkerHandle:
 
     async def generate(self, session: SessionRow, user_text: str) -> Generated:
         """One turn on this variant; a lost worker's turn is sent again once it is back."""
+        result = await self._with_context("turn", session, user_text)
+        assert isinstance(result, Generated)
+        return result
+
+    async def inspect(self, session: SessionRow) -> ModelView:
+        """What this variant's model reads now for the conversation."""
+        result = await self._with_context("inspect", session)
+        assert isinstance(result, ModelView)
+        return result
+
+    async def _with_context(self, kind: str, session: SessionRow, *args: Any) -> Any:
+        """A request about a session, with its context sent when the worker asks for it."""
         context = None
         lost = 0
         while True:
             await self._ready.wait()
             try:
-                result = await self._request(("turn", session, user_text, context))
+                result = await self._request((kind, session, *args, context))
             except WorkerLost:
                 lost += 1
                 if lost >= MAX_LOST:
@@ -129,7 +143,6 @@ class WorkerHandle:
             if isinstance(result, _NeedContext):
                 context = await self.store.load_context(session.id, result.tail)
                 continue
-            assert isinstance(result, Generated)
             return result
 
     async def stats(self) -> dict[str, Any]:

@@ -129,6 +129,7 @@ class Handlers:
         application.add_handler(CommandHandler("done", self.done, filters=message))
         application.add_handler(CommandHandler("forget", self.forget, filters=message))
         application.add_handler(CommandHandler("privacy", self.privacy, filters=message))
+        application.add_handler(CommandHandler("context", self.show_context, filters=message))
         application.add_handler(CommandHandler("stats", self.stats, filters=message))
         application.add_handler(CommandHandler("model", self.model, filters=message))
         application.add_handler(CommandHandler("arena", self.arena, filters=message))
@@ -230,6 +231,10 @@ class Handlers:
             user_id=_user_id(update),
             payload=_command_argument(update.message),
         )
+
+    async def show_context(self, update: Update, context: Context) -> None:
+        """/context: what the model reads now."""
+        await self.chat.context(_chat_id(update), update_id=update.update_id)
 
     async def privacy(self, update: Update, context: Context) -> None:
         """/privacy."""

@@ -18,7 +18,7 @@ from bot.conversations.actions import Reply
 from bot.conversations.store import ConversationStore
 from bot.db.conversations import SessionRow
 from bot.db.models import AssignmentSource
-from bot.inference.batcher import Generated
+from bot.inference.batcher import Generated, ModelView
 from bot.variants.assign import choose
 from bot.variants.config import Experiment, Variant, load_experiment
 
@@ -42,6 +42,10 @@ class Engine(Protocol):
 
     def set_persona(self, session_id: int, persona: str) -> None:
         """Use a new persona from the next turn."""
+        ...
+
+    async def inspect(self, session: SessionRow) -> ModelView:
+        """What the model reads now for the conversation."""
         ...
 
     async def close(self) -> None:
@@ -140,6 +144,15 @@ class VariantResponder:
         result = await self.engines[name].generate(session, user_text)
         latency_ms = (time.perf_counter() - started) * 1000.0
         return Reply(result.text, latency_ms, name, result.model_ms, result.candidates)
+
+    async def inspect(self, session: SessionRow) -> ModelView:
+        """What the chat's variant's model reads now (the /context command)."""
+        name = await self.variant_for(session)
+        previous = self._holder.get(session.id)
+        if previous is not None and previous != name:
+            self.engines[previous].evict(session.id)
+        self._holder[session.id] = name
+        return await self.engines[name].inspect(session)
 
     async def duel(self, session: SessionRow, user_text: str) -> tuple[Reply, Reply]:
         """Two variants' replies to one message (/arena), in random order: the chat's own

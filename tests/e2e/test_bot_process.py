@@ -61,7 +61,7 @@ async def test_polling_end_to_end_at_debug_level_without_leaking_the_token(
         env = bot_env(tmp_path, api, tiny_model_file, LOG_LEVEL="DEBUG")
         async with bot_process(env, tmp_path, api) as bot:
             assert [c["command"] for c in api.commands] == [
-                "start", "help", "persona", "done", "forget", "privacy",
+                "start", "help", "persona", "done", "forget", "context", "privacy",
             ]  # fmt: skip
             assert api.calls_to("deleteWebhook")
             await conversation(api, 42, tmp_path)

@@ -24,7 +24,7 @@ async def test_commands_persona_turns_done_and_forget(
     service = await start_service(settings, responder)
     await api.wait_for(lambda: bool(api.commands), what="setMyCommands")
     assert [c["command"] for c in api.commands] == [
-        "start", "help", "persona", "done", "forget", "privacy",
+        "start", "help", "persona", "done", "forget", "context", "privacy",
     ]  # fmt: skip
     script = [
         "/start",

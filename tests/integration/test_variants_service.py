@@ -262,3 +262,47 @@ async def test_a_variant_that_cannot_load_is_one_clear_error_naming_it(
     assert lines[1].strip().startswith("variant 'bad': ")
     assert f"loading {broken} failed: JSONDecodeError" in lines[1]
     assert "good" not in str(caught.value)
+
+
+async def test_context_is_the_model_input_through_the_worker(workers: Any, tiny_agent: Any) -> None:
+    """What /context reports is what the model then reads: the next turn's input is exactly
+    the inspected input plus the new message (nothing is truncated yet in this chat)."""
+    router, store = workers
+    chat = 951
+    await store.set_persona(chat, chat, "i love dogs .", notice="ok")
+    for text in ("hello one", "hello two"):
+        await _turn(router, store, chat, text)
+    session = await store.active_session(chat)
+    view = await router.inspect(session)
+    assert view.text.startswith("your persona : i love dogs .")
+    assert view.visible_turns == 4
+    _, result = await _turn(router, store, chat, "hello three")
+    delimiter = list(tiny_agent.clone().history.delimiter_tok)
+    new = tiny_agent.dict.txt2vec("hello three")
+    assert result.model_input == view.model_input + delimiter + new
+
+
+async def test_context_counts_what_no_longer_fits(
+    db_url: str, tmp_path: Path, api: FakeBotAPI, tiny_model_file: str
+) -> None:
+    settings = make_settings(
+        db_url, api, tmp_path, model_workers="inline", bot_model=tiny_model_file
+    )
+    chat = 961
+    async with running_service(settings, None):
+        api.user_message(chat, "/context")
+        assert await api.wait_for_texts(chat, 1, timeout_s=30) == [texts.CONTEXT_EMPTY]
+        api.user_message(chat, "/persona I love dogs.")
+        await api.wait_for_texts(chat, 2, timeout_s=30)
+        for i in range(8):  # far more than the tiny model's 64-token input (one at a time:
+            # the flood limit counts 12 messages per 10 s)
+            api.user_message(chat, f"tell me about dogs and cats and music {i}")
+            await api.wait_for_texts(chat, 3 + i, timeout_s=30)
+        api.user_message(chat, "/context")
+        [*_, shown] = await api.wait_for_texts(chat, 11, timeout_s=30)
+    lines = shown.splitlines()
+    assert lines[:3] == ["What I read before my next reply:", "", "your persona: I love dogs."]
+    kept = [line for line in lines if line.startswith(("you: ", "me: "))]
+    dropped = int(lines[-1].split()[0].strip("("))
+    assert kept and dropped > 0 and len(kept) + dropped == 16
+    assert kept[-1].startswith("me: ")  # the newest turn is the bot's last reply
