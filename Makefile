@@ -54,12 +54,16 @@ bench: install
 	$(PY) -m bench.throughput --users 1,4,8,16,32,64
 	$(PY) -m bench.e2e --users 50 --messages 5
 	$(PY) -m bench.variants
+	$(PY) -m bench.sharing
+	$(PY) -m bench.safety
 
 bench-quick: install
 	$(PY) -m bench.memory --quick
 	$(PY) -m bench.rehydrate --quick
 	$(PY) -m bench.throughput --quick
 	$(PY) -m bench.e2e --quick
+	$(PY) -m bench.sharing --quick
+	$(PY) -m bench.safety --quick
 
 # Variants side by side: interference between worker processes, service overhead inline vs process.
 bench-variants: install

@@ -46,7 +46,9 @@ MB = 2**20
 class _Contexts:
     """A ContextSource for sessions that exist only here: a persona and a short history."""
 
-    async def load_context(self, session_id: int, tail: int | None) -> ConversationContext:
+    async def load_context(
+        self, session_id: int, tail: int | None, upto: int | None = None
+    ) -> ConversationContext:
         turns = common.conversation(session_id, 4)
         messages = [
             MessageRow(i + 1, session_id, role, text) for i, (role, text) in enumerate(turns)

@@ -116,8 +116,9 @@ def flooding(max_messages: int, window_s: float) -> str:
 
 NOT_TEXT = "I only understand text messages. Write to me in words and I'll answer."
 EDITED = (
-    "I saw that you edited a message. Edits don't change our conversation; "
-    "send it again as a new message if you want me to answer it."
+    "I saw that you edited a message. Only an edit of your latest message gets a new answer "
+    "(in place of my reply); edits of older ones don't change our conversation. Send it again "
+    "as a new message if you want me to answer it."
 )
 UNKNOWN_COMMAND = "I don't know that command. /help lists what I can do."
 # Telegram refuses empty texts; a blank reply still deserves an answer.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from bot import texts
@@ -365,6 +365,62 @@ class ChatActions:
             )
         except BaseException:
             # The clone already heard this turn but the database did not keep it.
+            self.responder.evict(session.id)
+            raise
+        self.responder.turn_stored(session.id, stored.bot_message_id)
+
+    # --- edits -----------------------------------------------------------------------------
+
+    async def edit(
+        self,
+        chat_id: int,
+        user_id: int | None,
+        telegram_message_id: int,
+        text: str,
+        *,
+        update_id: int | None = None,
+    ) -> None:
+        """The user edited a message: if it is the one the bot answered last, answer the new
+        text instead (the old reply is edited in place, the history keeps only the edited
+        turn); any other edit gets a short notice."""
+        target = await self.store.edit_target(chat_id, telegram_message_id)
+        text = clean_text(text)
+        if target is None or not text:
+            await self.notice(chat_id, texts.EDITED, update_id=update_id)
+            return
+        limit = self.settings.message_max_chars
+        if len(text) > limit:
+            await self.notice(
+                chat_id, texts.message_too_long(len(text), limit), update_id=update_id
+            )
+            return
+        session = target.session
+        # The conversation as it was before the old turn: the clone is rebuilt from there.
+        before = replace(session, last_message_id=target.previous_message_id)
+        self.responder.evict(session.id)
+        try:
+            reply = await self.responder.respond(before, text)
+        except GenerationError as err:
+            log.warning("regenerating after an edit failed for chat %s: %s", chat_id, err)
+            self.responder.evict(session.id)
+            await self.notice(chat_id, texts.NO_REPLY, update_id=update_id)
+            return
+        verdict = await self.safety.reply(reply.text, reply.candidates)
+        if verdict.text != reply.text:
+            self.responder.evict(session.id)
+        try:
+            stored = await self.store.replace_turn(
+                target,
+                text,
+                verdict.text,
+                latency_ms=reply.latency_ms,
+                update_id=update_id,
+                variant=reply.variant,
+                model_ms=reply.model_ms,
+                safety=verdict.mark,
+                unsafe_text=verdict.unsafe_text,
+            )
+        except BaseException:
             self.responder.evict(session.id)
             raise
         self.responder.turn_stored(session.id, stored.bot_message_id)

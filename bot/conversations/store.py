@@ -25,6 +25,19 @@ class ConversationContext:
 
 
 @dataclass(frozen=True, slots=True)
+class EditTarget:
+    """The last turn of a chat, when the user edits its message: what to regenerate."""
+
+    session: SessionRow
+    user_message_id: int
+    bot_message_id: int
+    # The old reply's Telegram message (None: not delivered yet).
+    bot_telegram_message_id: int | None
+    # The conversation's newest message before this turn (None: the turn was the first).
+    previous_message_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class StoredTurn:
     """The rows one turn wrote."""
 
@@ -137,13 +150,16 @@ class ConversationStore:
             active = await conversations.get_active_session(db, chat_id)
             return active.persona if active else await conversations.latest_persona(db, chat_id)
 
-    async def load_context(self, session_id: int, tail: int | None) -> ConversationContext:
-        """A conversation's persona and its last `tail` messages (all if None)."""
+    async def load_context(
+        self, session_id: int, tail: int | None, upto: int | None = None
+    ) -> ConversationContext:
+        """A conversation's persona and its last `tail` messages (all if None) up to message id
+        `upto` (0: none; None: up to the newest)."""
         async with self.sessionmaker() as db:
             s = await db.get(Session, session_id)
             if s is None:
                 raise LookupError(f"session {session_id} does not exist")
-            messages = await conversations.tail_messages(db, session_id, tail)
+            messages = await conversations.tail_messages(db, session_id, tail, upto)
             return ConversationContext(session_id, s.chat_id, s.persona, messages)
 
     async def set_persona(
@@ -310,6 +326,72 @@ class ConversationStore:
             )
             await _answer(db, chat_id, None, update_id)
             return StoredTurn(user_id, bot_id, outbox_id)
+
+    # --- edits ------------------------------------------------------------------------------
+
+    async def edit_target(self, chat_id: int, telegram_message_id: int) -> EditTarget | None:
+        """The chat's last turn if the user's message `telegram_message_id` started it: that
+        message, then the bot's reply, the two newest messages of the active conversation."""
+        async with self.sessionmaker() as db:
+            session = await conversations.get_active_session(db, chat_id)
+            if session is None:
+                return None
+            rows = await conversations.newest_messages(db, session.id, 3)
+            if len(rows) < 2:
+                return None
+            bot, user = rows[0], rows[1]
+            if bot.role != Role.BOT or user.role != Role.USER:
+                return None
+            if user.telegram_message_id != telegram_message_id:
+                return None
+            previous = rows[2].id if len(rows) > 2 else None
+            return EditTarget(session, user.id, bot.id, bot.telegram_message_id, previous)
+
+    async def replace_turn(
+        self,
+        target: EditTarget,
+        user_text: str,
+        reply: str,
+        *,
+        latency_ms: float | None = None,
+        update_id: int | None = None,
+        variant: str | None = None,
+        model_ms: float | None = None,
+        safety: str | None = None,
+        unsafe_text: str | None = None,
+    ) -> StoredTurn:
+        """The edited message and its regenerated reply in place of the old turn: the user's
+        message keeps its id with the new text, the old reply (and its votes) goes, the new
+        one is queued as an edit of the old reply's Telegram message (or sent, if the old one
+        never went out). One transaction, closing the edit's update."""
+        session = target.session
+        async with self.sessionmaker.begin() as db:
+            await conversations.set_message_text(db, target.user_message_id, user_text)
+            await conversations.delete_message(db, target.bot_message_id)
+            bot_id = await conversations.add_message(
+                db,
+                session_id=session.id,
+                chat_id=session.chat_id,
+                role=Role.BOT,
+                text=reply,
+                latency_ms=latency_ms,
+                variant=variant,
+                model_ms=model_ms,
+                safety=safety,
+                unsafe_text=unsafe_text,
+            )
+            await conversations.touch_session(db, session.id)
+            outbox_id = await outbox.enqueue(
+                db,
+                chat_id=session.chat_id,
+                kind=OutboxKind.REPLY,
+                text=reply,
+                message_id=bot_id,
+                update_id=update_id,
+                edit_message_id=target.bot_telegram_message_id,
+            )
+            await _answer(db, session.chat_id, None, update_id)
+            return StoredTurn(target.user_message_id, bot_id, outbox_id)
 
     # --- variants --------------------------------------------------------------------------
 

@@ -185,11 +185,16 @@ async def add_message(
     return m.id
 
 
-async def tail_messages(db: AsyncSession, session_id: int, limit: int | None) -> list[MessageRow]:
-    """The last `limit` messages of a conversation (all if None), oldest first."""
+async def tail_messages(
+    db: AsyncSession, session_id: int, limit: int | None, upto: int | None = None
+) -> list[MessageRow]:
+    """The last `limit` messages of a conversation (all if None), oldest first; only those up
+    to message id `upto` when given."""
     stmt = select(Message.id, Message.session_id, Message.role, Message.text).where(
         Message.session_id == session_id
     )
+    if upto is not None:
+        stmt = stmt.where(Message.id <= upto)
     if limit is not None:
         stmt = stmt.order_by(Message.id.desc()).limit(limit)
         rows = list(await db.execute(stmt))
@@ -197,6 +202,38 @@ async def tail_messages(db: AsyncSession, session_id: int, limit: int | None) ->
     else:
         rows = list(await db.execute(stmt.order_by(Message.id)))
     return [MessageRow(r.id, r.session_id, r.role, r.text) for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class NewestMessage:
+    """One of a conversation's newest messages (edit-regenerate)."""
+
+    id: int
+    role: str
+    telegram_message_id: int | None
+
+
+async def newest_messages(db: AsyncSession, session_id: int, limit: int) -> list[NewestMessage]:
+    """A conversation's `limit` newest messages, newest first."""
+    rows = await db.execute(
+        select(Message.id, Message.role, Message.telegram_message_id)
+        .where(Message.session_id == session_id)
+        .order_by(Message.id.desc())
+        .limit(limit)
+    )
+    return [NewestMessage(r.id, r.role, r.telegram_message_id) for r in rows]
+
+
+async def set_message_text(db: AsyncSession, message_id: int, text: str) -> None:
+    """Replace a message's text (the user edited it)."""
+    await db.execute(update(Message).where(Message.id == message_id).values(text=text))
+
+
+async def delete_message(db: AsyncSession, message_id: int) -> None:
+    """Delete one message; its votes and outbox rows go with it."""
+    await db.execute(delete(Vote).where(Vote.message_id == message_id))
+    await db.execute(delete(Outbox).where(Outbox.message_id == message_id))
+    await db.execute(delete(Message).where(Message.id == message_id))
 
 
 # --- whole chats ---------------------------------------------------------------------------

@@ -185,6 +185,9 @@ class Outbox(Base):
     # An inline keyboard (Bot API InlineKeyboardMarkup as JSON) sent with the last part; reply
     # rows get their feedback buttons from `message_id` at delivery instead.
     markup: Mapped[str | None] = mapped_column(Text)
+    # A regenerated reply (the user edited their last message): the Telegram message of the
+    # old reply, edited in place (editMessageText) instead of sending a new one.
+    edit_message_id: Mapped[int | None] = mapped_column(BigInteger)
     # A long text goes out as several Telegram messages; parts_sent survives a crash.
     parts_sent: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
     attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")

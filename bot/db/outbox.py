@@ -25,6 +25,9 @@ class OutboxRow:
     attempts: int
     # An inline keyboard to send with the last part (Bot API JSON), for notices.
     markup: str | None = None
+    # The Telegram message to edit with the first part instead of sending one (a regenerated
+    # reply after the user edited their message).
+    edit_message_id: int | None = None
 
 
 _WAITING = (Outbox.sent_at.is_(None), Outbox.failed_at.is_(None))
@@ -40,6 +43,7 @@ async def enqueue(
     update_id: int | None = None,
     reply_to_message_id: int | None = None,
     markup: str | None = None,
+    edit_message_id: int | None = None,
 ) -> int:
     """Queue a text for sending; returns the outbox id."""
     o = Outbox(
@@ -50,6 +54,7 @@ async def enqueue(
         update_id=update_id,
         reply_to_message_id=reply_to_message_id,
         markup=markup,
+        edit_message_id=edit_message_id,
     )
     db.add(o)
     await db.flush()
@@ -73,6 +78,7 @@ async def pending(db: AsyncSession, chat_id: int | None = None) -> list[OutboxRo
             r.parts_sent,
             r.attempts,
             r.markup,
+            r.edit_message_id,
         )
         for r in rows
     ]

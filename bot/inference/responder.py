@@ -24,8 +24,11 @@ class ContextSource(Protocol):
     """Where a conversation is rebuilt from on a cache miss: the ConversationStore in the
     service, the context sent along with the turn in a model worker (bot.inference.worker)."""
 
-    async def load_context(self, session_id: int, tail: int | None) -> ConversationContext:
-        """A conversation's persona and its last `tail` messages (all if None)."""
+    async def load_context(
+        self, session_id: int, tail: int | None, upto: int | None = None
+    ) -> ConversationContext:
+        """A conversation's persona and its last `tail` messages (all if None), up to message
+        `upto` (0: none; None: the newest)."""
         ...
 
 
@@ -98,7 +101,11 @@ class Responder:
             self.cache.evict(session.id)
             entry = None
         if entry is None:
-            ctx = await (source or self.store).load_context(session.id, self.cache.tail_limit)
+            # As far as the session row says: a turn regenerated after an edit reads the
+            # conversation without its old turn (session.last_message_id is set before it).
+            ctx = await (source or self.store).load_context(
+                session.id, self.cache.tail_limit, session.last_message_id or 0
+            )
             entry = self.cache.rebuild(
                 session.id,
                 ctx.persona,

@@ -63,7 +63,9 @@ class _Given:
     def __init__(self, context: ConversationContext | None) -> None:
         self.context = context
 
-    async def load_context(self, session_id: int, tail: int | None) -> ConversationContext:
+    async def load_context(
+        self, session_id: int, tail: int | None, upto: int | None = None
+    ) -> ConversationContext:
         if self.context is None or self.context.session_id != session_id:
             raise NeedContext
         return self.context

@@ -141,7 +141,9 @@ class WorkerHandle:
                 context = None  # the new worker has an empty cache: it will ask
                 continue
             if isinstance(result, _NeedContext):
-                context = await self.store.load_context(session.id, result.tail)
+                context = await self.store.load_context(
+                    session.id, result.tail, session.last_message_id or 0
+                )
                 continue
             return result
 

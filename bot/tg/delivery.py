@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from telegram import Bot, InlineKeyboardMarkup, Message, ReplyParameters
+from telegram import Bot, Chat, InlineKeyboardMarkup, Message, ReplyParameters
 from telegram.error import (
     BadRequest,
     ChatMigrated,
@@ -172,9 +173,12 @@ class Delivery:
             markup = self._markup(row) if sent == len(parts) - 1 else None
             try:
                 async with self._slots:
-                    message: Message = await self.bot.send_message(
-                        row.chat_id, parts[sent], reply_parameters=reply, reply_markup=markup
-                    )
+                    if sent == 0 and row.edit_message_id is not None:
+                        message: Message = await self._edit(row, parts[0], markup)
+                    else:
+                        message = await self.bot.send_message(
+                            row.chat_id, parts[sent], reply_parameters=reply, reply_markup=markup
+                        )
             except RetryAfter as err:
                 wait = retry_after_s(err)
                 log.info("Telegram asks to wait %.1fs before writing to chat %s", wait, row.chat_id)
@@ -222,6 +226,35 @@ class Delivery:
             else:
                 await self._write(outbox.sent, row.id, message.message_id)
                 return True
+
+    async def _edit(
+        self, row: OutboxRow, text: str, markup: InlineKeyboardMarkup | None
+    ) -> Message:
+        """A regenerated reply into the old reply's message (editMessageText); a message that
+        is gone (deleted by the user) gets a new one instead."""
+        assert row.edit_message_id is not None
+        try:
+            edited = await self.bot.edit_message_text(
+                text, chat_id=row.chat_id, message_id=row.edit_message_id, reply_markup=markup
+            )
+        except BadRequest as err:
+            reason = str(err).lower()
+            if "not modified" in reason:  # the same text again: nothing to change
+                return await self._stand_in(row)
+            if "not found" not in reason and "can't be edited" not in reason:
+                raise
+            log.info("the reply to edit in chat %s is gone (%s); sending it anew", row.chat_id, err)
+            return await self.bot.send_message(row.chat_id, text, reply_markup=markup)
+        if isinstance(edited, Message):
+            return edited
+        return await self._stand_in(row)
+
+    @staticmethod
+    async def _stand_in(row: OutboxRow) -> Message:
+        """The edited message as delivery records it (its id is all that is read)."""
+        assert row.edit_message_id is not None
+        kind = Chat.PRIVATE if row.chat_id > 0 else Chat.GROUP
+        return Message(row.edit_message_id, datetime.now(UTC), Chat(row.chat_id, kind))
 
     def _markup(self, row: OutboxRow) -> InlineKeyboardMarkup | None:
         """The keyboard of a text's last part: the vote buttons of a reply, or the notice's

@@ -329,8 +329,21 @@ class Handlers:
             )
 
     async def edited(self, update: Update, context: Context) -> None:
-        """An edit (private chats only; the gate drops group edits): say it changes nothing."""
-        await self.chat.notice(_chat_id(update), texts.EDITED, update_id=update.update_id)
+        """An edit (private chats only; the gate drops group edits): an edit of the message the
+        bot answered last regenerates the answer; any other gets a short notice."""
+        message = update.edited_message
+        assert message is not None
+        if message.text is None or _command_name(message) is not None:
+            await self.chat.notice(_chat_id(update), texts.EDITED, update_id=update.update_id)
+            return
+        async with typing_action(context.bot, _chat_id(update)):
+            await self.chat.edit(
+                _chat_id(update),
+                _user_id(update),
+                message.message_id,
+                message.text,
+                update_id=update.update_id,
+            )
 
     async def not_text(self, update: Update, context: Context) -> None:
         """Stickers, photos, voice, files, locations, ...: only text is understood."""

@@ -1,4 +1,4 @@
-"""safety gate marks (replies, personas) and the counters table (retention totals)
+"""safety gate marks, edited replies (outbox.edit_message_id), counters (retention totals)
 
 Revision ID: 0004
 Revises: 0003
@@ -24,6 +24,8 @@ def upgrade() -> None:
         batch.add_column(sa.Column("unsafe_text", sa.Text(), nullable=True))
     with op.batch_alter_table("sessions") as batch:
         batch.add_column(sa.Column("persona_safety", sa.String(length=16), nullable=True))
+    with op.batch_alter_table("outbox") as batch:
+        batch.add_column(sa.Column("edit_message_id", sa.BigInteger(), nullable=True))
     op.create_table(
         "counters",
         sa.Column("name", sa.String(length=64), nullable=False),
@@ -35,6 +37,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("counters")
+    with op.batch_alter_table("outbox") as batch:
+        batch.drop_column("edit_message_id")
     with op.batch_alter_table("sessions") as batch:
         batch.drop_column("persona_safety")
     with op.batch_alter_table("messages") as batch:

@@ -95,3 +95,43 @@ async def test_a_privacy_file_replaces_the_notice(
     assert await api.wait_for_texts(731, 1) == [
         "We keep nothing longer than a week. Ask @operator."
     ]
+
+
+async def test_editing_the_last_message_regenerates_the_reply_in_place(
+    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    chat = 741
+    service = await start_service(make_settings(db_url, api, tmp_path), EchoResponder())
+    api.user_message(chat, "hello there")
+    first = api.history[-1]["message"]["message_id"]
+    await api.wait_for_texts(chat, 1)
+    api.user_message(chat, "how are yuo")
+    second = api.history[-1]["message"]["message_id"]
+    await api.wait_for_texts(chat, 2)
+    reply = api.last_sent(chat)
+    [(old_reply_id,)] = await rows(service, "SELECT max(id) FROM messages WHERE role = 'bot'")
+    _, query = api.press(chat, reply.message_id, f"v:{old_reply_id}:1")  # a vote on the old one
+    await api.wait_for(lambda: query in api.callback_answers, what="the vote")
+
+    api.user_message(chat, "how are you", kind="edited_message", message_id=second)
+    await api.wait_for(lambda: bool(api.edits), what="the reply edited in place")
+    assert api.edits == [(chat, reply.message_id, "echo 741: how are yuo", "echo 741: how are you")]
+    assert len(api.texts(chat)) == 2  # nothing new sent
+    history = await rows(service, "SELECT role, text FROM messages ORDER BY id")
+    assert history == [
+        ("user", "hello there"),
+        ("bot", "echo 741: hello there"),
+        ("user", "how are you"),
+        ("bot", "echo 741: how are you"),
+    ]
+    assert await rows(service, "SELECT count(*) FROM votes") == [(0,)]  # the old reply's vote
+    # The new reply carries buttons for itself.
+    [(new_reply_id,)] = await rows(service, "SELECT max(id) FROM messages WHERE role = 'bot'")
+    buttons = reply.reply_markup["inline_keyboard"][0]  # type: ignore[index]
+    assert buttons[0]["callback_data"] == f"v:{new_reply_id}:1"
+
+    # An older message: a notice, nothing regenerated.
+    api.user_message(chat, "hello again", kind="edited_message", message_id=first)
+    sent = await api.wait_for_texts(chat, 3)
+    assert sent[2] == texts.EDITED
+    assert len(api.edits) == 1

@@ -306,3 +306,31 @@ async def test_context_counts_what_no_longer_fits(
     dropped = int(lines[-1].split()[0].strip("("))
     assert kept and dropped > 0 and len(kept) + dropped == 16
     assert kept[-1].startswith("me: ")  # the newest turn is the bot's last reply
+
+
+async def test_an_edit_regenerates_from_the_history_without_the_old_turn(
+    workers: Any, tiny_agent: Any, tmp_path: Path
+) -> None:
+    """Through the worker: the regenerated reply's input holds the edited text and not the
+    old one, and the history the next turn is rebuilt from holds only the edited turn."""
+    from bot.conversations.actions import ChatActions
+
+    router, store = workers
+    settings = Settings(_env_file=None, data_dir=tmp_path, safety="off")  # type: ignore[call-arg]
+    chat_actions = ChatActions(store, router, settings)
+    chat = 971
+    await chat_actions.text(chat, chat, "hello one", telegram_message_id=1)
+    await chat_actions.text(chat, chat, "tell me about cats", telegram_message_id=2)
+    await chat_actions.edit(chat, chat, 2, "tell me about dogs")
+    session = await store.active_session(chat)
+    view = await router.inspect(session)
+    assert "dogs" in view.text and "cats" not in view.text
+    ctx = await store.load_context(session.id, None)
+    assert [m.text for m in ctx.messages if m.role == "user"] == [
+        "hello one",
+        "tell me about dogs",
+    ]
+    router.evict(session.id)  # rebuilt from the database: the same input
+    assert (await router.inspect(await store.active_session(chat))).model_input == (
+        view.model_input
+    )

@@ -196,6 +196,7 @@ class FakeBotAPI:
         self._next_query_id = itertools.count(1)
         self.callback_queries: set[str] = set()
         self.callback_answers: dict[str, str] = {}  # query id -> the answer's text
+        self.edits: list[tuple[int, int, str, str]] = []  # chat, message, old text, new text
         self._poll_generation = 0
         self._runner: web.AppRunner | None = None
         self._pusher: asyncio.Task[None] | None = None
@@ -273,6 +274,7 @@ class FakeBotAPI:
         extra: dict[str, Any] | None = None,
         reply_to_bot: bool = False,
         kind: str = "message",
+        message_id: int | None = None,
     ) -> int:
         """Queue a message from a user; returns its update_id.
 
@@ -281,7 +283,8 @@ class FakeBotAPI:
         """
         user_id = user_id if user_id is not None else abs(chat_id)
         message: dict[str, Any] = {
-            "message_id": next(self._next_message_id),
+            # an edit names the message it changes; a new message gets a new id
+            "message_id": message_id if message_id is not None else next(self._next_message_id),
             "date": int(time.time()),
             "chat": self._chat(chat_id, chat_type, user_id),
             "from": {"id": user_id, "is_bot": False, "first_name": f"User{user_id}"},
@@ -564,6 +567,29 @@ class FakeBotAPI:
             raise ApiError(400, "Bad Request: query is already answered")
         self.callback_answers[query_id] = p.str("text") or ""
         return True
+
+    async def _m_editmessagetext(self, p: Params) -> Any:
+        chat_id, message_id, text = p.int("chat_id"), p.int("message_id"), p.str("text")
+        sent = next(
+            (s for s in self.sent if s.chat_id == chat_id and s.message_id == message_id), None
+        )
+        if sent is None:
+            raise ApiError(400, "Bad Request: message to edit not found")
+        if not text or not text.strip():
+            raise ApiError(400, "Bad Request: message text is empty")
+        markup = self._inline_keyboard(p.json("reply_markup"))
+        if text == sent.text and markup == sent.reply_markup:
+            raise ApiError(400, "Bad Request: message is not modified")
+        self.edits.append((chat_id, message_id, sent.text, text))
+        sent.text, sent.reply_markup = text, markup
+        return {
+            "message_id": sent.message_id,
+            "date": int(sent.at),
+            "chat": self._chat(sent.chat_id, "private" if sent.chat_id > 0 else "group", 1),
+            "from": self.me(),
+            "text": text,
+            "edit_date": int(time.time()),
+        }
 
     async def _m_editmessagereplymarkup(self, p: Params) -> Any:
         chat_id, message_id = p.int("chat_id"), p.int("message_id")
