@@ -7,18 +7,18 @@ front ends only deliver what the outbox holds.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bot import texts
 from bot.config import Settings
-from bot.conversations.store import ConversationStore
+from bot.conversations.store import ConversationStore, StoredTurn
 from bot.db.conversations import SessionRow
 from bot.db.feedback import Outcome
 from bot.db.models import AssignmentSource, VoteSource
 from bot.presets import deep_link_preset, load_presets
-from bot.safety import SafetyGate, SafetyMark
+from bot.safety import SafetyGate, SafetyMark, Verdict
 
 if TYPE_CHECKING:
     from bot.variants.config import Experiment
@@ -345,29 +345,47 @@ class ChatActions:
                 telegram_message_id=telegram_message_id,
             )
             return
-        verdict = await self.safety.reply(reply.text, reply.candidates)
-        if verdict.text != reply.text:
-            # The clone heard the reply that is not sent: it is rebuilt from the database.
-            self.responder.evict(session.id)
-        try:
-            stored = await self.store.record_turn(
+        await self._keep(
+            session.id,
+            reply,
+            lambda verdict, fields: self.store.record_turn(
                 session.id,
                 chat_id,
                 text,
                 verdict.text,
-                latency_ms=reply.latency_ms,
                 update_id=update_id,
                 telegram_message_id=telegram_message_id,
-                variant=reply.variant,
-                model_ms=reply.model_ms,
-                safety=verdict.mark,
-                unsafe_text=verdict.unsafe_text,
-            )
+                **fields,
+            ),
+        )
+
+    async def _keep(
+        self,
+        session_id: int,
+        reply: Reply,
+        store: Callable[[Verdict, dict[str, Any]], Awaitable[StoredTurn]],
+    ) -> None:
+        """Pass a reply through the safety gate and `store` what is to be sent (with its
+        latency, variant and safety fields), keeping the cached clone in step: it is dropped
+        when it heard something other than what the database now holds."""
+        verdict = await self.safety.reply(reply.text, reply.candidates)
+        if verdict.text != reply.text:
+            # The clone heard the reply that is not sent: it is rebuilt from the database.
+            self.responder.evict(session_id)
+        fields: dict[str, Any] = {
+            "latency_ms": reply.latency_ms,
+            "variant": reply.variant,
+            "model_ms": reply.model_ms,
+            "safety": verdict.mark,
+            "unsafe_text": verdict.unsafe_text,
+        }
+        try:
+            stored = await store(verdict, fields)
         except BaseException:
             # The clone already heard this turn but the database did not keep it.
-            self.responder.evict(session.id)
+            self.responder.evict(session_id)
             raise
-        self.responder.turn_stored(session.id, stored.bot_message_id)
+        self.responder.turn_stored(session_id, stored.bot_message_id)
 
     # --- edits -----------------------------------------------------------------------------
 
@@ -405,25 +423,13 @@ class ChatActions:
             self.responder.evict(session.id)
             await self.notice(chat_id, texts.NO_REPLY, update_id=update_id)
             return
-        verdict = await self.safety.reply(reply.text, reply.candidates)
-        if verdict.text != reply.text:
-            self.responder.evict(session.id)
-        try:
-            stored = await self.store.replace_turn(
-                target,
-                text,
-                verdict.text,
-                latency_ms=reply.latency_ms,
-                update_id=update_id,
-                variant=reply.variant,
-                model_ms=reply.model_ms,
-                safety=verdict.mark,
-                unsafe_text=verdict.unsafe_text,
-            )
-        except BaseException:
-            self.responder.evict(session.id)
-            raise
-        self.responder.turn_stored(session.id, stored.bot_message_id)
+        await self._keep(
+            session.id,
+            reply,
+            lambda verdict, fields: self.store.replace_turn(
+                target, text, verdict.text, update_id=update_id, **fields
+            ),
+        )
 
     # --- feedback and variants -------------------------------------------------------------
 

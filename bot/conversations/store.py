@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -88,6 +89,37 @@ async def _user_message(
         update_id=update_id,
         telegram_message_id=telegram_message_id,
     )
+
+
+async def _bot_reply(
+    db: AsyncSession,
+    session_id: int,
+    chat_id: int,
+    reply: str,
+    update_id: int | None,
+    *,
+    reply_to_message_id: int | None = None,
+    edit_message_id: int | None = None,
+    **fields: Any,
+) -> tuple[int, int]:
+    """The bot's reply as a message (with `fields`: latency, variant, safety marks), queued
+    for sending, and the update closed; returns (message id, outbox id)."""
+    bot_id = await conversations.add_message(
+        db, session_id=session_id, chat_id=chat_id, role=Role.BOT, text=reply, **fields
+    )
+    await conversations.touch_session(db, session_id)
+    outbox_id = await outbox.enqueue(
+        db,
+        chat_id=chat_id,
+        kind=OutboxKind.REPLY,
+        text=reply,
+        message_id=bot_id,
+        update_id=update_id,
+        reply_to_message_id=reply_to_message_id,
+        edit_message_id=edit_message_id,
+    )
+    await _answer(db, chat_id, None, update_id)
+    return bot_id, outbox_id
 
 
 class ConversationStore:
@@ -302,29 +334,19 @@ class ConversationStore:
             user_id = await _user_message(
                 db, session_id, chat_id, user_text, update_id, telegram_message_id
             )
-            bot_id = await conversations.add_message(
+            bot_id, outbox_id = await _bot_reply(
                 db,
-                session_id=session_id,
-                chat_id=chat_id,
-                role=Role.BOT,
-                text=reply,
+                session_id,
+                chat_id,
+                reply,
+                update_id,
+                reply_to_message_id=telegram_message_id,
                 latency_ms=latency_ms,
                 variant=variant,
                 model_ms=model_ms,
                 safety=safety,
                 unsafe_text=unsafe_text,
             )
-            await conversations.touch_session(db, session_id)
-            outbox_id = await outbox.enqueue(
-                db,
-                chat_id=chat_id,
-                kind=OutboxKind.REPLY,
-                text=reply,
-                message_id=bot_id,
-                update_id=update_id,
-                reply_to_message_id=telegram_message_id,
-            )
-            await _answer(db, chat_id, None, update_id)
             return StoredTurn(user_id, bot_id, outbox_id)
 
     # --- edits ------------------------------------------------------------------------------
@@ -368,29 +390,19 @@ class ConversationStore:
         async with self.sessionmaker.begin() as db:
             await conversations.set_message_text(db, target.user_message_id, user_text)
             await conversations.delete_message(db, target.bot_message_id)
-            bot_id = await conversations.add_message(
+            bot_id, outbox_id = await _bot_reply(
                 db,
-                session_id=session.id,
-                chat_id=session.chat_id,
-                role=Role.BOT,
-                text=reply,
+                session.id,
+                session.chat_id,
+                reply,
+                update_id,
+                edit_message_id=target.bot_telegram_message_id,
                 latency_ms=latency_ms,
                 variant=variant,
                 model_ms=model_ms,
                 safety=safety,
                 unsafe_text=unsafe_text,
             )
-            await conversations.touch_session(db, session.id)
-            outbox_id = await outbox.enqueue(
-                db,
-                chat_id=session.chat_id,
-                kind=OutboxKind.REPLY,
-                text=reply,
-                message_id=bot_id,
-                update_id=update_id,
-                edit_message_id=target.bot_telegram_message_id,
-            )
-            await _answer(db, session.chat_id, None, update_id)
             return StoredTurn(target.user_message_id, bot_id, outbox_id)
 
     # --- variants --------------------------------------------------------------------------

@@ -20,16 +20,7 @@ async def assign_unless_present(
     """Store `variant` for a chat that has none (its first turn); returns the chat's variant,
     which is the stored one if another process assigned it first."""
     await insert_unless_present(
-        db,
-        Assignment,
-        {
-            "chat_id": chat_id,
-            "experiment": experiment,
-            "variant": variant,
-            "source": AssignmentSource.HASH,
-            "assigned_at": utcnow(),
-        },
-        ["chat_id"],
+        db, Assignment, _row(chat_id, experiment, variant, AssignmentSource.HASH), ["chat_id"]
     )
     stored = await variant_of(db, chat_id)
     assert stored is not None
@@ -47,17 +38,18 @@ async def set_variant(
     )
     if not getattr(moved, "rowcount", 0):
         await insert_unless_present(
-            db,
-            Assignment,
-            {
-                "chat_id": chat_id,
-                "experiment": experiment,
-                "variant": variant,
-                "source": source,
-                "assigned_at": utcnow(),
-            },
-            ["chat_id"],
+            db, Assignment, _row(chat_id, experiment, variant, source), ["chat_id"]
         )
+
+
+def _row(chat_id: int, experiment: str, variant: str, source: str) -> dict[str, object]:
+    return {
+        "chat_id": chat_id,
+        "experiment": experiment,
+        "variant": variant,
+        "source": source,
+        "assigned_at": utcnow(),
+    }
 
 
 async def counts(db: AsyncSession) -> dict[str, int]:
