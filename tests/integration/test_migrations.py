@@ -12,22 +12,7 @@ from alembic.script import ScriptDirectory
 from bot.db import migrate
 from bot.db.engine import make_engine
 from bot.db.models import Base
-from tests.support.dbutil import table_names
-
-# Every table of the schema: a stray one left by a down-and-up is as wrong as a missing one.
-TABLES = {
-    "sessions",
-    "messages",
-    "outbox",
-    "inbox",
-    "chat_leases",
-    "assignments",
-    "votes",
-    "ratings",
-    "arena_matches",
-    "counters",
-    "alembic_version",
-}
+from tests.support.dbutil import TABLES, table_names
 
 
 async def _diff(url: str) -> list[object]:

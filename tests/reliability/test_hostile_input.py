@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.dbutil import table_names
+from tests.support.dbutil import TABLES, table_names
 from tests.support.fakebotapi import FakeBotAPI, utf16_len
 from tests.support.fixtures import StartService
 from tests.support.service_harness import TOKEN, EchoResponder, make_settings, rows, running_service
@@ -31,19 +31,6 @@ HOSTILE = [
     "1; DELETE FROM messages WHERE 1=1; --",
     "emoji 😀 and surrogates 𝕏",
 ]
-TABLES = {
-    "sessions",
-    "messages",
-    "outbox",
-    "inbox",
-    "chat_leases",
-    "assignments",
-    "votes",
-    "ratings",
-    "arena_matches",
-    "counters",
-    "alembic_version",
-}
 
 
 async def test_hostile_personas_and_texts(db_url: str, tmp_path: Path) -> None:

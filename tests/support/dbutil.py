@@ -75,6 +75,22 @@ def drop_pg_database(url: str) -> None:
     asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
+# Every table of the schema: a stray one left by a down-and-up is as wrong as a missing one.
+TABLES = {
+    "sessions",
+    "messages",
+    "outbox",
+    "inbox",
+    "chat_leases",
+    "assignments",
+    "votes",
+    "ratings",
+    "arena_matches",
+    "counters",
+    "alembic_version",
+}
+
+
 async def table_names(url: str) -> set[str]:
     """The tables that exist in a database."""
     from sqlalchemy import inspect
