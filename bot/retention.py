@@ -2,8 +2,8 @@
 
 A conversation goes when its last activity (`sessions.updated_at`: a turn, a persona change) is
 older than the limit, with its messages, votes, ratings and arena duels; so do outbox rows sent
-or given up on before the limit, closed inbox rows processed before it, and the variant
-assignment of a chat that has no conversation left. Deletion runs in small batches, each its
+or given up on before the limit and closed inbox rows processed before it. A chat's variant
+assignment stays until /forget (a chat keeps its variant). Deletion runs in small batches, each its
 own transaction, so it never holds long locks on a busy database; the totals are kept in
 `counters` for `admin stats`. The service runs it at start and every hour.
 """
@@ -15,13 +15,12 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, exists, select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db.dialect import insert_unless_present
 from bot.db.models import (
     ArenaMatch,
-    Assignment,
     Counter,
     Inbox,
     InboxStatus,
@@ -75,7 +74,6 @@ async def _conversations(db: AsyncSession, cutoff: datetime) -> tuple[int, int]:
     )
     if not ids:
         return 0, 0
-    chats = set(await db.scalars(select(Session.chat_id).where(Session.id.in_(ids))))
     messages = select(Message.id).where(Message.session_id.in_(ids))
     await db.execute(delete(Vote).where(Vote.message_id.in_(messages)))
     await db.execute(delete(Outbox).where(Outbox.message_id.in_(messages)))
@@ -83,13 +81,8 @@ async def _conversations(db: AsyncSession, cutoff: datetime) -> tuple[int, int]:
     await db.execute(delete(Rating).where(Rating.session_id.in_(ids)))
     gone = _count(await db.execute(delete(Message).where(Message.session_id.in_(ids))))
     await db.execute(delete(Session).where(Session.id.in_(ids)))
-    # A chat with no conversation left keeps no assignment either.
-    await db.execute(
-        delete(Assignment).where(
-            Assignment.chat_id.in_(chats),
-            ~exists().where(Session.chat_id == Assignment.chat_id),
-        )
-    )
+    # A chat's variant assignment stays (a chat keeps its variant until /forget: DESIGN.md
+    # invariant 10); it holds no conversation, only which variant answers the chat.
     return len(ids), gone
 
 

@@ -368,18 +368,18 @@ class ChatActions:
         """Pass a reply through the safety gate and `store` what is to be sent (with its
         latency, variant and safety fields), keeping the cached clone in step: it is dropped
         when it heard something other than what the database now holds."""
-        verdict = await self.safety.reply(reply.text, reply.candidates)
-        if verdict.text != reply.text:
-            # The clone heard the reply that is not sent: it is rebuilt from the database.
-            self.responder.evict(session_id)
-        fields: dict[str, Any] = {
-            "latency_ms": reply.latency_ms,
-            "variant": reply.variant,
-            "model_ms": reply.model_ms,
-            "safety": verdict.mark,
-            "unsafe_text": verdict.unsafe_text,
-        }
         try:
+            verdict = await self.safety.reply(reply.text, reply.candidates)
+            if verdict.text != reply.text:
+                # The clone heard the reply that is not sent: it is rebuilt from the database.
+                self.responder.evict(session_id)
+            fields: dict[str, Any] = {
+                "latency_ms": reply.latency_ms,
+                "variant": reply.variant,
+                "model_ms": reply.model_ms,
+                "safety": verdict.mark,
+                "unsafe_text": verdict.unsafe_text,
+            }
             stored = await store(verdict, fields)
         except BaseException:
             # The clone already heard this turn but the database did not keep it.

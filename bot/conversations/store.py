@@ -32,8 +32,8 @@ class EditTarget:
     session: SessionRow
     user_message_id: int
     bot_message_id: int
-    # The old reply's Telegram message (None: not delivered yet).
-    bot_telegram_message_id: int | None
+    # The old reply's Telegram message (only delivered replies are regenerated in place).
+    bot_telegram_message_id: int
     # The conversation's newest message before this turn (None: the turn was the first).
     previous_message_id: int | None
 
@@ -366,6 +366,10 @@ class ConversationStore:
                 return None
             if user.telegram_message_id != telegram_message_id:
                 return None
+            if bot.telegram_message_id is None:
+                # The reply is still on its way (or half sent): regenerating now could leave
+                # both on the screen. The edit gets the notice instead.
+                return None
             previous = rows[2].id if len(rows) > 2 else None
             return EditTarget(session, user.id, bot.id, bot.telegram_message_id, previous)
 
@@ -453,9 +457,11 @@ class ConversationStore:
                 if (
                     reply is not None
                     and telegram_message_id is not None
-                    and reply.telegram_message_id not in (None, telegram_message_id)
+                    and reply.telegram_message_id != telegram_message_id
                 ):
-                    reply = None  # the data names another message than the one pressed
+                    # The data names another message than the one pressed (or one that never
+                    # carried buttons, like an arena pick): forged or stale.
+                    reply = None
             elif telegram_message_id is not None:
                 reply = await feedback.bot_reply_by_telegram_id(db, chat_id, telegram_message_id)
             else:

@@ -136,8 +136,11 @@ async def rate(
     update_id: int | None,
 ) -> Outcome:
     """Store the one rating of a conversation of this chat."""
-    owner = await db.scalar(select(Session.chat_id).where(Session.id == session_id))
-    if owner is None or owner != chat_id:
+    row = (
+        await db.execute(select(Session.chat_id, Session.status).where(Session.id == session_id))
+    ).first()
+    # Only a conversation of this chat that /done ended carries the rating buttons.
+    if row is None or row.chat_id != chat_id or row.status != SessionStatus.DONE:
         return Outcome.STALE
     variant = await db.scalar(
         select(Message.variant)

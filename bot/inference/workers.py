@@ -217,11 +217,19 @@ class WorkerHandle:
         )
         proc.start()
         child.close()
-        first = await asyncio.to_thread(_first_message, parent, proc)
+        try:
+            first = await asyncio.to_thread(_first_message, parent, proc)
+        except asyncio.CancelledError:
+            # Stopped while the model was loading: the child goes too, and with the pipe
+            # closed the waiting thread returns at once (shutdown does not wait for it).
+            proc.kill()
+            parent.close()
+            raise
         if first[0] != "ready":
             await asyncio.to_thread(proc.join, STOP_TIMEOUT_S)
             if proc.is_alive():
                 proc.kill()
+                await asyncio.to_thread(proc.join, STOP_TIMEOUT_S)
             parent.close()
             raise WorkerStartError(str(first[1]))
         self.info = dict(first[1])
@@ -275,7 +283,7 @@ def _first_message(conn: Connection, proc: BaseProcess) -> tuple[Any, ...]:
                 message: tuple[Any, ...] = conn.recv()
                 return message
         except (EOFError, OSError):
-            pass
+            time.sleep(0.05)  # it died, or the start was cancelled (pipe closed): see below
         if not proc.is_alive():
             return ("failed", f"the worker process exited with code {proc.exitcode} while loading")
     return ("failed", f"the model did not load within {START_TIMEOUT_S:.0f} s")
@@ -286,7 +294,9 @@ def _read(conn: Connection, loop: asyncio.AbstractEventLoop, handle: WorkerHandl
     while True:
         try:
             message = conn.recv()
-        except (EOFError, OSError):
+        except Exception as err:  # noqa: BLE001 - EOF (it died), a broken pipe, an unreadable message
+            if not isinstance(err, EOFError | OSError):
+                log.error("variant %s: unreadable message from the worker: %r", handle.name, err)
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
                 loop.call_soon_threadsafe(handle._on_lost, conn)
             return

@@ -22,6 +22,7 @@ _VOTE = re.compile(r"v:([0-9]{1,19}):(1|-1)")
 _DUEL = re.compile(r"x:([0-9]{1,19}):(a|b|tie)")
 _RATE = re.compile(r"r:([0-9]{1,19}):([0-5])")
 CHOSEN = " ✓"
+MAX_ID = 2**63 - 1  # the ids are BIGINT; a larger number in forged data would not even bind
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +53,18 @@ def parse(data: str | None) -> VotePress | RatePress | DuelPress | None:
     """What a button's callback_data means; None when it is not one of ours."""
     if data is None:
         return None
-    if m := _VOTE.fullmatch(data):
-        return VotePress(int(m.group(1)), int(m.group(2)))
-    if m := _RATE.fullmatch(data):
-        return RatePress(int(m.group(1)), int(m.group(2)))
-    if m := _DUEL.fullmatch(data):
-        return DuelPress(int(m.group(1)), m.group(2))
+    for pattern in (_VOTE, _RATE, _DUEL):
+        m = pattern.fullmatch(data)
+        if m is None:
+            continue
+        target = int(m.group(1))
+        if target > MAX_ID:  # no database id is that large
+            return None
+        if pattern is _VOTE:
+            return VotePress(target, int(m.group(2)))
+        if pattern is _RATE:
+            return RatePress(target, int(m.group(2)))
+        return DuelPress(target, m.group(2))
     return None
 
 

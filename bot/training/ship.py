@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 from dataclasses import asdict
@@ -36,8 +37,6 @@ def ship(minutes: float = SHIP_MINUTES, dest: Path = SHIPPED_MODEL_FILE) -> dict
     with train_lock(dest), tempfile.TemporaryDirectory(prefix="ship-") as tmp:
         trained = Path(tmp) / "model"
         result = train_model(trained, minutes=minutes, cap_minutes=minutes, progress=False)
-        import os
-
         machine = f"{os.cpu_count()} CPU cores, torch threads {_threads()}"
         return install_shipped(trained, dest, minutes=minutes, result=result, machine=machine)
 
@@ -62,7 +61,11 @@ def install_shipped(
     for suffix in FILES:
         source = Path(str(trained) + suffix)
         if source.exists():
-            shutil.copyfile(source, str(dest) + suffix)
+            # A new file moved over the old one, never the old one rewritten: running workers
+            # map the weights from it (bot.inference.model.map_weights).
+            part = Path(str(dest) + suffix + ".part")
+            shutil.copyfile(source, part)
+            os.replace(part, str(dest) + suffix)
     opt_path = Path(str(dest) + ".opt")
     opt = json.loads(opt_path.read_text(encoding="utf-8"))
     # Absolute paths of the machine it was trained on: ParlAI uses the model file's own .dict.

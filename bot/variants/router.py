@@ -11,6 +11,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import OrderedDict
 from typing import Any, Protocol
 
 from bot.config import ConfigError, Settings
@@ -23,6 +24,8 @@ from bot.variants.assign import choose
 from bot.variants.config import Experiment, Variant, load_experiment
 
 log = logging.getLogger(__name__)
+
+HOLDERS = 100_000  # sessions whose engine is remembered (about 100 bytes each)
 
 
 class Engine(Protocol):
@@ -65,8 +68,10 @@ class VariantResponder:
         self.experiment = experiment
         self.engines = engines
         self.store = store
-        # Which engine holds a session's clone (the last one that answered it).
-        self._holder: dict[int, str] = {}
+        # Which engine holds a session's clone (the last one that answered it), for the most
+        # recent sessions: a forgotten entry only means an evict reaches no worker, whose LRU
+        # drops the clone in time (and a stale clone is never used: see Responder).
+        self._holder: OrderedDict[int, str] = OrderedDict()
 
     @classmethod
     async def start(
@@ -140,7 +145,7 @@ class VariantResponder:
         previous = self._holder.get(session.id)
         if previous is not None and previous != name:
             self.engines[previous].evict(session.id)  # moved: the old clone is dead weight
-        self._holder[session.id] = name
+        self._hold(session.id, name)
         result = await self.engines[name].generate(session, user_text)
         latency_ms = (time.perf_counter() - started) * 1000.0
         return Reply(result.text, latency_ms, name, result.model_ms, result.candidates)
@@ -151,7 +156,7 @@ class VariantResponder:
         previous = self._holder.get(session.id)
         if previous is not None and previous != name:
             self.engines[previous].evict(session.id)
-        self._holder[session.id] = name
+        self._hold(session.id, name)
         return await self.engines[name].inspect(session)
 
     async def duel(self, session: SessionRow, user_text: str) -> tuple[Reply, Reply]:
@@ -176,6 +181,12 @@ class VariantResponder:
             for name, r in zip(pair, results, strict=True)
         )
         return a, b
+
+    def _hold(self, session_id: int, name: str) -> None:
+        self._holder[session_id] = name
+        self._holder.move_to_end(session_id)
+        while len(self._holder) > HOLDERS:
+            self._holder.popitem(last=False)
 
     def set_persona(self, session_id: int, persona: str) -> None:
         """Tell the engine holding the conversation."""

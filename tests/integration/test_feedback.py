@@ -74,8 +74,10 @@ async def test_forged_and_stale_presses_are_answered_and_change_nothing(
     await api.wait_for_texts(other, 1)
     reply = api.last_sent(mine)
     ids = dict(await rows(service, "SELECT chat_id, id FROM messages WHERE role = 'bot'"))
-    [(user_message,)] = await rows(
-        service, "SELECT id FROM messages WHERE role = 'user' AND chat_id = :c", c=mine
+    [(user_message, active)] = await rows(
+        service,
+        "SELECT id, session_id FROM messages WHERE role = 'user' AND chat_id = :c",
+        c=mine,
     )
     forged = [
         "garbage",  # not ours at all
@@ -84,6 +86,8 @@ async def test_forged_and_stale_presses_are_answered_and_change_nothing(
         f"v:{user_message}:1",  # not a bot reply
         f"v:{ids[mine] + 1000}:1",  # no such message
         "r:999999:3",  # no such conversation
+        "v:9999999999999999999:1",  # beyond 64 bits (would not even bind as a parameter)
+        f"r:{active}:4",  # the conversation still running: only /done offers a rating
         f"v:{ids[mine]}:1" + "x" * 40,  # trailing junk
     ]
     queries = [api.press(mine, reply.message_id, data)[1] for data in forged]
