@@ -321,6 +321,8 @@ async def test_an_edit_regenerates_from_the_history_without_the_old_turn(
     chat = 971
     await chat_actions.text(chat, chat, "hello one", telegram_message_id=1)
     await chat_actions.text(chat, chat, "tell me about cats", telegram_message_id=2)
+    for row in await store.pending_outbox(chat):  # delivered (only those are edited in place)
+        await store.mark_sent(row.id, 1000 + row.id)
     await chat_actions.edit(chat, chat, 2, "tell me about dogs")
     session = await store.active_session(chat)
     view = await router.inspect(session)
