@@ -35,6 +35,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bot.texts import RATE_PROMPT
 from tests.support.botprocess import ROOT, TOKEN, BotProcess, bot_env
 from tests.support.fakebotapi import FakeBotAPI, Fault
 from tests.support.tinymodel import build_tiny_model
@@ -48,6 +49,8 @@ class Books:
     """What was sent and what came back."""
 
     sent: Counter[int] = field(default_factory=Counter)  # chat -> messages that need an answer
+    dones: Counter[int] = field(default_factory=Counter)  # chat -> /done sent (each may add
+    # a rating prompt, once)
     latencies: list[float] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
     restarts: int = 0
@@ -113,12 +116,13 @@ class Soak:
                 self.api.user_message(chat_id, f"edited {n}", kind="edited_message")
             elif kind == "done":
                 self.api.user_message(chat_id, "/done")
+                self.books.dones[chat_id] += 1
             else:
                 self.api.user_message(chat_id, "/nosuchcommand")
             self.books.sent[chat_id] += 1
             asked = time.monotonic()
             want = self.books.sent[chat_id]
-            while len(self.api.texts(chat_id)) < want:
+            while self.answers(chat_id) < want:
                 if self.stop_load.is_set() and time.monotonic() - asked > 5:
                     return  # drained at the end
                 await asyncio.sleep(0.05)
@@ -208,13 +212,20 @@ class Soak:
         """Wait (bounded) until every chat got as many answers as it sent messages."""
         deadline = time.monotonic() + self.args.drain
         while time.monotonic() < deadline:
-            if all(len(self.api.texts(c)) >= n for c, n in self.books.sent.items()):
+            if all(self.answers(c) >= n for c, n in self.books.sent.items()):
                 break
             await asyncio.sleep(0.2)
         await asyncio.sleep(2.0)  # let a duplicate show up, if there is one
 
+    def answers(self, chat_id: int) -> int:
+        """Texts a chat got, one per message it sent: the 1-5 rating prompt that follows the
+        answer to a /done is an extra, not an answer (counted apart in the report)."""
+        return sum(1 for t in self.api.texts(chat_id) if t != RATE_PROMPT)
+
     def report(self, status: int, elapsed: float) -> int:
-        received = Counter(s.chat_id for s in self.api.sent)
+        received = Counter(s.chat_id for s in self.api.sent if s.text != RATE_PROMPT)
+        prompts = sum(1 for s in self.api.sent if s.text == RATE_PROMPT)
+        per_chat = Counter(s.chat_id for s in self.api.sent if s.text == RATE_PROMPT)
         sent = sum(self.books.sent.values())
         answered = sum(min(received[c], n) for c, n in self.books.sent.items())
         lost = sum(max(0, n - received[c]) for c, n in self.books.sent.items())
@@ -241,6 +252,12 @@ class Soak:
             f"sendMessage calls {len(self.api.calls_to('sendMessage'))}, "
             f"faulted {sum(1 for c in self.api.calls_to('sendMessage') if c.status != 200)}"
         )
+        print(f"rating prompts after /done: {prompts}")
+        for chat, n in per_chat.items():
+            if n > self.books.dones[chat]:
+                problems.append(
+                    f"chat {chat}: {n} rating prompts for {self.books.dones[chat]} /done"
+                )
         for problem in problems:
             print(f"PROBLEM: {problem}")
         print(f"RESULT sent={sent} answered={answered} lost={lost} duplicated={duplicated}",
@@ -261,8 +278,9 @@ class Soak:
                 "failed inbox rows": "SELECT count(*) FROM inbox WHERE status = 'failed'",
                 "unsent outbox rows": "SELECT count(*) FROM outbox "
                 f"WHERE sent_at IS NULL AND chat_id <> {BLOCKED_CHAT}",
+                # (the rating prompt after /done answers no update: its update_id is NULL)
                 "updates answered twice": "SELECT count(*) FROM (SELECT update_id FROM outbox "
-                "GROUP BY update_id HAVING count(*) > 1)",
+                "WHERE update_id IS NOT NULL GROUP BY update_id HAVING count(*) > 1)",
                 "user messages stored twice": "SELECT count(*) FROM (SELECT update_id FROM "
                 "messages WHERE role = 'user' GROUP BY update_id HAVING count(*) > 1)",
                 "replies without their message": "SELECT count(*) FROM outbox o LEFT JOIN "
