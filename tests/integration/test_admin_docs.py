@@ -35,13 +35,14 @@ class DocQuery:
     backend: str | None
 
 
-def doc_queries() -> list[DocQuery]:
-    """The ```sql blocks between the admin markers of docs/administration.md."""
+def doc_queries(start: str = START, end: str = END) -> list[DocQuery]:
+    """The ```sql blocks between two markers of docs/administration.md (by default the admin
+    ones; test_admin_variants reads its own section the same way)."""
     text = DOC.read_text(encoding="utf-8")
-    assert text.count(START) == 1 and text.count(END) == 1, (
-        "admin markers missing in docs/administration.md"
+    assert text.count(start) == 1 and text.count(end) == 1, (
+        f"markers {start} / {end} missing in docs/administration.md"
     )
-    section = text[text.index(START) : text.index(END)]
+    section = text[text.index(start) : text.index(end)]
     found = []
     title = ""
     for match in re.finditer(r"^(#+) ([^\n]+)$|^```sql\n(.*?)^```$", section, re.M | re.S):

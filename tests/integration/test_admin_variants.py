@@ -12,7 +12,6 @@ import io
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -44,6 +43,8 @@ from bot.variants.report import (
 from bot.variants.stats import FIXED_SAMPLE_NOTE
 from tests.integration.test_admin import parse_admin
 from tests.integration.test_admin import sql_url as sql_url  # the fixture: a read-only role
+from tests.integration.test_admin_docs import DocQuery
+from tests.integration.test_admin_docs import doc_queries as admin_doc_queries
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "administration.md"
@@ -580,27 +581,9 @@ def test_variant_line_formats_thousands_and_no_votes() -> None:
 # --- the per-variant SQL of docs/administration.md -------------------------------------------
 
 
-@dataclass(frozen=True)
-class DocQuery:
-    title: str
-    sql: str
-    backend: str | None
-
-
 def doc_queries() -> list[DocQuery]:
-    """The ```sql blocks between the variants-sql markers, as test_admin_docs reads its own."""
-    text = DOC.read_text(encoding="utf-8")
-    assert text.count(DOC_START) == 1 and text.count(DOC_END) == 1
-    section = text[text.index(DOC_START) : text.index(DOC_END)]
-    labels = {"-- sqlite": "sqlite", "-- postgres": "postgresql"}
-    found, title = [], ""
-    for match in re.finditer(r"^(#+) ([^\n]+)$|^```sql\n(.*?)^```$", section, re.M | re.S):
-        if match.group(2) is not None:
-            title = match.group(2).strip()
-            continue
-        sql = match.group(3)
-        found.append(DocQuery(title, sql, labels.get(sql.splitlines()[0].strip().lower())))
-    return found
+    """The ```sql blocks between the variants-sql markers."""
+    return admin_doc_queries(DOC_START, DOC_END)
 
 
 def doc_expected(s: VSeed) -> dict[str, tuple[tuple[str, ...], list[tuple[Any, ...]]]]:
