@@ -32,6 +32,14 @@ class ContextSource(Protocol):
         ...
 
 
+def _serves(entry: Conversation, session: SessionRow) -> bool:
+    """Whether a cached clone is the session's conversation as the database has it now: never
+    another chat's clone, whatever happened to the ids, and never one behind the database
+    (another process answered a turn, an admin changed it, a turn is regenerated after an
+    edit): the database wins."""
+    return entry.chat_id == session.chat_id and entry.last_message_id == session.last_message_id
+
+
 class Responder:
     """One shared ParlAI agent serving every conversation."""
 
@@ -79,25 +87,15 @@ class Responder:
     def has_fresh(self, session: SessionRow) -> bool:
         """Whether a cached clone can answer the session's next turn as it is (no rebuild)."""
         entry = self.cache.peek(session.id)
-        return (
-            entry is not None
-            and entry.chat_id == session.chat_id
-            and entry.last_message_id == session.last_message_id
-        )
+        return entry is not None and _serves(entry, session)
 
     async def conversation(
         self, session: SessionRow, source: ContextSource | None = None
     ) -> Conversation:
         """The cached clone for a session, rebuilt from `source` (the store) on a miss."""
         entry = self.cache.get(session.id)
-        if entry is not None and entry.chat_id != session.chat_id:
-            # Never serve one chat another chat's clone, whatever happened to the ids.
-            self.cache.evict(session.id)
-            entry = None
-        if entry is not None and entry.last_message_id != session.last_message_id:
-            # The conversation moved on without this clone (another process answered a turn,
-            # or an admin changed it): the database wins.
-            log.debug("session %s: cached clone is behind the database; rebuilding", session.id)
+        if entry is not None and not _serves(entry, session):
+            log.debug("session %s: cached clone is not this conversation's now", session.id)
             self.cache.evict(session.id)
             entry = None
         if entry is None:
