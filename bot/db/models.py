@@ -225,16 +225,18 @@ class Inbox(Base):
 
 
 class ChatLease(Base):
-    """Which process works on a chat's updates (`inbox`) or sends its texts (`outbox`).
+    """Which process works on a chat's updates (`inbox`) or sends its texts (`outbox`), and
+    which replica polls getUpdates (`poller`, on chat_id 0).
 
     Several processes may share one database (DESIGN.md, scale-out): a chat's work belongs to
     the holder of its lease until `lease_until`, so no update is answered twice and no text is
-    sent twice, and a chat's order holds across processes. A crashed holder's lease expires.
+    sent twice, and a chat's order holds across processes. A crashed holder's lease expires,
+    or is taken over as soon as its replica's heartbeat (`replicas`) is stale.
     """
 
     __tablename__ = "chat_leases"
     __table_args__ = (
-        CheckConstraint("kind IN ('inbox', 'outbox')", name="kind"),
+        CheckConstraint("kind IN ('inbox', 'outbox', 'poller')", name="kind"),
         UniqueConstraint("chat_id", "kind"),
         {"sqlite_autoincrement": True},
     )
@@ -242,9 +244,30 @@ class ChatLease(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     chat_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
     kind: Mapped[str] = mapped_column(String(8), nullable=False)
-    # "<host>:<pid>:<random>", so a lease of a dead process on this machine can be taken at once.
+    # "<host>:<pid namespace>:<pid>:<random>" (= replicas.owner), so a lease of a dead process
+    # on this machine can be taken at once.
     owner: Mapped[str] = mapped_column(String(128), nullable=False)
     lease_until: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False)
+
+
+class Replica(Base):
+    """One running service process (a replica): its heartbeat, and what it reports about itself.
+
+    Written by the replica every second (bot/tg/replicas.py) and deleted when it stops cleanly.
+    Another replica treats a heartbeat older than a few seconds as a dead process and takes
+    over its leases; the replica itself stops working on its chats before that moment
+    (fencing). `info` is JSON for operators and the dashboard: mode, poller, readiness, model
+    workers.
+    """
+
+    __tablename__ = "replicas"
+
+    owner: Mapped[str] = mapped_column(String(128), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255), nullable=False)
+    pid: Mapped[int] = mapped_column(Integer, nullable=False)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, index=True)
+    info: Mapped[str] = mapped_column(Text, nullable=False, default="{}", server_default="{}")
 
 
 class AssignmentSource(StrEnum):

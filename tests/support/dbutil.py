@@ -87,6 +87,7 @@ TABLES = {
     "ratings",
     "arena_matches",
     "counters",
+    "replicas",
     "alembic_version",
 }
 
