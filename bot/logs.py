@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pythonjsonlogger.json import JsonFormatter
 
 # `bot<digits>:<secret>` in URLs (httpx logs every request URL) and bare tokens.
 _TOKEN_RE = re.compile(r"(bot)?\d{5,}:[A-Za-z0-9_-]{20,}")
@@ -37,12 +43,99 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-def setup_logging(level: str = "INFO", secrets: Iterable[str] = ()) -> RedactingFilter:
-    """Configure the root logger (once per process: bot/__main__.py); every handler gets the
-    redacting filter."""
+# The chat and update being worked on in this task (set by the inbox worker and delivery, and
+# per turn in a model worker): every log line written meanwhile carries them.
+_chat_id: ContextVar[int | None] = ContextVar("log_chat_id", default=None)
+_update_id: ContextVar[int | None] = ContextVar("log_update_id", default=None)
+CONTEXT_FIELDS = ("chat_id", "update_id")
+
+
+@contextlib.contextmanager
+def log_context(*, chat_id: int | None = None, update_id: int | None = None) -> Iterator[None]:
+    """Tag every log record written inside the block (in this task and the tasks it starts)
+    with `chat_id` and `update_id`."""
+    tokens = (_chat_id.set(chat_id), _update_id.set(update_id))
+    try:
+        yield
+    finally:
+        _update_id.reset(tokens[1])
+        _chat_id.reset(tokens[0])
+
+
+class ContextFilter(logging.Filter):
+    """Copy the log context (chat_id, update_id) onto each record, where one is set."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, var in (("chat_id", _chat_id), ("update_id", _update_id)):
+            value = var.get()
+            if value is not None and not hasattr(record, name):
+                setattr(record, name, value)
+        return True
+
+
+class RedactingJsonFormatter(JsonFormatter):
+    """One JSON object per line: time (ISO 8601, UTC), level, logger, message, chat_id and
+    update_id where known, the exception's text, and any `extra` fields.
+
+    Every string in the object is redacted again, here: python-json-logger formats the
+    exception from `exc_info` itself (not from the filter's redacted `exc_text`) and copies
+    `extra` fields that the filter never looks at, so redacting only the message would let
+    those through.
+    """
+
+    def __init__(self, redactor: RedactingFilter) -> None:
+        super().__init__(
+            "%(levelname)s %(name)s %(message)s",
+            rename_fields={"levelname": "level", "name": "logger", "exc_info": "exception"},
+            json_ensure_ascii=False,
+        )
+        self.redactor = redactor
+
+    def add_fields(
+        self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
+        """The record's fields, its time first."""
+        log_data["time"] = datetime.fromtimestamp(record.created, UTC).isoformat(
+            timespec="milliseconds"
+        )
+        super().add_fields(log_data, record, message_dict)
+
+    def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
+        """Every value as plain JSON data, every string in it redacted."""
+        cleaned = self._clean(log_data)
+        assert isinstance(cleaned, dict)
+        return cleaned
+
+    def _clean(self, value: object, depth: int = 0) -> object:
+        if isinstance(value, str):
+            return self.redactor.redact(value)
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        if depth < 8 and isinstance(value, dict):
+            return {
+                self.redactor.redact(str(k)): self._clean(v, depth + 1) for k, v in value.items()
+            }
+        if depth < 8 and isinstance(value, list | tuple):
+            return [self._clean(v, depth + 1) for v in value]
+        # Anything else (an object passed in `extra`, a nested structure too deep) becomes
+        # its text, which is redacted like the rest: nothing reaches json.dumps unchecked.
+        return self.redactor.redact(str(value))
+
+
+def setup_logging(
+    level: str = "INFO",
+    secrets: Iterable[str] = (),
+    log_format: Literal["text", "json"] = "text",
+) -> RedactingFilter:
+    """Configure the root logger (once per process: bot/__main__.py, a model worker's main);
+    every handler gets the redacting filter. `log_format` json: one JSON object per line."""
     redactor = RedactingFilter(secrets)
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    if log_format == "json":
+        handler.setFormatter(RedactingJsonFormatter(redactor))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler.addFilter(ContextFilter())
     handler.addFilter(redactor)
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -17,6 +17,7 @@ from bot.conversations.store import ConversationStore, StoredTurn
 from bot.db.conversations import SessionRow
 from bot.db.feedback import Outcome
 from bot.db.models import AssignmentSource, VoteSource
+from bot.metrics import ARENA, FLOODED, NO_REPLY, REPLIED, note_turn
 from bot.presets import deep_link_preset, load_presets
 from bot.safety import SafetyGate, SafetyMark, Verdict
 
@@ -40,6 +41,13 @@ class Reply:
     model_ms: float | None = None
     # The search's other hypotheses, best first, for the safety gate (bot.safety).
     candidates: tuple[str, ...] = ()
+    # For the metrics (bot.metrics): the batch it was generated in, whether its clone was
+    # cached (None: not known), the rebuild's time on a miss, and the clones the worker's
+    # cache dropped since its previous reply.
+    batch_size: int | None = None
+    cache_hit: bool | None = None
+    rebuild_ms: float | None = None
+    cache_evictions: int = 0
 
 
 class GenerationError(Exception):
@@ -293,6 +301,7 @@ class ChatActions:
         )
         # The cached clone has not seen this message; rebuilding it from the database will.
         self.responder.evict(session.id)
+        note_turn(FLOODED)
 
     async def text(
         self,
@@ -344,6 +353,7 @@ class ChatActions:
                 update_id=update_id,
                 telegram_message_id=telegram_message_id,
             )
+            note_turn(NO_REPLY, session.variant)
             return
         await self._keep(
             session.id,
@@ -386,6 +396,7 @@ class ChatActions:
             self.responder.evict(session_id)
             raise
         self.responder.turn_stored(session_id, stored.bot_message_id)
+        note_turn(REPLIED, reply.variant, [reply])
 
     # --- edits -----------------------------------------------------------------------------
 
@@ -422,6 +433,7 @@ class ChatActions:
             log.warning("regenerating after an edit failed for chat %s: %s", chat_id, err)
             self.responder.evict(session.id)
             await self.notice(chat_id, texts.NO_REPLY, update_id=update_id)
+            note_turn(NO_REPLY, session.variant)
             return
         await self._keep(
             session.id,
@@ -551,6 +563,7 @@ class ChatActions:
                 update_id=update_id,
                 telegram_message_id=telegram_message_id,
             )
+            note_turn(NO_REPLY, session.variant)
             return
         shown_a = (await self.safety.reply(a.text, a.candidates)).text
         shown_b = (await self.safety.reply(b.text, b.candidates)).text
@@ -565,6 +578,7 @@ class ChatActions:
             update_id=update_id,
             telegram_message_id=telegram_message_id,
         )
+        note_turn(ARENA, None, [a, b])
 
     async def arena_pick(
         self, chat_id: int, match_id: int, winner: str, *, update_id: int | None = None

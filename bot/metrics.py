@@ -1,0 +1,244 @@
+"""The service's Prometheus metrics: one `Metrics` per Service, each with its own registry.
+
+A registry of its own (not prometheus_client's global one) because one process may run several
+services (the tests do, and a second Service in a process must not double its counters), and
+because scraping must show exactly this service's figures. bot/ops.py serves it on METRICS_PORT.
+
+The turn outcome is decided deep in the use cases (ChatActions) but counted by the inbox
+worker's runner, once per update, after its handler returned: `note_turn` leaves the outcome
+(and the replies it produced) in a context variable for the runner to pick up. So a retried
+attempt never counts twice, an update counts exactly once, and the terminal chat, which has no
+runner, counts nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from bot.conversations.actions import Reply
+
+# Seconds, for a reply that takes 50 ms on a GPU to one that waits a minute behind a backlog.
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0)
+# Turns per batch_act: BATCH_MAX_SIZE is 16 by default.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# Rebuilding a clone from stored messages: milliseconds (bench: 8 ms for 1,000 messages).
+REBUILD_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+# bot_turns_total's outcomes (README: Metrics and health).
+REPLIED = "replied"  # a model reply stored and queued (a text, or an edit's new reply)
+ARENA = "arena"  # two variants' replies to one message (/arena)
+NO_REPLY = "no_reply"  # generation failed; the message is kept, the chat told so
+FLOODED = "flooded"  # over the chat's flood limit: not answered by the model
+COMMAND = "command"  # a command answered
+FEEDBACK = "feedback"  # a 👍/👎 press or reaction, a rating, an arena pick
+NOTICE = "notice"  # any other update answered with a notice (a sticker, an old edit, ...)
+IGNORED = "ignored"  # closed without an answer (not for the bot, a service message)
+FAILED = "failed"  # its handler failed every attempt; the chat got the apology
+OUTCOMES = (REPLIED, ARENA, NO_REPLY, FLOODED, COMMAND, FEEDBACK, NOTICE, IGNORED, FAILED)
+
+# bot_telegram_requests_total's results, per HTTP request to the Bot API.
+OK, RATE_LIMITED, ERROR = "ok", "429", "error"
+# bot_telegram_failures_total's actions: what the caller did after a failed call.
+RETRY, GAVE_UP = "retry", "gave_up"
+
+
+@dataclass
+class TurnNote:
+    """What the use case decided for the update being processed."""
+
+    outcome: str | None = None
+    variant: str = ""
+    replies: list[Reply] = field(default_factory=list)
+
+
+_turn: ContextVar[TurnNote | None] = ContextVar("turn_note", default=None)
+
+
+@contextlib.contextmanager
+def turn_scope() -> Iterator[TurnNote]:
+    """The note of one update's processing (the inbox worker's runner opens it)."""
+    note = TurnNote()
+    token = _turn.set(note)
+    try:
+        yield note
+    finally:
+        _turn.reset(token)
+
+
+def note_turn(outcome: str, variant: str | None = None, replies: Sequence[Reply] = ()) -> None:
+    """Record the outcome of the update being processed (no-op outside a turn scope, e.g. in
+    the terminal chat); the last note of an update wins."""
+    note = _turn.get()
+    if note is not None:
+        note.outcome = outcome
+        note.variant = variant or ""
+        note.replies = list(replies)
+
+
+class Metrics:
+    """Every metric of one service, in one registry (`registry`, scraped by bot/ops.py)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.updates_received = Counter(
+            "bot_updates_received",
+            "Updates delivered by Telegram (getUpdates or webhook), redeliveries included.",
+            ["kind"],
+            registry=r,
+        )
+        self.updates_duplicate = Counter(
+            "bot_updates_duplicate",
+            "Updates delivered again that the inbox held already (changed nothing).",
+            registry=r,
+        )
+        self.updates_acknowledged = Counter(
+            "bot_updates_acknowledged",
+            "Updates acknowledged to Telegram after their inbox row was committed.",
+            registry=r,
+        )
+        self.inbox_depth = Gauge(
+            "bot_inbox_depth", "Updates waiting in the inbox (read at scrape time).", registry=r
+        )
+        self.inbox_lag = Gauge(
+            "bot_inbox_lag_seconds",
+            "Age of the oldest update waiting in the inbox; 0 when none (read at scrape time).",
+            registry=r,
+        )
+        self.outbox_depth = Gauge(
+            "bot_outbox_depth",
+            "Texts waiting in the outbox to be sent (read at scrape time).",
+            registry=r,
+        )
+        self.turns = Counter(
+            "bot_turns",
+            "Updates processed by the inbox worker, by outcome (and variant, for model turns).",
+            ["outcome", "variant"],
+            registry=r,
+        )
+        self.reply_latency = Histogram(
+            "bot_reply_latency_seconds",
+            "From an update's arrival in the inbox to its reply committed to the outbox.",
+            ["variant"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.model_time = Histogram(
+            "bot_model_time_seconds",
+            "Time inside the model: the batch that generated the reply.",
+            ["variant"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "bot_batch_size",
+            "Size of the batch each reply was generated in (one observation per reply).",
+            ["variant"],
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.cache_hits = Counter(
+            "bot_agent_cache_hits",
+            "Replies whose conversation clone was in the worker's cache.",
+            ["variant"],
+            registry=r,
+        )
+        self.cache_misses = Counter(
+            "bot_agent_cache_misses",
+            "Replies whose clone was rebuilt from the database first.",
+            ["variant"],
+            registry=r,
+        )
+        self.cache_evictions = Counter(
+            "bot_agent_cache_evictions",
+            "Clones dropped from a worker's cache (reported with the worker's next reply).",
+            ["variant"],
+            registry=r,
+        )
+        self.cache_rebuild = Histogram(
+            "bot_agent_cache_rebuild_seconds",
+            "Building a clone from the stored persona and messages, on a cache miss.",
+            ["variant"],
+            buckets=REBUILD_BUCKETS,
+            registry=r,
+        )
+        self.telegram_requests = Counter(
+            "bot_telegram_requests",
+            "HTTP requests to the Bot API by method and result (ok, 429, error).",
+            ["method", "result"],
+            registry=r,
+        )
+        self.telegram_failures = Counter(
+            "bot_telegram_failures",
+            "Failed Bot API calls by what the caller did next (retry, gave_up).",
+            ["method", "action"],
+            registry=r,
+        )
+        self.lease_takeovers = Counter(
+            "bot_lease_takeovers",
+            "Chat leases taken over from another process (dead or expired), by kind.",
+            ["kind"],
+            registry=r,
+        )
+        # The series every dashboard plots exist from the start, at 0.
+        for kind in ("inbox", "outbox"):
+            self.lease_takeovers.labels(kind)
+
+    # --- one-line hooks for the components that count -------------------------------------
+
+    def lease_taken_over(self, kind: str) -> None:
+        """A chat lease of `kind` (inbox, outbox) was taken over from another owner."""
+        self.lease_takeovers.labels(kind).inc()
+
+    def telegram_request(self, method: str, result: str) -> None:
+        """One HTTP request to the Bot API and its result (OK, RATE_LIMITED, ERROR)."""
+        self.telegram_requests.labels(method, result).inc()
+
+    def telegram_failure(self, method: str, action: str) -> None:
+        """A failed Bot API call, and what its caller did next (RETRY, GAVE_UP)."""
+        self.telegram_failures.labels(method, action).inc()
+
+    def received(self, kind: str, *, new: bool) -> None:
+        """An update Telegram delivered and the inbox now holds (`new`: stored just now)."""
+        self.updates_received.labels(kind).inc()
+        if not new:
+            self.updates_duplicate.inc()
+
+    def acknowledged_updates(self, count: int = 1) -> None:
+        """Updates acknowledged to Telegram (their inbox rows are committed)."""
+        self.updates_acknowledged.inc(count)
+
+    def turn(self, outcome: str, variant: str = "") -> None:
+        """Count one processed update."""
+        self.turns.labels(outcome, variant).inc()
+
+    def replied(self, reply: Reply, received_at: datetime | None) -> None:
+        """The figures of one stored reply: latency, model time, batch size, cache."""
+        variant = reply.variant or ""
+        if received_at is not None:
+            waited = (datetime.now(UTC) - received_at).total_seconds()
+            self.reply_latency.labels(variant).observe(max(waited, 0.0))
+        if reply.model_ms is not None:
+            self.model_time.labels(variant).observe(reply.model_ms / 1000.0)
+        if reply.batch_size is not None:
+            self.batch_size.labels(variant).observe(reply.batch_size)
+        if reply.cache_hit is not None:
+            (self.cache_hits if reply.cache_hit else self.cache_misses).labels(variant).inc()
+        if reply.rebuild_ms is not None:
+            self.cache_rebuild.labels(variant).observe(reply.rebuild_ms / 1000.0)
+        if reply.cache_evictions:
+            self.cache_evictions.labels(variant).inc(reply.cache_evictions)
+
+    def set_backlog(self, inbox_depth: int, inbox_lag_s: float, outbox_depth: int) -> None:
+        """The queue gauges, as just read from the database."""
+        self.inbox_depth.set(inbox_depth)
+        self.inbox_lag.set(inbox_lag_s)
+        self.outbox_depth.set(outbox_depth)
