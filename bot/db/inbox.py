@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.dialect import insert_unless_present
-from bot.db.models import Inbox, InboxStatus, utcnow
+from bot.db.leases import LeaseLost, working_as
+from bot.db.models import ChatLease, Inbox, InboxStatus, utcnow
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +23,8 @@ class InboxRow:
     payload: str
     status: str
     attempts: int
+    # When the update was stored (for the reply latency metric).
+    received_at: datetime | None = None
 
 
 class StaleUpdate(Exception):
@@ -28,7 +32,9 @@ class StaleUpdate(Exception):
 
 
 def _row(r: Inbox) -> InboxRow:
-    return InboxRow(r.update_id, r.chat_id, r.kind, r.payload, r.status, r.attempts)
+    return InboxRow(
+        r.update_id, r.chat_id, r.kind, r.payload, r.status, r.attempts, r.received_at
+    )
 
 
 async def insert(
@@ -93,14 +99,25 @@ async def finish(
     """Close a pending update (done, failed or ignored).
 
     This is the fence of every turn: if the update is no longer pending (another process took
-    it over after our lease ran out, or an admin deleted it), raising rolls back the whole turn.
+    it over after our lease ran out, or an admin deleted it), or the chat's inbox lease is no
+    longer ours (`working_as`: taken over by another replica), raising rolls back the whole
+    turn.
     """
+    fence = [Inbox.update_id == update_id, Inbox.status == InboxStatus.PENDING]
+    owner = working_as.get()
+    if owner is not None:
+        ours = exists().where(
+            ChatLease.chat_id == Inbox.chat_id,
+            ChatLease.kind == "inbox",
+            ChatLease.owner == owner,
+        )
+        fence.append(Inbox.chat_id.is_(None) | ours)
     result = await db.execute(
-        update(Inbox)
-        .where(Inbox.update_id == update_id, Inbox.status == InboxStatus.PENDING)
-        .values(status=status, error=error, processed_at=utcnow())
+        update(Inbox).where(*fence).values(status=status, error=error, processed_at=utcnow())
     )
     if not getattr(result, "rowcount", 0):
+        if owner is not None and await status_of(db, update_id) == InboxStatus.PENDING:
+            raise LeaseLost(f"the lease of update {update_id}'s chat was taken over")
         raise StaleUpdate(f"update {update_id} is no longer pending")
 
 
@@ -112,3 +129,15 @@ async def count_failure(db: AsyncSession, update_id: int, error: str) -> int:
         .values(attempts=Inbox.attempts + 1, error=error)
     )
     return int(await db.scalar(select(Inbox.attempts).where(Inbox.update_id == update_id)) or 0)
+
+
+async def backlog(db: AsyncSession) -> tuple[int, datetime | None]:
+    """How many updates are waiting, and when the oldest of them was stored (None: none)."""
+    count, oldest = (
+        await db.execute(
+            select(func.count(), func.min(Inbox.received_at)).where(
+                Inbox.status == InboxStatus.PENDING
+            )
+        )
+    ).one()
+    return int(count), oldest

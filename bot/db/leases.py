@@ -3,6 +3,7 @@ Functions take an AsyncSession and never commit; bot/tg/leases.py decides when t
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from datetime import datetime
 
 from sqlalchemy import ColumnElement, delete, select, update
@@ -10,6 +11,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.dialect import insert_unless_present
 from bot.db.models import ChatLease
+
+# The owner whose inbox lease a turn is being made under (set by the inbox worker around each
+# row; None outside): the turn's commit re-checks that lease (bot.db.inbox.finish), so a
+# replica that lost the chat to another one meanwhile cannot commit its turn.
+working_as: ContextVar[str | None] = ContextVar("working_as", default=None)
+
+
+class LeaseLost(Exception):
+    """The chat's lease was taken over while this process worked on it: its work is void."""
 
 
 def _of(chat_id: int, kind: str) -> ColumnElement[bool]:

@@ -30,6 +30,8 @@ from bot.tg.handlers import COMMANDS, App, Handlers, UpdateRunner
 from bot.tg.inbox_worker import InboxWorker
 from bot.tg.ingest import BoundedJsonRequest, PollingIngest, WebhookIngest
 from bot.tg.leases import Leases, new_owner
+from bot.tg.poller import ElectedPolling
+from bot.tg.replicas import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +113,16 @@ class Service:
         self.handlers.register(application)
         bot = application.bot
         # Another process may use the same database (a second instance, or replicas): chat
-        # leases keep every update answered once and every text sent once.
+        # leases keep every update answered once and every text sent once, and the heartbeat
+        # lets the others take a dead replica's chats over within takeover_after_s.
         owner = new_owner()
+        self.owner = owner
+        self.heartbeat = Heartbeat(
+            sessionmaker, owner, dead_after_s=settings.takeover_after_s, info=self.status
+        )
         self.leases = (
-            Leases(sessionmaker, "inbox", owner=owner),
-            Leases(sessionmaker, "outbox", owner=owner),
+            Leases(sessionmaker, "inbox", owner=owner, heartbeat=self.heartbeat),
+            Leases(sessionmaker, "outbox", owner=owner, heartbeat=self.heartbeat),
         )
         self.delivery = Delivery(
             sessionmaker,
@@ -132,8 +139,11 @@ class Service:
             on_processed=self.delivery.wake,
             backoff=backoff,
             leases=self.leases[0],
+            # Another replica may have stored the rows (it polls, or nginx sent it the POST):
+            # look often enough that its chats never wait long for a free replica.
+            poll_interval_s=1.0,
         )
-        self.ingest: PollingIngest | WebhookIngest
+        self.ingest: ElectedPolling | WebhookIngest
         if settings.webhook_url:
             secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else ""
             self.ingest = WebhookIngest(
@@ -147,7 +157,11 @@ class Service:
                 backoff=backoff,
             )
         else:
-            self.ingest = PollingIngest(bot, self.store, self.inbox_worker.wake, backoff=backoff)
+            # getUpdates allows one consumer: the replicas elect one poller; all of them process.
+            self.ingest = ElectedPolling(
+                Leases(sessionmaker, "poller", owner=owner, ttl_s=10.0, heartbeat=self.heartbeat),
+                lambda: PollingIngest(bot, self.store, self.inbox_worker.wake, backoff=backoff),
+            )
         self._commands_task: asyncio.Task[None] | None = None
         self._retention_task: asyncio.Task[None] | None = None
 
@@ -195,18 +209,25 @@ class Service:
             self._retention_task = asyncio.create_task(
                 run_forever(self.sessionmaker, self.settings.retention_days), name="retention"
             )
+        # The heartbeat row first: a peer judges our leases by it.
+        await retry(
+            self.heartbeat.start,
+            what="writing this replica's heartbeat",
+            backoff=Backoff(cap_s=10.0),
+            stop=stop,
+        )
         for leases in self.leases:
             leases.start()
         await self.delivery.start()
         await self.inbox_worker.start()
         await self.ingest.start(stop)
-        mode = "webhook" if isinstance(self.ingest, WebhookIngest) else "polling"
+        mode = "webhook" if isinstance(self.ingest, WebhookIngest) else "polling (elected poller)"
         log.info("serving Telegram (%s mode); database %s", mode, safe_url(self.settings.db_url))
 
     async def wait(self, stop: asyncio.Event) -> None:
         """Until `stop` is set, or polling fails fatally (re-raised)."""
         waiters: list[asyncio.Future[object]] = [asyncio.ensure_future(stop.wait())]
-        polling = self.ingest.done if isinstance(self.ingest, PollingIngest) else None
+        polling = self.ingest.done if isinstance(self.ingest, ElectedPolling) else None
         if polling is not None:
             waiters.append(polling)  # type: ignore[arg-type]
         done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
@@ -229,11 +250,38 @@ class Service:
         await self.delivery.stop(max(deadline - loop.time(), min(grace, 3.0)))
         for leases in self.leases:
             await leases.stop()
+        await self.heartbeat.stop()  # after the leases: peers need not wait for anything
         for task in (self._commands_task, self._retention_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+
+    async def status(self) -> dict[str, object]:
+        """What this replica reports in its heartbeat row (`replicas.info`) for operators and
+        the dashboard: mode, whether it polls, and its model workers."""
+        polling = isinstance(self.ingest, ElectedPolling)
+        stats_of = getattr(self.responder, "worker_stats", None)
+        workers = []
+        for variant, figures in (await stats_of() if stats_of is not None else {}).items():
+            cache = {
+                k: figures[k] for k in ("cached", "hits", "misses", "evictions") if k in figures
+            }
+            workers.append(
+                {
+                    "variant": variant,
+                    "pid": figures.get("pid"),
+                    "alive": bool(cache) or figures.get("pid") is None,
+                    "restarts": figures.get("restarts", 0),
+                    "cache": cache,
+                }
+            )
+        return {
+            "mode": "polling" if polling else "webhook",
+            "poller": isinstance(self.ingest, ElectedPolling) and self.ingest.polling,
+            "busy_chats": self.inbox_worker.busy,
+            "workers": workers,
+        }
 
     async def close(self) -> None:
         """Release the responder, the Bot API client and the database."""

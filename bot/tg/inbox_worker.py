@@ -17,7 +17,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from bot import texts
 from bot.db import inbox, outbox
 from bot.db.inbox import InboxRow
+from bot.db.leases import LeaseLost, working_as
 from bot.db.models import InboxStatus, OutboxKind
+from bot.logs import log_context
+from bot.metrics import FAILED, Metrics
 from bot.tg.backoff import Backoff
 from bot.tg.chat_pool import ChatPool
 from bot.tg.leases import Leases
@@ -43,9 +46,11 @@ class InboxWorker:
         poll_interval_s: float = 5.0,
         scan_limit: int = 1000,
         leases: Leases | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.sessionmaker = sessionmaker
         self.handle = handle
+        self.metrics = metrics
         self.on_processed = on_processed
         self.max_attempts = max_attempts
         self.backoff = backoff or Backoff(initial_s=0.5, cap_s=10.0)
@@ -95,7 +100,14 @@ class InboxWorker:
 
     async def _work_one(self, row: InboxRow) -> bool:
         """Process one row (the chat's lease is held); False leaves the chat for later."""
-        closed = await self._process(row)
+        leases = self.pool.leases
+        # The turn's commit re-checks that the lease is still ours (bot.db.inbox.finish).
+        fence = working_as.set(leases.owner if leases is not None else None)
+        try:
+            with log_context(chat_id=row.chat_id, update_id=row.update_id):
+                closed = await self._process(row)
+        finally:
+            working_as.reset(fence)
         self.on_processed()
         return closed
 
@@ -115,6 +127,10 @@ class InboxWorker:
                     return True
                 await self.handle(row)
                 return True
+            except LeaseLost as err:
+                # Another replica has the chat now: our turn was rolled back; it answers.
+                log.warning("update %s: %s; leaving the chat to its new holder", row.update_id, err)
+                return False
             except Exception as err:  # any failure of a handler is retried
                 attempts += 1
                 log.warning(
@@ -160,6 +176,8 @@ class InboxWorker:
         log.error(
             "update %s failed %d times; gave up and apologised", row.update_id, self.max_attempts
         )
+        if self.metrics is not None:
+            self.metrics.turn(FAILED)
         return True
 
 

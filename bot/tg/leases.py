@@ -9,10 +9,12 @@ serialised) and PostgreSQL (the row lock re-checks the WHERE) decide atomically.
 chat, not per row, also keeps a chat's order across processes.
 
 A holder renews its leases in the background and before each row it works on; a crashed
-holder's leases expire after `ttl_s`, or are taken at once when the owner is a process of this
-machine and PID namespace that no longer runs (a restart after kill -9 need not wait). Lease
-times come from each process's clock: replicas on several machines need synchronised clocks
-(NTP), as usual.
+holder's leases expire after `ttl_s`, are taken over as soon as its replica's heartbeat is stale
+(bot/tg/replicas.py: a few seconds, wherever it ran), or at once when the owner is a process of
+this machine and PID namespace that no longer runs (a restart after kill -9 need not wait). A
+replica whose own heartbeats stop landing fences itself: its leases read as lost until they do
+again. Lease times come from each process's clock: replicas on several machines need
+synchronised clocks (NTP), as usual.
 """
 
 from __future__ import annotations
@@ -24,12 +26,17 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.db import leases
+from bot.db import leases, replicas
 from bot.db.models import utcnow
+
+if TYPE_CHECKING:
+    from bot.tg.replicas import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +112,20 @@ class Leases:
         owner: str | None = None,
         ttl_s: float = LEASE_TTL_S,
         linger_s: float = LINGER_S,
+        heartbeat: Heartbeat | None = None,
+        on_takeover: Callable[[str], None] | None = None,
     ) -> None:
         self.sessionmaker = sessionmaker
         self.kind = kind
         self.owner = owner or new_owner()
         self.ttl_s = ttl_s
         self.linger_s = linger_s
+        # This replica's heartbeat (None: a bare Leases, as in some tests): a stale peer's
+        # leases are taken over, and ours read as lost while our own heartbeats fail.
+        self.heartbeat = heartbeat
+        if heartbeat is not None:
+            heartbeat.on_fence(self._forget_all)
+        self.on_takeover = on_takeover  # called with the kind, e.g. to count takeovers
         self._held: dict[int, float] = {}  # chat_id -> monotonic time the lease runs out
         # chat_id -> the lease_until we wrote: a late release deletes only that lease, never
         # one taken again meanwhile.
@@ -124,11 +139,20 @@ class Leases:
         """Chats whose lease this process holds."""
         return frozenset(self._held)
 
+    def _forget_all(self) -> None:
+        """Fenced: trust none of our leases any more; the next acquire() asks the database."""
+        self._held.clear()
+        self._written.clear()
+
     async def acquire(self, chat_id: int) -> bool:
-        """Take or renew the chat's lease; False if another live process holds it."""
+        """Take or renew the chat's lease; False if another live process holds it, or while
+        this replica is fenced (its heartbeats do not reach the database)."""
         timer = self._releases.pop(chat_id, None)
         if timer is not None:
             timer.cancel()
+        if self.heartbeat is not None and not self.heartbeat.alive:
+            self._forget_all()
+            return False
         runs_out = self._held.get(chat_id)
         if runs_out is not None and runs_out - time.monotonic() > self.ttl_s / 2:
             return True
@@ -149,12 +173,22 @@ class Leases:
         if await leases.take(db, chat_id, self.kind, self.owner, now, until):
             return True
         holder = await leases.holder(db, chat_id, self.kind)
-        if holder is None or not _dead_here(holder):
+        if holder is None:
+            return False
+        if _dead_here(holder):
+            why = "exited"
+        elif self.heartbeat is not None and await replicas.is_dead(
+            db, holder, self.heartbeat.dead_before()
+        ):
+            why = f"no heartbeat for {self.heartbeat.dead_after_s:.0f}s"
+        else:
             return False
         if await leases.take_from(db, chat_id, self.kind, self.owner, holder, until):
             log.info(
-                "took over the %s lease of chat %s from %s (exited)", self.kind, chat_id, holder
+                "took over the %s lease of chat %s from %s (%s)", self.kind, chat_id, holder, why
             )
+            if self.on_takeover is not None:
+                self.on_takeover(self.kind)
             return True
         return False
 
@@ -189,6 +223,9 @@ class Leases:
     async def renew_all(self) -> None:
         """Push back the expiry of every lease this process holds (one statement)."""
         if not self._held:
+            return
+        if self.heartbeat is not None and not self.heartbeat.alive:
+            self._forget_all()
             return
         started = time.monotonic()
         until = utcnow() + timedelta(seconds=self.ttl_s)

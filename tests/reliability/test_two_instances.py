@@ -1,8 +1,8 @@
 """A second instance with the same token and the same database must not double-answer.
 
-Telegram answers 409 to all but the newest getUpdates, so two pollers take turns getting
-updates; both store into one inbox. Only one process may turn an update into a reply, and
-only one may send a given outbox row, with per-chat order kept across the processes.
+Telegram answers 409 to all but the newest getUpdates, so the instances elect one poller
+(bot/tg/poller.py) and both process the one inbox. Only one process may turn an update into a
+reply, and only one may send a given outbox row, with per-chat order kept across the processes.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.tg.poller import ElectedPolling
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.procs import TOKEN, bot_env, check_database, start_bot
 from tests.support.service_harness import TOKEN as IN_PROCESS_TOKEN
@@ -39,9 +40,8 @@ async def test_two_processes_on_one_database_answer_each_message_exactly_once_in
             for chat in CHATS:
                 await api.wait_for_texts(chat, PER_CHAT, timeout_s=90)
             await asyncio.sleep(2.0)  # time for a duplicate to show up
-            # Both processes really took part: each one got updates and wrote to the inbox.
-            conflicts = [c for c in api.calls_to("getUpdates") if c.status == 409]
-            assert conflicts
+            # One elected poller: getUpdates never had two consumers.
+            assert not [c for c in api.calls_to("getUpdates") if c.status == 409]
             for bot in (first, second):
                 bot.proc.send_signal(signal.SIGTERM)
             assert await first.wait(30) == 0 and await second.wait(30) == 0
@@ -76,10 +76,41 @@ async def test_two_services_in_one_process_share_the_work_without_double_answers
             for chat in CHATS:
                 await api.wait_for_texts(chat, PER_CHAT * 2, timeout_s=30)
             await asyncio.sleep(1.0)  # time for a duplicate to show up
-        assert [c for c in api.calls_to("getUpdates") if c.status == 409]
-        assert all(responder.calls for responder in engines)  # both did part of the work
+        # One elected poller (no 409), and both processed part of the inbox.
+        assert not [c for c in api.calls_to("getUpdates") if c.status == 409]
+        assert all(responder.calls for responder in engines)
     for chat in CHATS:
         # Exactly once each, and in order, though two processes took turns.
         assert api.texts(chat) == [f"echo {chat}: {t}" for t in sent[chat]]
     calls = Counter(call for responder in engines for call in responder.calls)
     assert set(calls.values()) == {1}  # no update was even generated twice
+
+
+async def test_the_poller_hands_over_on_stop_and_nothing_is_lost_or_answered_twice(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """SIGTERM's path (Service.stop) gives the poller lease back: the other replica polls
+    within about a second, and the updates around the handover are answered exactly once."""
+    async with FakeBotAPI(IN_PROCESS_TOKEN) as api:
+        settings = make_settings(sqlite_url, api, tmp_path, log_level="INFO")
+        first = running_service(settings, EchoResponder())
+        one = await first.__aenter__()
+        try:
+            async with running_service(settings, EchoResponder()) as two:
+                assert isinstance(one.ingest, ElectedPolling)
+                assert isinstance(two.ingest, ElectedPolling)
+                assert one.ingest.polling and not two.ingest.polling
+                for i in range(3):
+                    api.user_message(401, f"before {i}")
+                await api.wait_for_texts(401, 3)
+                await first.__aexit__(None, None, None)
+                one = None
+                for i in range(3):
+                    api.user_message(401, f"after {i}")
+                texts = await api.wait_for_texts(401, 6, timeout_s=15)
+                assert two.ingest.polling
+        finally:
+            if one is not None:
+                await first.__aexit__(None, None, None)
+    assert texts == [f"echo 401: {w} {i}" for w in ("before", "after") for i in range(3)]
+    assert not [c for c in api.calls_to("getUpdates") if c.status == 409]

@@ -1,0 +1,95 @@
+"""Replica heartbeat queries (the `replicas` table). Functions take an AsyncSession and never
+commit; bot/tg/replicas.py decides when to call them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, delete, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from bot.db.dialect import insert_unless_present
+from bot.db.models import Replica
+
+
+async def register(
+    db: AsyncSession, owner: str, host: str, pid: int, now: datetime, info: str
+) -> None:
+    """Write this replica's row (again, if a peer pruned it while we were unreachable)."""
+    values = {
+        "owner": owner,
+        "host": host,
+        "pid": pid,
+        "started_at": now,
+        "heartbeat_at": now,
+        "info": info,
+    }
+    if not await insert_unless_present(db, Replica, values, ["owner"]):
+        await beat(db, owner, now, info)
+
+
+async def beat(db: AsyncSession, owner: str, now: datetime, info: str | None = None) -> bool:
+    """Push this replica's heartbeat to `now`; False if its row is gone."""
+    values: dict[str, object] = {"heartbeat_at": now}
+    if info is not None:
+        values["info"] = info
+    result = await db.execute(update(Replica).where(Replica.owner == owner).values(**values))
+    return bool(getattr(result, "rowcount", 0))
+
+
+async def remove(db: AsyncSession, owner: str) -> None:
+    """A clean stop: the replica's row goes (its leases were given back before)."""
+    await db.execute(delete(Replica).where(Replica.owner == owner))
+
+
+def stale(before: datetime) -> ColumnElement[bool]:
+    """Replicas whose last heartbeat is older than `before`: dead, or cut off and fenced."""
+    return Replica.heartbeat_at < before
+
+
+async def is_dead(db: AsyncSession, owner: str, before: datetime) -> bool:
+    """Whether `owner` has a replica row whose heartbeat is older than `before`.
+
+    An owner without a row (a process of an older version, or a test's bare Leases) is judged
+    by its lease's expiry alone: every replica writes its row before it takes any lease.
+    """
+    found = await db.scalar(select(Replica.owner).where(Replica.owner == owner, stale(before)))
+    return found is not None
+
+
+async def prune(db: AsyncSession, before: datetime) -> int:
+    """Forget replicas silent since before `before` (long dead); returns how many."""
+    result = await db.execute(delete(Replica).where(stale(before)))
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+@dataclass(frozen=True)
+class ReplicaRow:
+    """A replica as its heartbeat row says."""
+
+    owner: str
+    host: str
+    pid: int
+    started_at: datetime
+    heartbeat_at: datetime
+    info: dict[str, Any]
+
+
+def _info(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+async def all_replicas(db: AsyncSession) -> list[ReplicaRow]:
+    """Every known replica, the most recent heartbeat first (for operators)."""
+    rows = await db.scalars(select(Replica).order_by(Replica.heartbeat_at.desc()))
+    return [
+        ReplicaRow(r.owner, r.host, r.pid, r.started_at, r.heartbeat_at, _info(r.info))
+        for r in rows
+    ]

@@ -1,0 +1,175 @@
+"""Replica heartbeats: liveness from the database, and fencing.
+
+Every replica (a `python -m bot run` process) writes its row in `replicas` before it takes any
+lease, and pushes its `heartbeat_at` forward every `interval_s`. Another replica treats a
+heartbeat older than `dead_after_s` as a dead process, wherever it ran (kill -9, a lost
+machine, a container restarted with the same host name and PID) and takes over its leases at
+once, instead of waiting for their TTL (bot/tg/leases.py).
+
+Fencing: a replica that has not written a heartbeat for `fence_after_s` (< `dead_after_s`)
+stops working on its chats: its leases read as lost (`alive` is False), so it takes no new row,
+sends nothing more, and asks the database again before it goes on. Others may only start after
+`dead_after_s`, so the two never overlap (given clocks within `dead_after_s - fence_after_s` of
+each other, NTP). On top of that, a turn's commit re-checks the inbox lease in its own
+transaction (bot/db/inbox.finish), so a replica that was paused (SIGSTOP, a long GC) cannot
+commit a turn for a chat that was taken over meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.db import replicas
+from bot.db.models import utcnow
+from bot.tg.leases import HOST
+
+log = logging.getLogger(__name__)
+
+# A peer is taken over this long after its last heartbeat (TAKEOVER_AFTER_S); it beats five
+# times in that time and fences itself after three missed fifths.
+DEFAULT_DEAD_AFTER_S = 5.0
+# Rows of replicas silent this long are deleted by whichever replica notices.
+PRUNE_AFTER_S = 3600.0
+
+InfoSource = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class Heartbeat:
+    """This replica's row in `replicas`: written at start, beaten, removed at a clean stop."""
+
+    def __init__(
+        self,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        owner: str,
+        *,
+        dead_after_s: float = DEFAULT_DEAD_AFTER_S,
+        info: InfoSource | None = None,
+        info_every_s: float = 5.0,
+    ) -> None:
+        self.sessionmaker = sessionmaker
+        self.owner = owner
+        self.dead_after_s = dead_after_s
+        self.interval_s = dead_after_s / 5
+        self.fence_after_s = dead_after_s * 0.6
+        self._info_source = info
+        self._info_every_s = info_every_s
+        self._info_text: str | None = None  # the newest status, until a heartbeat writes it
+        self._info_task: asyncio.Task[None] | None = None
+        self._last_ok: float | None = None  # monotonic start of the last heartbeat that landed
+        self._fenced = False
+        self._on_fence: list[Callable[[], None]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        """Whether this replica may work: its last heartbeat landed less than fence_after_s ago
+        (measured from before that write began)."""
+        if self._last_ok is None:
+            return False
+        alive = time.monotonic() - self._last_ok < self.fence_after_s
+        if not alive and not self._fenced:
+            self._fence()
+        return alive
+
+    def on_fence(self, callback: Callable[[], None]) -> None:
+        """Call `callback` when this replica fences itself (its leases must be forgotten)."""
+        self._on_fence.append(callback)
+
+    def _fence(self) -> None:
+        self._fenced = True
+        log.error(
+            "no heartbeat reached the database for %.1fs: stopping work on every chat until it "
+            "does (other replicas take them over after %.1fs)",
+            self.fence_after_s,
+            self.dead_after_s,
+        )
+        for callback in self._on_fence:
+            callback()
+
+    def dead_before(self) -> datetime:
+        """Heartbeats older than this are dead replicas."""
+        return utcnow() - timedelta(seconds=self.dead_after_s)
+
+    async def start(self) -> None:
+        """Write this replica's row (retried by the caller's start-up if the database is down),
+        then beat in the background."""
+        started = time.monotonic()
+        async with self.sessionmaker.begin() as db:
+            await replicas.register(db, self.owner, HOST, os.getpid(), utcnow(), "{}")
+        self._last_ok = started
+        self._task = asyncio.create_task(self._run(), name="heartbeat")
+        if self._info_source is not None:
+            self._info_task = asyncio.create_task(self._refresh_info(), name="replica-status")
+
+    async def stop(self) -> None:
+        """Stop beating and remove the row (call after the leases were given back)."""
+        for task in (self._task, self._info_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._info_task = None
+        try:
+            async with self.sessionmaker.begin() as db:
+                await replicas.remove(db, self.owner)
+        except Exception as err:  # noqa: BLE001 - the row just goes stale, as after a crash
+            log.warning("removing this replica's heartbeat row failed: %s", err)
+
+    async def beat(self) -> None:
+        """One heartbeat now (the background loop calls this every interval_s)."""
+        started = time.monotonic()
+        info, self._info_text = self._info_text, None
+        now = utcnow()
+        async with self.sessionmaker.begin() as db:
+            if not await replicas.beat(db, self.owner, now, info):
+                # Pruned by a peer while we were away far too long: write it again.
+                await replicas.register(db, self.owner, HOST, os.getpid(), now, info or "{}")
+        self._last_ok = started
+        if self._fenced:
+            self._fenced = False
+            log.warning("heartbeats reach the database again: back to work")
+
+    async def prune(self) -> None:
+        """Delete rows of replicas silent for PRUNE_AFTER_S."""
+        cutoff = utcnow() - timedelta(seconds=PRUNE_AFTER_S)
+        async with self.sessionmaker.begin() as db:
+            gone = await replicas.prune(db, cutoff)
+        if gone:
+            log.info("forgot %d replicas silent for over %.0fs", gone, PRUNE_AFTER_S)
+
+    async def _refresh_info(self) -> None:
+        """Collect this replica's status every info_every_s for the next heartbeat to write
+        (apart from the heartbeat, which must never wait for a slow model worker)."""
+        assert self._info_source is not None
+        while True:
+            try:
+                status = await asyncio.wait_for(self._info_source(), self._info_every_s)
+                self._info_text = json.dumps(status, default=str)
+            except Exception as err:  # noqa: BLE001 - the heartbeat matters more than the report
+                log.warning("collecting this replica's status failed: %s", err)
+            await asyncio.sleep(self._info_every_s)
+
+    async def _run(self) -> None:
+        beats = 0
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                # A database that hangs is as bad as one that is down: fence in time anyway.
+                await asyncio.wait_for(self.beat(), self.fence_after_s)
+            except Exception as err:  # noqa: BLE001 - retried at the next interval
+                log.warning("heartbeat failed: %s", err)
+                _ = self.alive  # fences once fence_after_s has passed
+            beats += 1
+            if beats % 600 == 1:
+                with contextlib.suppress(Exception):
+                    await self.prune()

@@ -1,0 +1,187 @@
+"""Replica heartbeats on both databases: takeover of a dead replica's leases (also one with our
+host name and PID, as a container restarted in place has), fencing, and the turn fence."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.db import inbox
+from bot.db.engine import make_engine, make_sessionmaker
+from bot.db.leases import LeaseLost, working_as
+from bot.db.models import ChatLease, Inbox, InboxStatus, Replica, utcnow
+from bot.tg.leases import HOST, PID_NAMESPACE, Leases, new_owner
+from bot.tg.replicas import Heartbeat
+
+# What a container restarted with the same host name (and so the same PID 1, or any reused
+# PID) looks like: our host, namespace and PID, another random part.
+SAME_HOST_AND_PID = f"{HOST}:{PID_NAMESPACE}:{os.getpid()}:0ldc0de1"
+
+
+@pytest.fixture
+async def sessionmaker(db_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    engine = make_engine(db_url)
+    yield make_sessionmaker(engine)
+    await engine.dispose()
+
+
+async def _plant(
+    sm: async_sessionmaker[AsyncSession],
+    owner: str,
+    *,
+    chat_id: int = 7,
+    heartbeat_age_s: float | None,
+    lease_left_s: float = 60.0,
+) -> None:
+    """A lease of `owner` that runs for `lease_left_s` more, and (unless None) its replica row
+    with a heartbeat `heartbeat_age_s` old."""
+    now = utcnow()
+    async with sm.begin() as db:
+        if heartbeat_age_s is not None:
+            db.add(
+                Replica(
+                    owner=owner,
+                    host=HOST,
+                    pid=os.getpid(),
+                    started_at=now - timedelta(hours=1),
+                    heartbeat_at=now - timedelta(seconds=heartbeat_age_s),
+                    info="{}",
+                )
+            )
+        db.add(
+            ChatLease(
+                chat_id=chat_id,
+                kind="inbox",
+                owner=owner,
+                lease_until=now + timedelta(seconds=lease_left_s),
+            )
+        )
+
+
+async def _owner(sm: async_sessionmaker[AsyncSession], chat_id: int = 7) -> str | None:
+    async with sm() as db:
+        return await db.scalar(
+            select(ChatLease.owner).where(ChatLease.chat_id == chat_id, ChatLease.kind == "inbox")
+        )
+
+
+async def _replica(
+    sm: async_sessionmaker[AsyncSession], dead_after_s: float = 5.0
+) -> tuple[Heartbeat, Leases]:
+    heartbeat = Heartbeat(sm, new_owner(), dead_after_s=dead_after_s)
+    await heartbeat.start()
+    return heartbeat, Leases(sm, "inbox", owner=heartbeat.owner, heartbeat=heartbeat)
+
+
+async def test_a_dead_replica_with_our_host_name_and_pid_loses_its_lease_at_once(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    # Its lease would run for another minute, and the PID it names is alive (it is us): only
+    # its stale heartbeat says it is gone.
+    await _plant(sessionmaker, SAME_HOST_AND_PID, heartbeat_age_s=6.0)
+    heartbeat, leases = await _replica(sessionmaker)
+    taken: list[str] = []
+    leases.on_takeover = taken.append
+    try:
+        assert await leases.acquire(7)
+        assert await _owner(sessionmaker) == leases.owner
+        assert taken == ["inbox"]
+    finally:
+        await leases.stop()
+        await heartbeat.stop()
+
+
+async def test_a_live_replica_keeps_its_lease(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    await _plant(sessionmaker, SAME_HOST_AND_PID, heartbeat_age_s=1.0)
+    heartbeat, leases = await _replica(sessionmaker)
+    try:
+        assert not await leases.acquire(7)
+        assert await _owner(sessionmaker) == SAME_HOST_AND_PID
+    finally:
+        await heartbeat.stop()
+
+
+async def test_an_owner_without_a_heartbeat_row_is_judged_by_its_lease_alone(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    # A process of an older version (no replicas row): it is not declared dead early.
+    await _plant(sessionmaker, SAME_HOST_AND_PID, heartbeat_age_s=None)
+    heartbeat, leases = await _replica(sessionmaker)
+    try:
+        assert not await leases.acquire(7)
+    finally:
+        await heartbeat.stop()
+
+
+async def test_a_replica_whose_heartbeats_fail_fences_itself_then_resumes(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    heartbeat, leases = await _replica(sessionmaker, dead_after_s=1.0)  # fences after 0.6 s
+    other_heartbeat, other = await _replica(sessionmaker, dead_after_s=1.0)
+    try:
+        assert await leases.acquire(7)
+        assert leases.held == {7}
+        # Its heartbeats stop landing (the loop is gone, as when the database is unreachable).
+        assert heartbeat._task is not None
+        heartbeat._task.cancel()
+        await asyncio.sleep(0.7)
+        # Fenced before anyone may take over (1.0 s): it forgets the lease and takes no row.
+        assert not await leases.acquire(7)
+        assert leases.held == frozenset()
+        await asyncio.sleep(0.5)
+        # Now its heartbeat is stale for the others: the lease moves.
+        assert await other.acquire(7)
+        assert await _owner(sessionmaker) == other.owner
+        # Heartbeats land again: back to work, but the chat is the other replica's now.
+        await heartbeat.beat()
+        assert not await leases.acquire(7)
+    finally:
+        await other.stop()
+        await other_heartbeat.stop()
+        await heartbeat.stop()
+
+
+async def test_a_turn_cannot_commit_once_its_chat_was_taken_over(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    now = utcnow()
+    async with sessionmaker.begin() as db:
+        db.add(Inbox(update_id=501, chat_id=7, kind="message", payload="{}", received_at=now))
+    await _plant(sessionmaker, "someone-else", heartbeat_age_s=0.0)
+    fence = working_as.set("me")
+    try:
+        with pytest.raises(LeaseLost):
+            async with sessionmaker.begin() as db:
+                await inbox.finish(db, 501)
+    finally:
+        working_as.reset(fence)
+    async with sessionmaker() as db:
+        assert await inbox.status_of(db, 501) == InboxStatus.PENDING
+    # The holder itself commits.
+    fence = working_as.set("someone-else")
+    try:
+        async with sessionmaker.begin() as db:
+            await inbox.finish(db, 501)
+    finally:
+        working_as.reset(fence)
+    async with sessionmaker() as db:
+        assert await inbox.status_of(db, 501) == InboxStatus.DONE
+
+
+async def test_a_clean_stop_removes_the_heartbeat_row(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    heartbeat, _ = await _replica(sessionmaker)
+    async with sessionmaker() as db:
+        assert await db.scalar(select(Replica.owner)) == heartbeat.owner
+    await heartbeat.stop()
+    async with sessionmaker() as db:
+        assert await db.scalar(select(Replica.owner)) is None
