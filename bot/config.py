@@ -106,6 +106,9 @@ class Settings(BaseSettings):
     flood_window_s: float = Field(default=10.0, gt=0)
     max_concurrent_chats: int = Field(default=64, ge=1)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
+    # Replicas on one database: a replica whose heartbeat is this old is dead and its chats are
+    # taken over (it fences itself at 60% of it); it beats five times in this time.
+    takeover_after_s: float = Field(default=5.0, ge=1.0, le=300.0)
 
     log_level: str = "INFO"
 
