@@ -58,6 +58,14 @@ class Settings(BaseSettings):
     agent_cache_size: int = Field(default=1000, ge=1)
     batch_max_size: int = Field(default=16, ge=1)
     batch_max_wait_ms: int = Field(default=20, ge=0)
+    # "continuous": chats join and leave the running generation at every decoding step
+    # (bot/inference/scheduler.py; greedy, beam and delayed beam on the stock transformer);
+    # "batch": the micro-batcher, each batch_act runs to its longest reply. Other searches
+    # always micro-batch.
+    scheduler: Literal["continuous", "batch"] = "continuous"
+    # Private chats see the reply grow (sendMessageDraft: "Thinking…", then the best
+    # hypothesis so far, about once a second); the final message is sent as always.
+    stream_replies: bool = True
     # Generation overrides; None keeps what the model file says.
     inference: Literal["beam", "greedy", "topk", "nucleus", "delayedbeam"] | None = None
     beam_size: int | None = Field(default=None, ge=1)

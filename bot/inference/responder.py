@@ -16,6 +16,7 @@ from bot.conversations.store import ConversationContext
 from bot.db.conversations import SessionRow
 from bot.inference.batcher import Batcher, BatchError, Generated, ModelView
 from bot.inference.cache import AgentCache, Conversation
+from bot.inference.scheduler import DraftSink, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +49,7 @@ class Responder:
         self.store = store
         self.settings = settings
         self.cache = AgentCache(shared_agent, settings.agent_cache_size)
-        self.batcher = Batcher(
-            shared_agent,
-            max_size=settings.batch_max_size,
-            max_wait_ms=settings.batch_max_wait_ms,
-        )
+        self.batcher: Batcher | Scheduler = make_engine(shared_agent, settings)
 
     @classmethod
     async def start(
@@ -117,12 +114,20 @@ class Responder:
         return entry
 
     async def generate(
-        self, session: SessionRow, user_text: str, source: ContextSource | None = None
+        self,
+        session: SessionRow,
+        user_text: str,
+        source: ContextSource | None = None,
+        on_draft: DraftSink | None = None,
     ) -> Generated:
-        """One turn with everything the batcher reports (model input included)."""
+        """One turn with everything the batcher reports (model input included); the best
+        hypothesis so far goes to `on_draft` while it generates (continuous scheduler only)."""
         async with self.checkout(session, source) as entry:
             try:
-                return await self.batcher.generate(entry.clone, entry.user_turn(user_text))
+                turn = entry.user_turn(user_text)
+                if isinstance(self.batcher, Scheduler):
+                    return await self.batcher.generate(entry.clone, turn, on_draft)
+                return await self.batcher.generate(entry.clone, turn)
             except BatchError as err:
                 self.cache.evict(session.id)
                 raise GenerationError(str(err)) from err
@@ -136,9 +141,11 @@ class Responder:
             return ModelView(list(vec), text, history.visible_turns())
 
     async def respond(self, session: SessionRow, user_text: str) -> Reply:
-        """The bot's reply to `user_text` in `session`'s context."""
+        """The bot's reply to `user_text` in `session`'s context (drafts to the turn's sink)."""
+        from bot.conversations.drafts import current_sink
+
         started = time.perf_counter()
-        result = await self.generate(session, user_text)
+        result = await self.generate(session, user_text, on_draft=current_sink())
         latency_ms = (time.perf_counter() - started) * 1000.0
         return Reply(result.text, latency_ms, None, result.model_ms, result.candidates)
 
@@ -155,3 +162,20 @@ class Responder:
         entry = self.cache.peek(session_id)
         if entry is not None:
             entry.last_message_id = last_message_id
+
+
+def make_engine(shared_agent: Any, settings: Settings) -> Batcher | Scheduler:
+    """The continuous scheduler where it applies (SCHEDULER=continuous and a search it covers:
+    greedy, beam, delayed beam on the stock transformer), else the micro-batcher."""
+    from bot.inference.fastgen.continuous import continuous_supported
+
+    if settings.scheduler == "continuous":
+        why = continuous_supported(shared_agent)
+        if why is None:
+            return Scheduler(shared_agent, max_size=settings.batch_max_size)
+        log.info("continuous batching does not apply (%s); micro-batching instead", why)
+    return Batcher(
+        shared_agent,
+        max_size=settings.batch_max_size,
+        max_wait_ms=settings.batch_max_wait_ms,
+    )

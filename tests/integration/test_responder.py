@@ -226,6 +226,10 @@ async def test_engine_error_is_reported_and_message_kept(
     chat = ChatActions(store, responder, responder.settings)
     original = responder.shared_agent.batch_act
     responder.shared_agent.batch_act = lambda obs: (_ for _ in ()).throw(RuntimeError("boom"))
+    # the continuous scheduler (the default) steps its own search instead of batch_act
+    search = getattr(responder.batcher, "_search", None)
+    if search is not None:
+        search.step = lambda: (_ for _ in ()).throw(RuntimeError("boom"))
     try:
         session = await store.active_session(13)
         with pytest.raises(GenerationError):

@@ -1,0 +1,548 @@
+"""Continuous (step-level) batching of the batched beam search: chats join and leave every step.
+
+`beam.batched_generate` runs one batch from its first step to its longest chat's last. Here the
+running batch is a set of chats, each at its own decoding step with its own context length:
+
+- a chat that joins runs its encoder alone (a batch of one, as ParlAI's solo reply does) and
+  brings its cross-attention keys/values; the running chats' K/V are padded to the longest
+  context, and the padding is masked, so a chat attends to its own context only;
+- every row writes its self-attention keys/values at its own position (its chat's step) in a
+  shared cache, takes its own position embedding, and attends to positions up to its own
+  (later positions hold zeros or stale rows and are masked);
+- one decoder forward serves every row of every chat; the search itself (min length, n-gram
+  and context blocking, top-k, finished hypotheses) is each chat's own, the arithmetic of
+  `beam.batched_generate` for a batch of one;
+- a chat whose search is done leaves at once: its rows are dropped from the caches.
+
+Results equal ParlAI's solo search up to float rounding: a row's matrix products run in a batch
+of another size, and masked attention sums a few exact zeros, so scores can differ in the last
+bits and a near-tie can go the other way (tests/integration/test_continuous.py measures it).
+`_MASKS = False` turns the masks off (a private switch for that test: it must then report
+differences).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from parlai.utils.torch import neginf
+
+from bot.inference.fastgen.beam import BatchedBeams
+from bot.inference.fastgen.kernels import NEG, block_context_ngrams, block_self_ngrams, row_topk
+from bot.inference.fastgen.steppers import fast_decoder_supported
+
+# Private switch for the agreement test: False drops the padding and position masks, which must
+# make chats' replies depend on their companions.
+_MASKS = True
+
+
+def continuous_supported(agent: Any) -> str | None:
+    """Why this agent's turns cannot run on the continuous path, or None when they can.
+
+    The agent-level half of `policy.fallback_reason` (the batch-level half is checked per
+    chat), plus the stock decoder that `ContinuousSearch` steps op for op.
+    """
+    from bot.inference.fastgen.agent import is_accelerated
+
+    if not is_accelerated(agent) or not getattr(agent, "fast_search", True):
+        return "not the batched search"
+    opt = agent.opt
+    if opt.get("inference", "greedy") not in ("beam", "greedy", "delayedbeam"):
+        return f"inference={opt.get('inference')}"
+    if getattr(agent, "show_token_details", False):
+        return "token details"
+    if hasattr(agent, "_rerank_beams"):
+        return "reranking hook"
+    if getattr(agent, "beam_block_list", None):
+        return "beam block list"
+    if getattr(agent, "skip_generation", False):
+        return "skip generation"
+    if type(agent).get_prefix_tokens is not _base_prefix_tokens():
+        return "prefix tokens"
+    model = agent.model
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
+    if not fast_decoder_supported(model):
+        return "not the stock transformer decoder"
+    return None
+
+
+def _base_prefix_tokens() -> Any:
+    from parlai.core.torch_generator_agent import TorchGeneratorAgent
+
+    return TorchGeneratorAgent.get_prefix_tokens
+
+
+@dataclass
+class ChatSearch:
+    """One chat's beam search state, stepped by `ContinuousSearch`.
+
+    `beam.batched_generate` for a batch of one: the same arithmetic in the same order.
+    """
+
+    key: Any  # the caller's handle for this chat (returned when it finishes)
+    beam: int
+    max_ts: int
+    greedy: bool
+    delay: int
+    topk: int
+    min_length: int
+    block_ngram: int
+    context_ngram: int
+    length_penalty: float
+    bos: int
+    eos: int
+    context: torch.Tensor | None  # (1, context length) for context blocking
+    # per layer: keys transposed (heads, dh, L) and values (heads, L, dh)
+    cross: list[tuple[torch.Tensor, torch.Tensor]]
+    length: int  # encoder positions
+    t: int = 0
+    hyps: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    scores: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    last: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    tokens_hist: list[torch.Tensor] = field(default_factory=list)
+    back_hist: list[torch.Tensor] = field(default_factory=list)
+    score_hist: list[torch.Tensor] = field(default_factory=list)
+    eos_top: bool = False
+    n_best: int = 0
+    finished: list[tuple[int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        dev = self.cross[0][0].device
+        self.hyps = torch.full((self.beam, 1), self.bos, dtype=torch.long, device=dev)
+        self.scores = torch.zeros(1, self.beam, dtype=torch.float32, device=dev)
+        self.last = torch.full((1, self.beam), self.bos, dtype=torch.long, device=dev)
+
+    @property
+    def done(self) -> bool:
+        """ParlAI's TreeSearch.is_done, or the step limit reached."""
+        return (self.eos_top and self.n_best >= self.beam) or self.t >= self.max_ts
+
+    def constrain(self, lp: torch.Tensor) -> None:
+        """Min length and n-gram blocking on this chat's rows of log-probabilities (in place)."""
+        if self.t < self.min_length:
+            lp[:, self.eos] = NEG
+        if self.block_ngram > 0:
+            block_self_ngrams(lp, self.hyps, self.block_ngram)
+        if self.context is not None:
+            block_context_ngrams(lp.unsqueeze(0), self.hyps, self.context, self.context_ngram)
+
+    def select(
+        self, lp: torch.Tensor, row_vals: torch.Tensor | None, row_toks: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Choose this step's hypotheses; returns (back-pointers, tokens), both (beam,).
+
+        `lp` is (beam, vocab); `row_vals`/`row_toks` its per-row top-beam (beam search after
+        the first step only).
+        """
+        beam, t = self.beam, self.t
+        dev = lp.device
+        scores, last = self.scores, self.last
+        vocab = lp.size(-1)
+        if t < self.delay:
+            prior = scores if t == 0 else scores.masked_fill(last == self.eos, NEG)
+            values, indices = lp.topk(self.topk, dim=-1)
+            choices = torch.multinomial(torch.softmax(values, dim=-1), 1)
+            tok_ids = indices.gather(1, choices).view(1, beam)
+            new_scores = values.gather(1, choices).view(1, beam) + prior
+            hyp_ids = torch.arange(beam, device=dev).expand(1, beam)
+        elif t == 0:
+            first = lp[:1, :]
+            if self.greedy:
+                best, tok = first.max(1, keepdim=True)
+            else:
+                best, tok = torch.topk(first, beam, dim=1)
+            new_scores = best + scores[:, :1]
+            hyp_ids = torch.zeros(1, beam, dtype=torch.long, device=dev)
+            tok_ids = tok
+        else:
+            prior = scores.masked_fill(last == self.eos, NEG)
+            if self.greedy:
+                best, tok = lp.view(1, vocab).max(1, keepdim=True)
+                new_scores = best + prior
+                hyp_ids = torch.zeros(1, 1, dtype=torch.long, device=dev)
+                tok_ids = tok
+            else:
+                assert row_vals is not None and row_toks is not None
+                cand = row_vals.view(1, beam, beam) + prior.unsqueeze(2)
+                new_scores, pos = torch.topk(cand.view(1, beam * beam), beam, dim=1)
+                hyp_ids = torch.div(pos, beam, rounding_mode="trunc")
+                tok_ids = row_toks.view(1, beam * beam).gather(1, pos)
+        self.hyps = torch.cat(
+            [torch.index_select(self.hyps, 0, hyp_ids.view(-1)), tok_ids.view(beam, 1)], dim=1
+        )
+        self.tokens_hist.append(tok_ids)
+        self.back_hist.append(hyp_ids)
+        self.score_hist.append(new_scores)
+        self.t = t + 1
+        if bool(tok_ids[0, 0] == self.eos):
+            self.eos_top = True
+        ended = (tok_ids[0] == self.eos) & (new_scores[0] > NEG)
+        if bool(ended.any()):
+            for k in ended.nonzero().view(-1).tolist():
+                self.finished.append((t + 1, k))
+                self.n_best += 1
+        self.scores, self.last = new_scores, tok_ids
+        return hyp_ids.view(-1), tok_ids.view(-1)
+
+    def best_so_far(self) -> list[int]:
+        """The top hypothesis now, start token included: the best finished one when the top
+        row has ended, else the top row's partial tokens."""
+        if self.eos_top and self.finished:
+            return self.result().get_rescored_finished(1)[0][0].tolist()  # type: ignore[no-any-return]
+        return self.hyps[0].tolist()  # type: ignore[no-any-return]
+
+    def result(self) -> BatchedBeams:
+        """The finished search, answering get_rescored_finished like ParlAI's TreeSearch."""
+        n = self.t
+        tokens = torch.cat(self.tokens_hist).tolist() if self.tokens_hist else []
+        back = torch.cat(self.back_hist).tolist() if self.back_hist else []
+        dev = self.hyps.device
+        scores = (
+            torch.cat(self.score_hist)
+            if self.score_hist
+            else torch.zeros(0, self.beam, dtype=torch.float32, device=dev)
+        )
+        return BatchedBeams(
+            tokens[:n],
+            back[:n],
+            scores[:n],
+            self.finished,
+            self.bos,
+            self.eos,
+            self.length_penalty,
+            dev,
+        )
+
+
+class ContinuousSearch:
+    """The running batch: chats at different steps sharing one decoder forward per step.
+
+    `join(key, batch)` adds a chat (its encoder runs now), `step()` advances every chat by one
+    token and returns the chats that finished, which have left the batch.
+    """
+
+    def __init__(self, agent: Any) -> None:
+        model = agent.model
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        self.agent = agent
+        self.model = model
+        self.dec = model.decoder
+        self.heads = self.dec.n_heads
+        self.dim = self.dec.dim
+        self.dh = self.dim // self.heads
+        self.scale = math.sqrt(self.dh)
+        self.variant = self.dec.variant
+        self.dev = next(model.parameters()).device
+        self.chats: list[ChatSearch] = []
+        self.capacity = 0
+        self.cache: list[torch.Tensor] = []  # per layer (2, rows, heads, capacity, dh)
+        self.spare: list[torch.Tensor] = []  # the buffers the next reorder writes into
+        self.pos = torch.zeros(0, dtype=torch.long, device=self.dev)  # each row's step
+        self.tokens = torch.zeros(0, 1, dtype=torch.long, device=self.dev)
+        self.cross: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.cross_fill = torch.zeros(0, dtype=torch.bool, device=self.dev)
+        self.length = 0
+
+    @property
+    def rows(self) -> int:
+        """Hypothesis rows in flight."""
+        return len(self.chats) * (self.chats[0].beam if self.chats else 0)
+
+    def __len__(self) -> int:
+        return len(self.chats)
+
+    # --- joining ----------------------------------------------------------------------------
+
+    def join(self, key: Any, batch: Any) -> ChatSearch:
+        """Encode one chat's batch (of one) and add it at step 0."""
+        agent, model = self.agent, self.model
+        opt = agent.opt
+        inference = opt.get("inference", "greedy")
+        greedy = inference == "greedy"
+        beam = int(agent.beam_size)
+        if greedy and beam != 1:
+            raise ValueError("Greedy search can only be run with beam size 1.")
+        if self.chats and self.chats[0].beam != beam:
+            raise ValueError("every chat in the running batch must have the same beam size")
+        enc_out, _ = model.encoder(*agent._encoder_input(batch))
+        length = enc_out.size(1)
+        cross = []
+        for layer in self.dec.layers:
+            attn = layer.encoder_attention
+            k, v = (
+                lin(enc_out)
+                .view(1, length, self.heads, self.dh)
+                .transpose(1, 2)
+                .contiguous()
+                .view(self.heads, length, self.dh)
+                for lin in (attn.k_lin, attn.v_lin)
+            )
+            cross.append((k.transpose(1, 2), v))
+        context_ngram = int(agent.beam_context_block_ngram)
+        context = agent._get_batch_context(batch).to(self.dev) if context_ngram > 0 else None
+        chat = ChatSearch(
+            key=key,
+            beam=beam,
+            max_ts=int(agent.label_truncate or 256),
+            greedy=greedy,
+            delay=int(opt.get("beam_delay", 30)) if inference == "delayedbeam" else 0,
+            topk=int(opt.get("topk", 10)),
+            min_length=0 if greedy else int(agent.beam_min_length),
+            block_ngram=int(agent.beam_block_ngram),
+            context_ngram=context_ngram,
+            length_penalty=float(opt.get("beam_length_penalty", 0.65)),
+            bos=int(agent.START_IDX),
+            eos=int(agent.END_IDX),
+            context=context,
+            cross=cross,
+            length=length,
+        )
+        self._admit([chat])
+        return chat
+
+    def _admit(self, new: Sequence[ChatSearch]) -> None:
+        beam = new[0].beam
+        capacity = max([self.capacity, *(c.max_ts for c in new), 1])
+        add = len(new) * beam
+        dtype = new[0].cross[0][1].dtype
+        if capacity > self.capacity and self.cache:
+            self.cache = [_grow(c, capacity) for c in self.cache]
+        self.capacity = capacity
+        fresh = [
+            torch.zeros(2, add, self.heads, capacity, self.dh, dtype=dtype, device=self.dev)
+            for _ in self.dec.layers
+        ]
+        self.cache = (
+            fresh
+            if not self.cache
+            else [torch.cat([old, f], dim=1) for old, f in zip(self.cache, fresh, strict=True)]
+        )
+        start = torch.full((add, 1), self.model.start_idx, dtype=torch.long, device=self.dev)
+        self.tokens = torch.cat([self.tokens, start])
+        self.pos = torch.cat([self.pos, torch.zeros(add, dtype=torch.long, device=self.dev)])
+        self.spare = [torch.zeros_like(c) for c in self.cache]
+        self.chats.extend(new)
+        self._pack_cross()
+
+    def _pack_cross(self) -> None:
+        """Every chat's encoder K/V padded to the longest context, and the mask of the padding."""
+        n = len(self.chats)
+        if n == 0:
+            self.cross, self.length = [], 0
+            return
+        length = max(c.length for c in self.chats)
+        beam = self.chats[0].beam
+        self.length = length
+        packed = []
+        for i in range(len(self.dec.layers)):
+            like = self.chats[0].cross[i][1]
+            keys_t = like.new_zeros(n, self.heads, self.dh, length)
+            values = like.new_zeros(n, self.heads, length, self.dh)
+            for j, chat in enumerate(self.chats):
+                kt, v = chat.cross[i]
+                keys_t[j, :, :, : chat.length] = kt
+                values[j, :, : chat.length] = v
+            packed.append(
+                (
+                    keys_t.view(n * self.heads, self.dh, length),
+                    values.view(n * self.heads, length, self.dh),
+                )
+            )
+        self.cross = packed
+        pad = torch.arange(length, device=self.dev).unsqueeze(0) >= torch.tensor(
+            [c.length for c in self.chats], device=self.dev
+        ).unsqueeze(1)  # (n, length)
+        if not _MASKS:
+            pad = torch.zeros_like(pad)
+        self.cross_fill = (
+            pad.view(n, 1, 1, 1, length)
+            .expand(n, beam, self.heads, 1, length)
+            .reshape(n * beam * self.heads, 1, length)
+        )
+
+    # --- stepping ---------------------------------------------------------------------------
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        rows = t.size(0)
+        return (
+            t.view(rows, 1, self.heads, self.dh)
+            .transpose(1, 2)
+            .contiguous()
+            .view(rows * self.heads, 1, self.dh)
+        )
+
+    def _merge(self, out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        rows = like.size(0)
+        return (
+            out.type_as(like)
+            .view(rows, self.heads, 1, self.dh)
+            .transpose(1, 2)
+            .contiguous()
+            .view(rows, 1, self.dim)
+        )
+
+    def _self_attend(
+        self, attn: Any, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, fill: Any
+    ) -> torch.Tensor:
+        q = self._heads(attn.q_lin(x))
+        dot = q.div_(self.scale).bmm(keys.transpose(1, 2))
+        if fill is not None:
+            dot.masked_fill_(fill, neginf(dot.dtype))
+        weights = F.softmax(dot, dim=-1, dtype=torch.float).type_as(x)
+        return attn.out_lin(self._merge(weights.bmm(values), x))  # type: ignore[no-any-return]
+
+    def _cross_attend(
+        self, attn: Any, x: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor
+    ) -> torch.Tensor:
+        n, beam, length = len(self.chats), self.chats[0].beam, self.length
+        q = self._heads(attn.q_lin(x)).div_(self.scale)
+        # one (chats x heads) batch of single-query products per beam slot, against each chat's
+        # own K/V (never copied per hypothesis)
+        per_slot = q.view(n, beam, self.heads, 1, self.dh)
+        dot = torch.stack(
+            [
+                per_slot[:, j].reshape(-1, 1, self.dh).bmm(keys_t).view(n, self.heads, 1, length)
+                for j in range(beam)
+            ],
+            dim=1,
+        ).view(n * beam * self.heads, 1, length)
+        dot.masked_fill_(self.cross_fill, neginf(dot.dtype))
+        weights = F.softmax(dot, dim=-1, dtype=torch.float).type_as(x)
+        per_slot_w = weights.view(n, beam, self.heads, 1, length)
+        out = torch.stack(
+            [
+                per_slot_w[:, j].reshape(-1, 1, length).bmm(values).view(n, self.heads, 1, self.dh)
+                for j in range(beam)
+            ],
+            dim=1,
+        )
+        return attn.out_lin(self._merge(out, x))  # type: ignore[no-any-return]
+
+    def _logits(self) -> torch.Tensor:
+        rows = self.rows
+        pos = self.pos
+        x = self.dec.forward_embedding(self.tokens, pos.unsqueeze(1))
+        post = self.variant in ("aiayn", "xlm", "bart")
+        width = int(pos.max()) + 1
+        every = torch.arange(rows, device=self.dev)
+        fill = None
+        if _MASKS:
+            later = torch.arange(width, device=self.dev).unsqueeze(0) > pos.unsqueeze(1)
+            if bool(later.any()):
+                fill = (
+                    later.view(rows, 1, 1, width)
+                    .expand(rows, self.heads, 1, width)
+                    .reshape(rows * self.heads, 1, width)
+                )
+        for layer, cache, (ck, cv) in zip(self.dec.layers, self.cache, self.cross, strict=True):
+            sa = layer.self_attention
+            residual = x
+            if self.variant == "prelayernorm":
+                x = layer.norm1(x)
+            cache[0, every, :, pos] = sa.k_lin(x).view(rows, self.heads, self.dh)
+            cache[1, every, :, pos] = sa.v_lin(x).view(rows, self.heads, self.dh)
+            keys = cache[0].view(rows * self.heads, -1, self.dh)[:, :width]
+            values = cache[1].view(rows * self.heads, -1, self.dh)[:, :width]
+            x = self._self_attend(sa, x, keys, values, fill)
+            x = x + residual
+            if post:
+                x = layer.norm1(x)
+            residual = x
+            if self.variant == "prelayernorm":
+                x = layer.norm2(x)
+            x = self._cross_attend(layer.encoder_attention, x, ck, cv)
+            x = residual + x
+            if post:
+                x = layer.norm2(x)
+            residual = x
+            if self.variant == "prelayernorm":
+                x = layer.norm3(x)
+            x = layer.ffn(x)
+            x = residual + x
+            if post:
+                x = layer.norm3(x)
+        if self.variant == "prelayernorm":
+            x = self.dec.norm_embeddings(x)
+        return self.model.output(x).squeeze(1)  # type: ignore[no-any-return]
+
+    def step(self) -> list[ChatSearch]:
+        """Advance every chat by one token; returns the chats that finished (they have left)."""
+        if not self.chats:
+            return []
+        beam = self.chats[0].beam
+        score = self._logits()
+        temperature = self.agent.temperature
+        if temperature != 1.0:
+            score.div_(temperature)
+        lp = F.log_softmax(score, dim=-1, dtype=torch.float32)
+        for i, chat in enumerate(self.chats):
+            chat.constrain(lp[i * beam : (i + 1) * beam])
+        need_rows = any(not c.greedy and c.t > 0 and c.t >= c.delay for c in self.chats)
+        row_vals, row_toks = row_topk(lp, beam) if need_rows else (None, None)
+        src, toks = [], []
+        for i, chat in enumerate(self.chats):
+            rs = slice(i * beam, (i + 1) * beam)
+            hyp_ids, tok_ids = chat.select(
+                lp[rs],
+                None if row_vals is None else row_vals[rs],
+                None if row_toks is None else row_toks[rs],
+            )
+            src.append(hyp_ids + i * beam)
+            toks.append(tok_ids)
+        rows = torch.cat(src)
+        width = int(self.pos.max()) + 1
+        for i, cache in enumerate(self.cache):
+            # the cache follows the back-pointers; positions past `width` hold nothing yet (the
+            # spare's stale values there are finite, and masked)
+            spare = self.spare[i]
+            torch.index_select(cache[:, :, :, :width], 1, rows, out=spare[:, :, :, :width])
+            self.cache[i], self.spare[i] = spare, cache
+        self.tokens = torch.cat(toks).unsqueeze(1)
+        self.pos = self.pos + 1
+        done = [c for c in self.chats if c.done]
+        if done:
+            self._drop(done)
+        return done
+
+    def _drop(self, done: list[ChatSearch]) -> None:
+        beam = self.chats[0].beam
+        keep = [i for i, c in enumerate(self.chats) if not c.done]
+        if not keep:
+            self.chats = []
+            self.cache, self.spare, self.capacity = [], [], 0
+            self.tokens = self.tokens[:0]
+            self.pos = self.pos[:0]
+            self._pack_cross()
+            return
+        rows = torch.tensor(
+            [i * beam + k for i in keep for k in range(beam)], dtype=torch.long, device=self.dev
+        )
+        self.cache = [torch.index_select(c, 1, rows) for c in self.cache]
+        self.spare = [torch.zeros_like(c) for c in self.cache]
+        self.tokens = torch.index_select(self.tokens, 0, rows)
+        self.pos = torch.index_select(self.pos, 0, rows)
+        self.chats = [self.chats[i] for i in keep]
+        self._pack_cross()
+
+    def clear(self) -> list[ChatSearch]:
+        """Drop every chat (after a failure); returns them."""
+        chats = self.chats
+        self.chats = []
+        self.cache, self.spare, self.capacity = [], [], 0
+        self.tokens = self.tokens[:0]
+        self.pos = self.pos[:0]
+        self._pack_cross()
+        return chats
+
+
+def _grow(cache: torch.Tensor, capacity: int) -> torch.Tensor:
+    grown = cache.new_zeros(*cache.shape[:3], capacity, cache.size(4))
+    grown[:, :, :, : cache.size(3)] = cache
+    return grown

@@ -1,0 +1,247 @@
+"""Continuous batching: chats join and leave the running generation at every decoding step.
+
+The micro-batcher (bot.inference.batcher) runs a batch to its longest reply before the next one
+starts. Here one inference thread steps a `fastgen.continuous.ContinuousSearch`: before every
+step, waiting turns join (observe, encoder) while fewer than `max_size` chats are in flight;
+after it, every chat whose search is done leaves, and its reply is delivered at once
+(self_observe, then its future is resolved on the event loop). Observe and self_observe happen
+exactly as in `Batcher._run_batch`, and the result is the same `Generated`.
+
+While a chat generates, `on_draft` (if given) receives its best hypothesis so far, cleaned like
+the reply and cut to whole words: the first one as soon as it has a whole word, then at most one
+per `draft_interval_s`, and only when the text changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bot.conversations.drafts import DraftSink
+from bot.inference.batcher import BatchError, BatchStats, Generated, chat_reply
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DraftSink", "Scheduler", "whole_words"]
+
+
+@dataclass
+class _Job:
+    clone: Any
+    text: str
+    future: asyncio.Future[Generated]
+    loop: asyncio.AbstractEventLoop
+    on_draft: DraftSink | None
+    obs: Any = None
+    started: float = 0.0
+    companions: int = 1  # the most chats that shared a step with it
+    next_draft: float = 0.0
+    last_draft: str = ""
+
+
+def whole_words(text: str) -> str:
+    """The part of a growing tokenizer text that cannot change any more: everything before its
+    last space (the last word may still grow, or be the start of a longer one)."""
+    cut = text.rstrip().rfind(" ")
+    return text[:cut] if cut > 0 else ""
+
+
+class Scheduler:
+    """Owns the inference thread; `generate()` is the only entry point (as Batcher's)."""
+
+    def __init__(
+        self,
+        shared_agent: Any,
+        *,
+        max_size: int,
+        postprocess: Callable[[str], str] = chat_reply,
+        draft_interval_s: float = 1.0,
+    ) -> None:
+        self.shared_agent = shared_agent
+        self.max_size = max_size
+        self.postprocess = postprocess
+        self.draft_interval_s = draft_interval_s
+        self.stats = BatchStats()  # batches: decoding steps; sizes: chats per step
+        self._waiting: deque[_Job] = deque()
+        self._running: dict[int, _Job] = {}
+        self._wake = threading.Condition()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._search: Any = None
+
+    async def start(self) -> None:
+        """Start the inference thread."""
+        from bot.inference.fastgen.continuous import ContinuousSearch
+
+        self.shared_agent.model.eval()
+        self._search = ContinuousSearch(self.shared_agent)
+        self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
+        self._thread.start()
+
+    async def close(self) -> None:
+        """Stop; waiting turns fail, running ones finish first."""
+        with self._wake:
+            self._closing = True
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            self._wake.notify()
+        for job in waiting:
+            _settle(job, error=BatchError("the engine is shutting down"))
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+
+    async def generate(self, clone: Any, text: str, on_draft: DraftSink | None = None) -> Generated:
+        """Observe `text` in `clone`'s context and return the reply; drafts go to `on_draft`."""
+        if self._thread is None:
+            raise RuntimeError("Scheduler.start() was not called")
+        loop = asyncio.get_running_loop()
+        job = _Job(clone, text, loop.create_future(), loop, on_draft)
+        with self._wake:
+            if self._closing:
+                raise BatchError("the engine is shutting down")
+            self._waiting.append(job)
+            self._wake.notify()
+        return await job.future
+
+    # --- the inference thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        import torch
+
+        torch.set_grad_enabled(False)  # per thread: this one only generates
+        search = self._search
+        while True:
+            with self._wake:
+                while not self._waiting and not self._running and not self._closing:
+                    self._wake.wait()
+                if self._closing and not self._running:
+                    return
+                admit: list[_Job] = []
+                while self._waiting and len(self._running) + len(admit) < self.max_size:
+                    job = self._waiting.popleft()
+                    if not job.future.cancelled():
+                        admit.append(job)
+            for job in admit:
+                self._join(job)
+            if not self._running:
+                continue
+            self.stats.batches += 1
+            self.stats.sizes[len(self._running)] += 1
+            for job in self._running.values():
+                job.companions = max(job.companions, len(self._running))
+            try:
+                finished = search.step()
+            except Exception as err:
+                self.stats.failures += 1
+                log.exception("decoding step with %d chats failed", len(self._running))
+                search.clear()
+                error = BatchError(f"generation failed: {type(err).__name__}: {err}")
+                for job in self._running.values():
+                    _settle(job, error=error)
+                self._running.clear()
+                continue
+            for chat in finished:
+                job = self._running.pop(chat.key)
+                try:
+                    result = self._finish(job, chat.result())
+                except Exception as err:
+                    log.exception("finishing a reply failed")
+                    _settle(job, error=BatchError(f"generation failed: {err}"))
+                else:
+                    _settle(job, result=result)
+            self._drafts(search)
+
+    def _join(self, job: _Job) -> None:
+        """Observe the turn and let it join the running batch (or answer it alone the old way
+        when the batched search does not apply to it)."""
+        from parlai.core.message import Message
+
+        from bot.inference.fastgen.policy import fallback_reason
+
+        agent = self.shared_agent
+        job.started = time.perf_counter()
+        job.next_draft = job.started
+        self.stats.requests += 1
+        try:
+            job.obs = job.clone.observe(Message({"text": job.text, "episode_done": False}))
+            batch = agent.batchify([job.obs])
+            if fallback_reason(agent, batch, None) is not None:
+                reply = agent.batch_act([job.obs])[0]
+                _settle(job, result=self._generated(job, str(reply.get("text", "")), reply))
+                return
+            self._search.join(id(job), batch)
+        except Exception as err:
+            self.stats.failures += 1
+            log.exception("a turn could not join the running batch")
+            _settle(job, error=BatchError(f"generation failed: {type(err).__name__}: {err}"))
+            return
+        self._running[id(job)] = job
+
+    def _finish(self, job: _Job, beams: Any) -> Generated:
+        agent = self.shared_agent
+        hyps = beams.get_rescored_finished()
+        reply = {
+            "text": agent._v2t(hyps[0][0]),
+            "beam_texts": [(agent._v2t(tokens), float(score)) for tokens, score, _ in hyps],
+        }
+        return self._generated(job, reply["text"], reply)
+
+    def _generated(self, job: _Job, raw: str, reply: Any) -> Generated:
+        """What Batcher._run_batch makes of one reply: the clone remembers the cleaned text."""
+        from parlai.core.message import Message
+
+        text = self.postprocess(raw)
+        job.clone.self_observe(Message({"text": text, "episode_done": False}))
+        vec = job.obs.get("text_vec") if job.obs is not None else None
+        model_input = vec.tolist() if vec is not None else []
+        beams = reply.get("beam_texts") or []
+        candidates = tuple(dict.fromkeys(self.postprocess(str(t)) for t, *_ in beams))
+        model_ms = (time.perf_counter() - job.started) * 1000.0
+        return Generated(text, model_input, job.companions, model_ms, candidates)
+
+    def _drafts(self, search: Any) -> None:
+        now = time.perf_counter()
+        for chat in search.chats:
+            job = self._running.get(chat.key)
+            if job is None or job.on_draft is None or now < job.next_draft:
+                continue
+            words = whole_words(str(self.shared_agent._v2t(chat.best_so_far())))
+            if not words:
+                continue
+            draft = self.postprocess(words)
+            if draft == job.last_draft:
+                continue
+            job.last_draft = draft
+            job.next_draft = now + self.draft_interval_s
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
+                job.loop.call_soon_threadsafe(_draft, job, draft)
+
+
+def _draft(job: _Job, text: str) -> None:
+    """On the event loop: hand a draft over, unless the reply is already there."""
+    if job.on_draft is not None and not job.future.done():
+        try:
+            job.on_draft(text)
+        except Exception:
+            log.exception("a draft callback failed")
+
+
+def _settle(job: _Job, *, result: Generated | None = None, error: Exception | None = None) -> None:
+    def settle() -> None:
+        if job.future.done():
+            return
+        if error is not None:
+            job.future.set_exception(error)
+        else:
+            job.future.set_result(result)  # type: ignore[arg-type]
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+        job.loop.call_soon_threadsafe(settle)
