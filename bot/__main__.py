@@ -145,7 +145,7 @@ def _set_up_logging(settings: Settings, level: str) -> None:
     """Our one root handler, with the settings' secrets redacted from every line."""
     from bot.logs import settings_secrets, setup_logging
 
-    setup_logging(level, settings_secrets(settings))
+    setup_logging(level, settings_secrets(settings), settings.log_format)
 
 
 def _set_up_model_process(settings: Settings) -> None:

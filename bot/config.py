@@ -119,6 +119,15 @@ class Settings(BaseSettings):
     takeover_after_s: float = Field(default=5.0, ge=1.0, le=300.0)
 
     log_level: str = "INFO"
+    # text: one readable line per record; json: one JSON object per line (bot/logs.py).
+    log_format: Literal["text", "json"] = "text"
+
+    # --- metrics and health (bot/ops.py) --------------------------------------------------
+    # /metrics (Prometheus), /healthz and /readyz on this port; unset: not served.
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_listen: str = "127.0.0.1"
+    # /readyz fails when the oldest update waiting in the inbox is older than this.
+    ready_max_inbox_lag_s: float = Field(default=60.0, gt=0)
 
     @field_validator("admin_user_ids", mode="before")
     @classmethod

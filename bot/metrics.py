@@ -206,11 +206,13 @@ class Metrics:
         """A failed Bot API call, and what its caller did next (RETRY, GAVE_UP)."""
         self.telegram_failures.labels(method, action).inc()
 
-    def received(self, kind: str, *, new: bool) -> None:
-        """An update Telegram delivered and the inbox now holds (`new`: stored just now)."""
+    def received(self, kind: str) -> None:
+        """Telegram delivered an update (before it is stored)."""
         self.updates_received.labels(kind).inc()
-        if not new:
-            self.updates_duplicate.inc()
+
+    def duplicate(self) -> None:
+        """A delivered update was in the inbox already."""
+        self.updates_duplicate.inc()
 
     def acknowledged_updates(self, count: int = 1) -> None:
         """Updates acknowledged to Telegram (their inbox rows are committed)."""

@@ -129,3 +129,8 @@ async def attempt_failed(
     if give_up:
         values["failed_at"] = utcnow()
     await db.execute(update(Outbox).where(Outbox.id == outbox_id).values(**values))
+
+
+async def backlog(db: AsyncSession) -> int:
+    """How many texts are waiting to be sent."""
+    return int(await db.scalar(select(func.count()).select_from(Outbox).where(*_WAITING)) or 0)

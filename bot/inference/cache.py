@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     evictions: int = 0
+    # Evictions already handed to the metrics (AgentCache.take_evictions).
+    reported_evictions: int = 0
 
 
 @dataclass
@@ -33,6 +36,8 @@ class Conversation:
     last_message_id: int | None = None
     # Requests using the clone now (AgentCache.checkout); a held clone is never evicted.
     holds: int = field(default=0)
+    # How long building this clone from the stored messages took (AgentCache.rebuild).
+    rebuild_ms: float | None = None
 
     @property
     def busy(self) -> bool:
@@ -107,9 +112,11 @@ class AgentCache:
         last_message_id: int | None = None,
     ) -> Conversation:
         """Build a clone from stored `(role, text)` messages and cache it."""
+        started = time.perf_counter()
         clone = new_clone(self.shared_agent, persona)
         clone.history.fill(join_turns(messages))
         entry = Conversation(session_id, clone, persona, chat_id, last_message_id=last_message_id)
+        entry.rebuild_ms = (time.perf_counter() - started) * 1000.0
         self._entries[session_id] = entry
         self._entries.move_to_end(session_id)
         self._shrink()
@@ -132,6 +139,12 @@ class AgentCache:
         finally:
             entry.holds -= 1
             self._shrink()
+
+    def take_evictions(self) -> int:
+        """Evictions since the last call (the metrics count them with the next reply)."""
+        new = self.stats.evictions - self.stats.reported_evictions
+        self.stats.reported_evictions = self.stats.evictions
+        return new
 
     def evict(self, session_id: int) -> None:
         """Drop a conversation; it is rebuilt from storage when next needed."""

@@ -28,9 +28,9 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Literal
 
 from bot.config import ConfigError, Settings
 from bot.conversations.actions import GenerationError
@@ -48,6 +48,7 @@ class WorkerSpec:
     parlai_overrides: dict[str, Any] = field(default_factory=dict)
     threads: int | None = None
     log_level: str = "INFO"
+    log_format: Literal["text", "json"] = "text"
     secrets: tuple[str, ...] = ()
     # Map the weights from the model file, shared with other processes serving it.
     share_weights: bool = True
@@ -95,7 +96,7 @@ def main(conn: Connection, spec: WorkerSpec) -> None:
 
     # Ctrl-C reaches the whole process group; the service stops its workers in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    setup_logging(spec.log_level, spec.secrets)
+    setup_logging(spec.log_level, spec.secrets, spec.log_format)
     compat.apply()
     set_torch_threads(spec.threads)
     route_parlai_logging(spec.log_level)
@@ -126,6 +127,7 @@ def main(conn: Connection, spec: WorkerSpec) -> None:
 
 async def _serve(conn: Connection, agent: Any, spec: WorkerSpec) -> None:
     from bot.inference.responder import Responder
+    from bot.logs import log_context
 
     responder = Responder(agent, _Given(None), spec.settings)
     await responder.batcher.start()
@@ -151,11 +153,25 @@ async def _serve(conn: Connection, agent: Any, spec: WorkerSpec) -> None:
     async def turn(
         req_id: int, session: Any, text: str, context: ConversationContext | None
     ) -> None:
-        if context is None and not responder.has_fresh(session):
+        with log_context(chat_id=session.chat_id):
+            await _turn(req_id, session, text, context)
+
+    async def _turn(
+        req_id: int, session: Any, text: str, context: ConversationContext | None
+    ) -> None:
+        fresh = responder.has_fresh(session)
+        if context is None and not fresh:
             send(("context", req_id, responder.cache.tail_limit))
             return
         try:
             result = await responder.generate(session, text, _Given(context))
+            entry = responder.cache.peek(session.id)
+            result = replace(
+                result,
+                cache_hit=fresh,
+                rebuild_ms=None if fresh or entry is None else entry.rebuild_ms,
+                cache_evictions=responder.cache.take_evictions(),
+            )
         except NeedContext:
             send(("context", req_id, responder.cache.tail_limit))
         except GenerationError as err:

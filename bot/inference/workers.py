@@ -318,5 +318,6 @@ def worker_spec(
         parlai_overrides=parlai_overrides,
         threads=threads or settings.worker_threads or settings.torch_threads,
         log_level=settings.log_level,
+        log_format=settings.log_format,
         secrets=secrets,
     )

@@ -24,6 +24,9 @@ from bot.conversations.actions import ChatActions, ResponderProtocol
 from bot.conversations.store import ConversationStore
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker, safe_url
+from bot.logs import settings_secrets
+from bot.metrics import Metrics
+from bot.ops import Health, OpsServer
 from bot.tg.backoff import Backoff, Interrupted, retry
 from bot.tg.delivery import Delivery
 from bot.tg.handlers import COMMANDS, App, Handlers, UpdateRunner
@@ -59,7 +62,9 @@ async def _load_responder(settings: Settings, store: ConversationStore) -> Servi
     return await VariantResponder.start(settings, store, tuple(settings_secrets(settings)))
 
 
-def build_application(settings: Settings, *, timeout_s: float = 15.0) -> App:
+def build_application(
+    settings: Settings, *, timeout_s: float = 15.0, metrics: Metrics | None = None
+) -> App:
     """The PTB application: our base URL, a rate limiter with retries, and no Updater.
 
     `timeout_s` bounds each Bot API request (getUpdates adds its long-poll time to it). The
@@ -73,6 +78,7 @@ def build_application(settings: Settings, *, timeout_s: float = 15.0) -> App:
             read_timeout=timeout_s,
             write_timeout=timeout_s,
             pool_timeout=timeout_s,
+            observe=metrics.telegram_request if metrics is not None else None,
         )
 
     return (
@@ -99,8 +105,10 @@ class Service:
         application: App,
         *,
         backoff: Backoff | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics or Metrics()  # one registry per service (bot/metrics.py)
         self.db_engine = db_engine
         self.sessionmaker = sessionmaker
         self.store = ConversationStore(sessionmaker)
@@ -131,14 +139,16 @@ class Service:
             backoff=backoff,
             leases=self.leases[1],
             feedback_buttons=settings.feedback_buttons,
+            metrics=self.metrics,
         )
         self.inbox_worker = InboxWorker(
             sessionmaker,
-            UpdateRunner(application, self.handlers, sessionmaker),
+            UpdateRunner(application, self.handlers, sessionmaker, self.metrics),
             max_concurrent=settings.max_concurrent_chats,
             on_processed=self.delivery.wake,
             backoff=backoff,
             leases=self.leases[0],
+            metrics=self.metrics,
             # Another replica may have stored the rows (it polls, or nginx sent it the POST):
             # look often enough that its chats never wait long for a free replica.
             poll_interval_s=1.0,
@@ -155,12 +165,31 @@ class Service:
                 listen=settings.webhook_listen,
                 port=settings.webhook_port,
                 backoff=backoff,
+                metrics=self.metrics,
             )
         else:
             # getUpdates allows one consumer: the replicas elect one poller; all of them process.
             self.ingest = ElectedPolling(
                 Leases(sessionmaker, "poller", owner=owner, ttl_s=10.0, heartbeat=self.heartbeat),
-                lambda: PollingIngest(bot, self.store, self.inbox_worker.wake, backoff=backoff),
+                lambda: PollingIngest(
+                    bot, self.store, self.inbox_worker.wake, backoff=backoff, metrics=self.metrics
+                ),
+            )
+        self.health = Health(
+            sessionmaker,
+            responder,
+            max_inbox_lag_s=settings.ready_max_inbox_lag_s,
+            secrets=settings_secrets(settings),
+            metrics=self.metrics,
+        )
+        # METRICS_PORT: /metrics, /healthz, /readyz (bot/ops.py), from start() to stop().
+        self.ops: OpsServer | None = None
+        if settings.metrics_port is not None:
+            self.ops = OpsServer(
+                self.metrics,
+                self.health,
+                listen=settings.metrics_listen,
+                port=settings.metrics_port,
             )
         self._commands_task: asyncio.Task[None] | None = None
         self._retention_task: asyncio.Task[None] | None = None
@@ -182,7 +211,8 @@ class Service:
         settings.require_token()
         db_engine = make_engine(settings.db_url)
         sessionmaker = make_sessionmaker(db_engine)
-        application = build_application(settings, timeout_s=timeout_s)
+        metrics = Metrics()
+        application = build_application(settings, timeout_s=timeout_s, metrics=metrics)
         try:
             await _initialize(application, backoff or Backoff(), stop)
             log.info("connected to the Bot API as @%s", application.bot.username)
@@ -194,13 +224,23 @@ class Service:
                 await application.shutdown()
             await db_engine.dispose()
             raise
-        return cls(settings, db_engine, sessionmaker, responder, application, backoff=backoff)
+        return cls(
+            settings,
+            db_engine,
+            sessionmaker,
+            responder,
+            application,
+            backoff=backoff,
+            metrics=metrics,
+        )
 
     async def start(self, stop: asyncio.Event | None = None) -> None:
         """Send leftovers, process pending updates, then take new ones.
 
         Raises Interrupted if `stop` is set while setWebhook/deleteWebhook is being retried.
         """
+        if self.ops is not None:  # first: /healthz answers, /readyz tells, during start-up
+            await self.ops.start()
         self._commands_task = asyncio.create_task(self._set_commands(), name="setMyCommands")
         await self.chat.safety.warm_up()  # the classifier loads now, not on the first reply
         if self.settings.retention_days:
@@ -241,6 +281,7 @@ class Service:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         log.info("stopping: no new updates; %d in progress", self.inbox_worker.busy)
+        self.health.stopping = True  # /readyz: 503, so a load balancer drains this replica
         try:
             await self.ingest.stop()
         except Exception as err:  # noqa: BLE001 - stopping goes on regardless
@@ -256,6 +297,8 @@ class Service:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+        if self.ops is not None:
+            await self.ops.stop()
 
     async def status(self) -> dict[str, object]:
         """What this replica reports in its heartbeat row (`replicas.info`) for operators and

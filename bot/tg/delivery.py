@@ -30,6 +30,8 @@ from bot import texts
 from bot.db import outbox
 from bot.db.models import OutboxKind
 from bot.db.outbox import OutboxRow
+from bot.logs import log_context
+from bot.metrics import GAVE_UP, RETRY, Metrics
 from bot.tg import feedback
 from bot.tg.backoff import Backoff, retry, retry_after_s
 from bot.tg.chat_pool import ChatPool
@@ -100,9 +102,11 @@ class Delivery:
         poll_interval_s: float = 15.0,
         leases: Leases | None = None,
         feedback_buttons: bool = False,
+        metrics: Metrics | None = None,
     ) -> None:
         self.sessionmaker = sessionmaker
         self.bot = bot
+        self.metrics = metrics
         # 👍/👎 under the last part of every model reply (FEEDBACK_BUTTONS).
         self.feedback_buttons = feedback_buttons
         self.backoff = backoff or Backoff(initial_s=0.5, cap_s=60.0)
@@ -146,8 +150,9 @@ class Delivery:
 
     async def _deliver(self, row: OutboxRow) -> bool:
         """Send one text (its chat's lease is held); False when the chat refuses the bot."""
-        if await self._send(row):
-            return True
+        with log_context(chat_id=row.chat_id):
+            if await self._send(row):
+                return True
         await self._give_up_chat(row.chat_id, "Forbidden: the bot cannot write to this chat")
         return False
 
@@ -171,6 +176,8 @@ class Delivery:
                 # In groups the reply shows which message it answers; in private chats it is noise.
                 reply = ReplyParameters(row.reply_to_message_id, allow_sending_without_reply=True)
             markup = self._markup(row) if sent == len(parts) - 1 else None
+            editing = sent == 0 and row.edit_message_id is not None
+            method = "editMessageText" if editing else "sendMessage"
             try:
                 async with self._slots:
                     if sent == 0 and row.edit_message_id is not None:
@@ -183,10 +190,12 @@ class Delivery:
                 wait = retry_after_s(err)
                 log.info("Telegram asks to wait %.1fs before writing to chat %s", wait, row.chat_id)
                 await self._failed(row.id, f"429: retry after {wait}s")
+                self._count(method, RETRY)
                 await asyncio.sleep(wait)
                 continue
             except Forbidden as err:
                 log.info("chat %s does not accept messages from the bot: %s", row.chat_id, err)
+                self._count(method, GAVE_UP)
                 return False
             except (BadRequest, ChatMigrated) as err:
                 # Retrying the same request cannot succeed.
@@ -197,6 +206,7 @@ class Delivery:
                     err,
                 )
                 await self._failed(row.id, str(err), give_up=True)
+                self._count(method, GAVE_UP)
                 return True
             except (NetworkError, InvalidToken) as err:
                 # Timeouts, connection errors and 5xx: Telegram will be back; the text waits.
@@ -209,6 +219,7 @@ class Delivery:
                     failures,
                 )
                 await self._failed(row.id, f"{type(err).__name__}: {err}")
+                self._count(method, RETRY)
                 await self.backoff.sleep(failures)
                 continue
             except (TelegramError, ValueError, TypeError) as err:
@@ -216,6 +227,7 @@ class Delivery:
                 log.exception("unexpected error sending outbox row %s", row.id)
                 give_up = failures >= MAX_UNEXPECTED_FAILURES
                 await self._failed(row.id, repr(err), give_up=give_up)
+                self._count(method, GAVE_UP if give_up else RETRY)
                 if give_up:
                     return True
                 await self.backoff.sleep(failures)
@@ -226,6 +238,10 @@ class Delivery:
             else:
                 await self._write(outbox.sent, row.id, message.message_id)
                 return True
+
+    def _count(self, method: str, action: str) -> None:
+        if self.metrics is not None:
+            self.metrics.telegram_failure(method, action)
 
     async def _edit(
         self, row: OutboxRow, text: str, markup: InlineKeyboardMarkup | None

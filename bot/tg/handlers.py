@@ -39,6 +39,17 @@ from bot.db import inbox
 from bot.db.feedback import Outcome
 from bot.db.inbox import InboxRow
 from bot.db.models import InboxStatus, VoteSource
+from bot.metrics import (
+    COMMAND,
+    FEEDBACK,
+    FLOODED,
+    IGNORED,
+    NOTICE,
+    Metrics,
+    TurnNote,
+    note_turn,
+    turn_scope,
+)
 from bot.stats import format_stats, stats
 from bot.tg import feedback
 from bot.tg.flood import Flood, FloodGate
@@ -169,6 +180,7 @@ class Handlers:
             await self.chat.notice(
                 _chat_id(update), self.flood.notice(), update_id=update.update_id
             )
+        note_turn(FLOODED)
         raise ApplicationHandlerStop
 
     async def _for_us(self, update: Update, context: Context) -> None:
@@ -470,23 +482,46 @@ class UpdateRunner:
         application: App,
         handlers: Handlers,
         sessionmaker: async_sessionmaker[AsyncSession],
+        metrics: Metrics | None = None,
     ) -> None:
         self.application = application
         self.handlers = handlers
         self.sessionmaker = sessionmaker
+        self.metrics = metrics
 
     async def __call__(self, row: InboxRow) -> None:
         """Process the update; raise what its handler raised, so the inbox worker can retry."""
         update = Update.de_json(json.loads(row.payload), self.application.bot)
         started = time.perf_counter()
-        await dispatch(self.application, update)
+        with turn_scope() as note:
+            await dispatch(self.application, update)
+        unanswered = False
         async with self.sessionmaker.begin() as db:
             # No handler closed it (a group message not for us, a service message): done with it.
             if await inbox.status_of(db, row.update_id) == InboxStatus.PENDING:
                 await inbox.finish(db, row.update_id, status=InboxStatus.IGNORED)
+                unanswered = True
         log.debug(
             "update %s processed in %.0f ms", row.update_id, (time.perf_counter() - started) * 1000
         )
+        if self.metrics is not None:
+            # Counted once the update is closed: a failed attempt that is retried counts nothing.
+            self.metrics.turn(_outcome(update, note, unanswered), note.variant)
+            for reply in note.replies:
+                self.metrics.replied(reply, row.received_at)
+
+
+def _outcome(update: Update, note: TurnNote, unanswered: bool) -> str:
+    """The turn's outcome: what the use case noted, else what the update was."""
+    if note.outcome is not None:
+        return note.outcome
+    if unanswered:
+        return IGNORED
+    if update.callback_query is not None or update.message_reaction is not None:
+        return FEEDBACK
+    if update.message is not None and _command_name(update.message) is not None:
+        return COMMAND
+    return NOTICE
 
 
 def _chat_id(update: Update) -> int:

@@ -30,11 +30,12 @@ from telegram.error import (
     RetryAfter,
     TelegramError,
 )
-from telegram.request import HTTPXRequest
+from telegram.request import HTTPXRequest, RequestData
 from telegram.warnings import PTBUserWarning
 
 from bot.conversations.store import ConversationStore
 from bot.db.models import InboxStatus
+from bot.metrics import Metrics
 from bot.tg.backoff import (
     Backoff,
     Interrupted,
@@ -59,6 +60,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # Telegram's updates nest a dozen levels at most; anything deeper becomes null (see loads_json).
 MAX_JSON_DEPTH = 64
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_METHOD = re.compile(r"[A-Za-z]{1,40}")
 _JSON_TOKEN = re.compile(r'"(?:[^"\\]+|\\.)*"?|[\[{]|[\]}]|[^"\[\]{}]+')
 
 
@@ -111,8 +113,37 @@ class BoundedJsonRequest(HTTPXRequest):
     """python-telegram-bot's HTTP client, reading Bot API answers with loads_json.
 
     A getUpdates answer too deeply nested for json.loads would otherwise raise RecursionError
-    on every poll, and no update behind it could ever be fetched.
+    on every poll, and no update behind it could ever be fetched. `observe(method, result)`
+    hears of every request (bot.metrics: ok, 429, error), PTB's own 429 retries included.
     """
+
+    def __init__(
+        self, *args: Any, observe: Callable[[str, str], None] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.observe = observe
+
+    async def do_request(
+        self,
+        url: str,
+        method: str,
+        request_data: RequestData | None = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[int, bytes]:
+        """The HTTP request, counted by Bot API method (never by URL: it holds the token)."""
+        try:
+            code, payload = await super().do_request(url, method, request_data, *args, **kwargs)
+        except Exception:
+            self._count(url, "error")  # a timeout or a connection error
+            raise
+        self._count(url, "ok" if 200 <= code < 300 else "429" if code == 429 else "error")
+        return code, payload
+
+    def _count(self, url: str, result: str) -> None:
+        if self.observe is not None:
+            name = url.rsplit("/", 1)[-1].split("?", 1)[0]
+            self.observe(name if _METHOD.fullmatch(name) else "other", result)
 
     @staticmethod
     def parse_json_payload(payload: bytes) -> dict[str, Any]:
@@ -153,7 +184,9 @@ def _clean(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text)
 
 
-async def store_update(store: ConversationStore, update: Update, payload: str) -> bool:
+async def store_update(
+    store: ConversationStore, update: Update, payload: str, metrics: Metrics | None = None
+) -> bool:
     """Commit one update to the inbox; False if its update_id was there already."""
     payload = _clean(payload)
     data = json.loads(payload)
@@ -177,6 +210,8 @@ async def store_update(store: ConversationStore, update: Update, payload: str) -
     )
     if not new:
         log.info("update %s was delivered again; already stored", update.update_id)
+        if metrics is not None:
+            metrics.duplicate()
     return new
 
 
@@ -207,11 +242,13 @@ class PollingIngest:
         *,
         poll_timeout_s: int = POLL_TIMEOUT_S,
         backoff: Backoff | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.bot = bot
         self.store = store
         self.on_stored = on_stored
         self.poll_timeout_s = poll_timeout_s
+        self.metrics = metrics
         self.backoff = backoff or Backoff(initial_s=0.5, cap_s=30.0)
         self._stopping = False
         self._stop = asyncio.Event()  # set by stop(): ends any retry wait at once
@@ -304,11 +341,17 @@ class PollingIngest:
                     # ever moves past stored ones, and it is dropped with the next of those.
                     log.warning("getUpdates returned an update_id %.40r; skipped", update_id)
                     continue
+                if self.metrics is not None:
+                    self.metrics.received(
+                        update_kind(item.to_dict() if isinstance(item, Update) else item)
+                    )
                 if not await (
                     self._store(item) if isinstance(item, Update) else self._store_raw(item)
                 ):
                     return  # stopping while the database is down: Telegram keeps the rest
-                offset = update_id + 1
+                offset = update_id + 1  # acknowledged by the next getUpdates
+                if self.metrics is not None:
+                    self.metrics.acknowledged_updates()
                 stored = True
             if stored:
                 idle = 0
@@ -354,7 +397,7 @@ class PollingIngest:
         """Store one update, retrying until the database takes it; False if stopping first."""
         payload = json.dumps(update.to_dict(), ensure_ascii=False)
         return await self._retry_store(
-            lambda: store_update(self.store, update, payload), update.update_id
+            lambda: store_update(self.store, update, payload, self.metrics), update.update_id
         )
 
     async def _retry_store(self, store: Callable[[], Awaitable[object]], update_id: int) -> bool:
@@ -388,9 +431,11 @@ class WebhookIngest:
         port: int,
         max_connections: int = 40,
         backoff: Backoff | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         if not secret:
             raise ValueError("webhook mode needs a secret")
+        self.metrics = metrics
         self.bot = bot
         self.store = store
         self.on_stored = on_stored
@@ -454,6 +499,8 @@ class WebhookIngest:
             # A malformed body does not get better by retrying; say so and move on.
             log.warning("webhook got something that is not an update: %s", err)
             return web.Response(status=400, text="not an update")
+        if self.metrics is not None:
+            self.metrics.received(update_kind(data))
         try:
             update = Update.de_json(data, self.bot)
         except Exception as err:  # noqa: BLE001 - whatever the library raises on bad data
@@ -469,14 +516,22 @@ class WebhookIngest:
                     "storing update %s failed (%s); answering 500", data["update_id"], db_err
                 )
                 return web.Response(status=500, text="try again")
-            return web.Response(status=200)
+            return self._acknowledge()
         try:
-            await store_update(self.store, update, json.dumps(data, ensure_ascii=False))
+            await store_update(
+                self.store, update, json.dumps(data, ensure_ascii=False), self.metrics
+            )
         except Exception as err:  # noqa: BLE001 - any failure means "not stored"
             # Not stored, so not acknowledged: Telegram will post it again.
             log.warning("storing update %s failed (%s); answering 500", update.update_id, err)
             return web.Response(status=500, text="try again")
         self.on_stored()
+        return self._acknowledge()
+
+    def _acknowledge(self) -> web.Response:
+        """The 200 that tells Telegram the update is ours (it is committed)."""
+        if self.metrics is not None:
+            self.metrics.acknowledged_updates()
         return web.Response(status=200)
 
 

@@ -148,7 +148,7 @@ class VariantResponder:
         self._hold(session.id, name)
         result = await self.engines[name].generate(session, user_text)
         latency_ms = (time.perf_counter() - started) * 1000.0
-        return Reply(result.text, latency_ms, name, result.model_ms, result.candidates)
+        return _reply(result, latency_ms, name)
 
     async def inspect(self, session: SessionRow) -> ModelView:
         """What the chat's variant's model reads now (the /context command)."""
@@ -176,10 +176,7 @@ class VariantResponder:
             for name in pair:
                 self.engines[name].evict(session.id)
         latency_ms = (time.perf_counter() - started) * 1000.0
-        a, b = (
-            Reply(r.text, latency_ms, name, r.model_ms, r.candidates)
-            for name, r in zip(pair, results, strict=True)
-        )
+        a, b = (_reply(r, latency_ms, name) for name, r in zip(pair, results, strict=True))
         return a, b
 
     def _hold(self, session_id: int, name: str) -> None:
@@ -218,6 +215,21 @@ class VariantResponder:
             else:
                 out[name] = {"pid": None, "restarts": 0}
         return out
+
+
+def _reply(result: Generated, latency_ms: float, variant: str) -> Reply:
+    """A variant's Generated as the conversation layer's Reply, its metrics figures kept."""
+    return Reply(
+        result.text,
+        latency_ms,
+        variant,
+        result.model_ms,
+        result.candidates,
+        batch_size=result.batch_size,
+        cache_hit=result.cache_hit,
+        rebuild_ms=result.rebuild_ms,
+        cache_evictions=result.cache_evictions,
+    )
 
 
 async def _start_engine(
