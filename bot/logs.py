@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import sys
+import threading
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -133,6 +135,11 @@ def setup_logging(
     handler = logging.StreamHandler()
     if log_format == "json":
         handler.setFormatter(RedactingJsonFormatter(redactor))
+        # Every line of output is JSON: a crash's traceback and Python's warnings too, which
+        # would otherwise go to stderr as plain text (and unredacted).
+        sys.excepthook = _log_uncaught
+        threading.excepthook = _log_uncaught_in_thread
+        logging.captureWarnings(True)
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     handler.addFilter(ContextFilter())
@@ -143,6 +150,24 @@ def setup_logging(
     root.addHandler(handler)
     set_level(level)
     return redactor
+
+
+def _log_uncaught(kind: type[BaseException], err: BaseException, tb: Any) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, err, tb)
+        return
+    logging.getLogger("bot").critical(
+        "uncaught exception: the process stops", exc_info=(kind, err, tb)
+    )
+
+
+def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    name = args.thread.name if args.thread is not None else "?"
+    logging.getLogger("bot").critical(
+        "uncaught exception in thread %s",
+        name,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),  # type: ignore[arg-type]
+    )
 
 
 def set_level(level: str) -> None:
@@ -161,7 +186,7 @@ def settings_secrets(settings: object) -> list[str]:
     from sqlalchemy.engine import make_url
 
     out: list[str] = []
-    for name in ("telegram_bot_token", "webhook_secret"):
+    for name in ("telegram_bot_token", "webhook_secret", "dashboard_password"):
         value = getattr(settings, name, None)
         if value is not None:
             out.append(value.get_secret_value())
