@@ -6,6 +6,7 @@ import asyncio
 from logging.config import fileConfig
 
 from alembic import context
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from bot.config import get_settings
@@ -17,6 +18,8 @@ if config.config_file_name is not None and config.attributes.get("configure_logg
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
 target_metadata = Base.metadata
+# pg_advisory_xact_lock key held while migrating (any fixed 64-bit number; this one spells "bot").
+MIGRATION_LOCK = 0x626F74
 
 
 def _url() -> str:
@@ -47,6 +50,11 @@ def _run(connection: Connection) -> None:
         compare_type=True,
     )
     with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            # Replicas started together all migrate at start: one at a time, so the others
+            # find the schema at head instead of racing to create the same tables. (SQLite
+            # serialises writers by itself.)
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
         context.run_migrations()
 
 

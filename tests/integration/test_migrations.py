@@ -12,7 +12,7 @@ from alembic.script import ScriptDirectory
 from bot.db import migrate
 from bot.db.engine import make_engine
 from bot.db.models import Base
-from tests.support.dbutil import TABLES, table_names
+from tests.support.dbutil import TABLES, create_pg_database, drop_pg_database, table_names
 
 
 async def _diff(url: str) -> list[object]:
@@ -49,3 +49,25 @@ def test_downgrade_base_removes_every_table(empty_db_url: str) -> None:
 
 def test_models_and_migrations_agree(db_url: str) -> None:
     assert asyncio.run(_diff(db_url)) == []
+
+
+def test_replicas_that_start_together_migrate_one_at_a_time() -> None:
+    # Three replicas of a fresh deployment run `upgrade` at the same moment (processes:
+    # Alembic's context is global): without the advisory lock, all but one fail with
+    # "relation already exists".
+    import subprocess
+    import sys
+
+    url = create_pg_database()  # replicas share PostgreSQL (SQLite is one process's)
+    try:
+        code = "import sys; from bot.db import migrate; migrate.upgrade(sys.argv[1])"
+        runs = [
+            subprocess.Popen([sys.executable, "-c", code, url], stderr=subprocess.PIPE)
+            for _ in range(3)
+        ]
+        for run in runs:
+            _, err = run.communicate(timeout=120)
+            assert run.returncode == 0, err.decode()[-2000:]
+        assert asyncio.run(table_names(url)) == TABLES
+    finally:
+        drop_pg_database(url)
