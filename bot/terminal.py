@@ -3,7 +3,8 @@
 Lines starting with `/` are commands (/persona, /done, /forget, /help, /quit, and the feedback
 that Telegram gives as buttons: /good and /bad on the last reply, /rate N on the conversation
 /done ended); anything else is a turn. Replies go through the outbox like on Telegram, so the
-database ends up the same.
+database ends up the same. With STREAM_REPLIES=on the reply grows on one line while it
+generates (the drafts a private Telegram chat gets), then the stored reply replaces it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TextIO
 from bot import texts
 from bot.config import Settings
 from bot.conversations.actions import ChatActions
+from bot.conversations.drafts import streaming
 from bot.conversations.store import ConversationStore
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import OutboxKind
@@ -23,7 +25,33 @@ from bot.db.models import OutboxKind
 log = logging.getLogger(__name__)
 
 
-async def dispatch(chat: ChatActions, chat_id: int, line: str) -> bool:
+class GrowingLine:
+    """The draft of the reply in progress, rewritten in place on one line."""
+
+    def __init__(self, out: TextIO, width: int = 100) -> None:
+        self.out = out
+        self.width = width
+        self.shown = False
+
+    def __call__(self, text: str) -> None:
+        line = "bot… " + " ".join(text.split())
+        if len(line) > self.width:
+            line = "bot… …" + line[len(line) - self.width + 6 :]
+        self.out.write("\r\033[K" + line)
+        self.out.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        """Remove the draft line (the stored reply is printed in its place)."""
+        if self.shown:
+            self.out.write("\r\033[K")
+            self.out.flush()
+            self.shown = False
+
+
+async def dispatch(
+    chat: ChatActions, chat_id: int, line: str, drafts: GrowingLine | None = None
+) -> bool:
     """Act on one input line; False when the user asked to quit."""
     text = line.strip()
     if not text:
@@ -65,7 +93,10 @@ async def dispatch(chat: ChatActions, chat_id: int, line: str) -> bool:
         else:
             await chat.notice(chat_id, texts.unknown_terminal_command(command))
         return True
-    await chat.text(chat_id, chat_id, text)
+    with streaming(drafts):
+        await chat.text(chat_id, chat_id, text)
+    if drafts is not None:
+        drafts.clear()
     return True
 
 
@@ -95,6 +126,7 @@ async def run_terminal(
     chat = ChatActions(store, responder, settings, experiment=responder.experiment)
     await chat.safety.warm_up()
     interactive = stdin.isatty()
+    drafts = GrowingLine(stdout) if settings.stream_replies else None
     try:
         if interactive:
             stdout.write(f"Chat {chat_id}. Commands: /persona, /done, /forget, /help, /quit.\n")
@@ -106,7 +138,7 @@ async def run_terminal(
             line = await asyncio.to_thread(stdin.readline)
             if not line:
                 break
-            if not await dispatch(chat, chat_id, line):
+            if not await dispatch(chat, chat_id, line, drafts):
                 break
             await deliver(store, chat_id, stdout)
     finally:

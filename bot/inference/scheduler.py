@@ -129,8 +129,8 @@ class Scheduler:
                     job = self._waiting.popleft()
                     if not job.future.cancelled():
                         admit.append(job)
-            for job in admit:
-                self._join(job)
+            if admit:
+                self._admit(admit)
             if not self._running:
                 continue
             self.stats.batches += 1
@@ -158,6 +158,11 @@ class Scheduler:
                 else:
                     _settle(job, result=result)
             self._drafts(search)
+
+    def _admit(self, jobs: list[_Job]) -> None:
+        """The turns that join before the next step (one round of admission)."""
+        for job in jobs:
+            self._join(job)
 
     def _join(self, job: _Job) -> None:
         """Observe the turn and let it join the running batch (or answer it alone the old way

@@ -6,7 +6,8 @@ the conversation's context when this worker asked for it) and gets replies back;
 that touches Telegram or the database stays in the service.
 
 Messages, parent -> worker:
-    ("turn", req_id, SessionRow, text, ConversationContext | None)
+    ("turn", req_id, SessionRow, text, stream, ConversationContext | None)
+                                           stream: bool, whether to report drafts
     ("evict", session_id)                  drop a cached clone
     ("stored", session_id, last_message_id) the turn is committed up to this message
     ("inspect", req_id, SessionRow, ConversationContext | None)   what the model reads now
@@ -16,6 +17,10 @@ worker -> parent:
     ("ready", info) or ("failed", reason)   once, after loading the model
     ("reply", req_id, Generated)            (also the ModelView of an inspect)
     ("context", req_id, tail)               a cache miss: send the turn again with its context
+    ("draft", req_id, text)                 (a streamed turn) the best hypothesis so far,
+                                            cleaned like the reply, whole words only; the
+                                            first as soon as there is one, then at most one a
+                                            second (continuous scheduler only)
     ("error", req_id, message)              generation failed (safe to log)
     ("stats", req_id, dict)
 """
@@ -151,20 +156,21 @@ async def _serve(conn: Connection, agent: Any, spec: WorkerSpec) -> None:
             conn.send(message)
 
     async def turn(
-        req_id: int, session: Any, text: str, context: ConversationContext | None
+        req_id: int, session: Any, text: str, stream: bool, context: ConversationContext | None
     ) -> None:
         with log_context(chat_id=session.chat_id):
-            await _turn(req_id, session, text, context)
+            await _turn(req_id, session, text, stream, context)
 
     async def _turn(
-        req_id: int, session: Any, text: str, context: ConversationContext | None
+        req_id: int, session: Any, text: str, stream: bool, context: ConversationContext | None
     ) -> None:
         fresh = responder.has_fresh(session)
         if context is None and not fresh:
             send(("context", req_id, responder.cache.tail_limit))
             return
         try:
-            result = await responder.generate(session, text, _Given(context))
+            on_draft = (lambda draft: send(("draft", req_id, draft))) if stream else None
+            result = await responder.generate(session, text, _Given(context), on_draft)
             entry = responder.cache.peek(session.id)
             result = replace(
                 result,

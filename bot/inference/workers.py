@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot.config import Settings
 from bot.conversations.actions import GenerationError
+from bot.conversations.drafts import DraftSink
 from bot.db.conversations import SessionRow
 from bot.inference.batcher import Generated, ModelView
 from bot.inference.worker import WorkerSpec
@@ -67,6 +68,7 @@ class WorkerHandle:
         self._closing = False
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._drafts: dict[int, DraftSink] = {}  # req_id -> where its drafts go
         self._conn: Connection | None = None
         self._proc: BaseProcess | None = None
         self._supervisor: asyncio.Task[None] | None = None
@@ -112,9 +114,14 @@ class WorkerHandle:
 
     # --- requests --------------------------------------------------------------------------
 
-    async def generate(self, session: SessionRow, user_text: str) -> Generated:
-        """One turn on this variant; a lost worker's turn is sent again once it is back."""
-        result = await self._with_context("turn", session, user_text)
+    async def generate(
+        self, session: SessionRow, user_text: str, *, on_draft: DraftSink | None = None
+    ) -> Generated:
+        """One turn on this variant; a lost worker's turn is sent again once it is back. The
+        worker streams drafts of the reply to `on_draft` when one is given."""
+        result = await self._with_context(
+            "turn", session, user_text, on_draft is not None, on_draft=on_draft
+        )
         assert isinstance(result, Generated)
         return result
 
@@ -124,14 +131,16 @@ class WorkerHandle:
         assert isinstance(result, ModelView)
         return result
 
-    async def _with_context(self, kind: str, session: SessionRow, *args: Any) -> Any:
+    async def _with_context(
+        self, kind: str, session: SessionRow, *args: Any, on_draft: DraftSink | None = None
+    ) -> Any:
         """A request about a session, with its context sent when the worker asks for it."""
         context = None
         lost = 0
         while True:
             await self._ready.wait()
             try:
-                result = await self._request((kind, session, *args, context))
+                result = await self._request((kind, session, *args, context), on_draft)
             except WorkerLost:
                 lost += 1
                 if lost >= MAX_LOST:
@@ -170,11 +179,13 @@ class WorkerHandle:
         with contextlib.suppress(OSError):  # dying: the reader notices and restarts it
             self._conn.send(message)
 
-    async def _request(self, message: tuple[Any, ...]) -> Any:
+    async def _request(self, message: tuple[Any, ...], on_draft: DraftSink | None = None) -> Any:
         assert self._conn is not None
         req_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = future
+        if on_draft is not None:
+            self._drafts[req_id] = on_draft
         try:
             try:
                 self._conn.send((message[0], req_id, *message[1:]))
@@ -183,9 +194,18 @@ class WorkerHandle:
             return await future
         finally:
             self._pending.pop(req_id, None)
+            self._drafts.pop(req_id, None)
 
     def _on_message(self, message: tuple[Any, ...]) -> None:
         kind, req_id = message[0], message[1]
+        if kind == "draft":
+            sink = self._drafts.get(req_id)
+            if sink is not None:
+                try:
+                    sink(message[2])
+                except Exception:
+                    log.exception("variant %s: a draft could not be handed on", self.name)
+            return
         future = self._pending.get(req_id)
         if future is None or future.done():
             return  # its caller gave up (cancelled): the answer is dropped

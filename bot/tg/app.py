@@ -333,6 +333,8 @@ class Service:
         finally:
             with contextlib.suppress(Exception):
                 await self.application.shutdown()
+            with contextlib.suppress(Exception):
+                await self.handlers.close()
             await self.db_engine.dispose()
 
     async def _set_commands(self) -> None:

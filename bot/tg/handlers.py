@@ -35,6 +35,7 @@ from telegram.ext import (
 from bot import texts
 from bot.config import Settings
 from bot.conversations.actions import ChatActions, arena_answer, rating_answer
+from bot.conversations.drafts import streaming
 from bot.db import inbox
 from bot.db.feedback import Outcome
 from bot.db.inbox import InboxRow
@@ -52,6 +53,7 @@ from bot.metrics import (
 )
 from bot.stats import format_stats, stats
 from bot.tg import feedback
+from bot.tg.drafts import DraftSender, DraftStream
 from bot.tg.flood import Flood, FloodGate
 
 log = logging.getLogger(__name__)
@@ -128,6 +130,12 @@ class Handlers:
         self.sessionmaker = sessionmaker
         self.flood = FloodGate(settings.flood_max_messages, settings.flood_window_s)
         self.admin_ids = frozenset(settings.admin_user_ids)
+        self.drafts: DraftSender | None = None  # made at the first streamed turn
+
+    async def close(self) -> None:
+        """Release the drafts client."""
+        if self.drafts is not None:
+            await self.drafts.close()
 
     def register(self, application: App) -> None:
         """Register every handler. PTB runs, per group, the first handler that matches."""
@@ -330,7 +338,7 @@ class Handlers:
                 telegram_message_id=message.message_id,
             )
             return
-        async with typing_action(context.bot, chat_id):
+        async with self._showing_progress(context.bot, chat_id, message.chat.type):
             await self.chat.text(
                 chat_id,
                 user_id,
@@ -339,6 +347,28 @@ class Handlers:
                 telegram_message_id=message.message_id,
                 arena_markup=feedback.duel_markup_json,
             )
+
+    @contextlib.asynccontextmanager
+    async def _showing_progress(
+        self, bot: Bot, chat_id: int, chat_type: str
+    ) -> AsyncIterator[None]:
+        """While a reply generates: drafts in private chats (STREAM_REPLIES=on), else the
+        typing indicator (groups: drafts are for private chats only)."""
+        if chat_type != ChatType.PRIVATE or not self.settings.stream_replies:
+            async with typing_action(bot, chat_id):
+                yield
+            return
+        if self.drafts is None:
+            settings = self.settings
+            self.drafts = DraftSender(settings.require_token(), settings.telegram_base_url)
+        safety = self.chat.safety
+        stream = DraftStream(self.drafts, chat_id, check=safety.offensive if safety.on else None)
+        stream.start()
+        try:
+            with streaming(stream.send):
+                yield
+        finally:
+            stream.close()
 
     async def edited(self, update: Update, context: Context) -> None:
         """An edit (private chats only; the gate drops group edits): an edit of the message the

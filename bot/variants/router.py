@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from bot.config import ConfigError, Settings
 from bot.conversations.actions import Reply
+from bot.conversations.drafts import DraftSink, current_sink
 from bot.conversations.store import ConversationStore
 from bot.db.conversations import SessionRow
 from bot.db.models import AssignmentSource
@@ -31,8 +32,10 @@ HOLDERS = 100_000  # sessions whose engine is remembered (about 100 bytes each)
 class Engine(Protocol):
     """One variant's model, wherever it runs."""
 
-    async def generate(self, session: SessionRow, user_text: str) -> Generated:
-        """One turn in the session's context."""
+    async def generate(
+        self, session: SessionRow, user_text: str, *, on_draft: DraftSink | None = None
+    ) -> Generated:
+        """One turn in the session's context; drafts of the reply to `on_draft` if it streams."""
         ...
 
     def evict(self, session_id: int) -> None:
@@ -146,7 +149,7 @@ class VariantResponder:
         if previous is not None and previous != name:
             self.engines[previous].evict(session.id)  # moved: the old clone is dead weight
         self._hold(session.id, name)
-        result = await self.engines[name].generate(session, user_text)
+        result = await self.engines[name].generate(session, user_text, on_draft=current_sink())
         latency_ms = (time.perf_counter() - started) * 1000.0
         return _reply(result, latency_ms, name)
 

@@ -202,7 +202,8 @@ async def test_typing_indicator_is_repeated_while_the_model_works(
 ) -> None:
     monkeypatch.setattr(handlers, "TYPING_INTERVAL_S", 0.2)
     responder = EchoResponder(delay_s=1.0)
-    await start_service(make_settings(sqlite_url, api, tmp_path), responder)
+    # private chats stream drafts instead (tests/integration/test_service_drafts.py)
+    await start_service(make_settings(sqlite_url, api, tmp_path, stream_replies=False), responder)
     api.user_message(301, "think hard")
     await api.wait_for_texts(301, 1)
     actions = api.calls_to("sendChatAction")

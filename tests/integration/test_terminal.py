@@ -48,6 +48,9 @@ def test_terminal_chat_persists_everything(tmp_path: Path, tiny_model_file: str)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert out.count("bot> ") == 3, out
+    # STREAM_REPLIES=on: each reply first grew on its line, then the stored one replaced it
+    # (text mode reads the carriage returns as newlines)
+    assert out.count("\033[Kbot… ") >= 3 and out.count("\033[Kbot> ") == 3, repr(out)
     assert "From now on: My name is Sarah. I love hiking." in out
     assert "My persona: My name is Sarah. I love hiking." in out
     assert "Conversation ended" in out

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,8 +55,8 @@ async def test_a_canary_in_one_chat_never_reaches_another(
         responder = await Responder.start(settings, ConversationStore(make_sessionmaker(db_engine)))
         generate = responder.generate
 
-        async def spy(session: SessionRow, user_text: str) -> Generated:
-            result = await generate(session, user_text)
+        async def spy(session: SessionRow, user_text: str, *args: Any, **kw: Any) -> Generated:
+            result = await generate(session, user_text, *args, **kw)
             entry = await responder.conversation(session)
             decoded = str(responder.shared_agent.dict.vec2txt(result.model_input))
             inputs[session.chat_id].append((entry.clone.history.get_history_str() or "", decoded))

@@ -114,6 +114,16 @@ class Sent:
 
 
 @dataclass
+class Draft:
+    """A sendMessageDraft the bot made (a preview in a private chat, not a message)."""
+
+    chat_id: int
+    draft_id: int
+    text: str
+    at: float
+
+
+@dataclass
 class Call:
     """One API call as the server saw it."""
 
@@ -197,6 +207,7 @@ class FakeBotAPI:
         self.callback_queries: set[str] = set()
         self.callback_answers: dict[str, str] = {}  # query id -> the answer's text
         self.edits: list[tuple[int, int, str, str]] = []  # chat, message, old text, new text
+        self.drafts: list[Draft] = []  # every sendMessageDraft that succeeded
         self._poll_generation = 0
         self._runner: web.AppRunner | None = None
         self._pusher: asyncio.Task[None] | None = None
@@ -608,6 +619,30 @@ class FakeBotAPI:
             "chat": self._chat(sent.chat_id, "private" if sent.chat_id > 0 else "group", 1),
             "text": sent.text,
         }
+
+    def fail_drafts(self, status: int | None = 400, delay: float = 0.0) -> None:
+        """From now on every sendMessageDraft fails: `status` (400 as an older client's
+        server, 429 with retry_after 30), or with None and a `delay` hangs that long first."""
+        retry_after = 30 if status == 429 else None
+        self.inject(
+            Fault("sendMessageDraft", status, retry_after=retry_after, delay=delay, times=10**9)
+        )
+
+    def drafts_to(self, chat_id: int) -> list[str]:
+        """The texts of the drafts shown in a chat, in order."""
+        return [d.text for d in self.drafts if d.chat_id == chat_id]
+
+    async def _m_sendmessagedraft(self, p: Params) -> Any:
+        chat_id, draft_id = p.int("chat_id"), p.int("draft_id")
+        text = p.str("text") or ""  # empty: the client shows "Thinking…"
+        if chat_id is None or not draft_id:
+            raise ApiError(400, "Bad Request: chat_id or draft_id is empty")
+        if chat_id < 0:
+            raise ApiError(400, "Bad Request: drafts can be sent to private chats only")
+        if utf16_len(text) > MAX_TEXT_UTF16:
+            raise ApiError(400, "Bad Request: text is too long")
+        self.drafts.append(Draft(chat_id, draft_id, text, time.time()))
+        return True
 
     async def _m_sendchataction(self, p: Params) -> Any:
         if p.int("chat_id") is None or not p.str("action"):

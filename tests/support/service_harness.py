@@ -19,6 +19,7 @@ from sqlalchemy import text
 
 from bot.config import Settings
 from bot.conversations.actions import Reply
+from bot.conversations.drafts import current_sink
 from bot.db import migrate
 from bot.db.conversations import SessionRow
 from bot.tg.app import Service
@@ -45,17 +46,25 @@ class EchoResponder:
         self.candidates: tuple[str, ...] = ()
         self.in_progress = 0
         self.closed = False
+        self.drafted: list[int] = []  # chats whose turn had a draft sink
 
     async def respond(self, session: SessionRow, user_text: str) -> Reply:
-        """Echo, after the configured delay."""
+        """Echo, after the configured delay; where the turn streams, the reply's first word
+        as a draft halfway through it."""
         self.calls.append((session.chat_id, user_text))
         self.in_progress += 1
         try:
             delay = (
                 self.delay_s(session.chat_id, user_text) if callable(self.delay_s) else self.delay_s
             )
+            sink = current_sink()
             if delay:
-                await asyncio.sleep(delay)
+                await asyncio.sleep(delay / 2)
+            if sink is not None:
+                sink("echo")
+                self.drafted.append(session.chat_id)
+            if delay:
+                await asyncio.sleep(delay / 2)
             if user_text in self.fail_on:
                 raise RuntimeError(f"responder exploded on {user_text!r}")
             if self.reply_override is not None:

@@ -3,7 +3,8 @@
 Crash, restart and two-instance tests need a generation that lasts long enough to kill the
 process in the middle of it. That knob is not a setting an operator could turn (issue 12):
 this wrapper, used by BotProcess when FAULT_GENERATION_DELAY_MS is set, makes every batch
-sleep that long before generating, then runs the real command line unchanged.
+(every round of turns joining the continuous scheduler) sleep that long before generating,
+then runs the real command line unchanged.
 
 The patch is applied on import: model worker processes are started with `spawn`, which imports
 this module (the parent's main module) in the worker as `__mp_main__`, so the worker's batches
@@ -18,19 +19,27 @@ import time
 from typing import Any
 
 from bot.inference.batcher import Batcher
+from bot.inference.scheduler import Scheduler
 
 ENV = "FAULT_GENERATION_DELAY_MS"
 
 
 def slow_down(delay_s: float) -> None:
-    """Make every batch of every Batcher sleep `delay_s` on the inference thread first."""
+    """Make every batch of every Batcher, and every round of turns joining a continuous
+    Scheduler, sleep `delay_s` on the inference thread first."""
     run_batch = Batcher._run_batch
+    admit = Scheduler._admit
 
     def slow(self: Batcher, batch: Any) -> Any:
         time.sleep(delay_s)
         return run_batch(self, batch)
 
+    def slow_admit(self: Scheduler, jobs: Any) -> None:
+        time.sleep(delay_s)
+        admit(self, jobs)
+
     Batcher._run_batch = slow  # type: ignore[method-assign]
+    Scheduler._admit = slow_admit  # type: ignore[method-assign]
 
 
 slow_down(float(os.environ.get(ENV, "0")) / 1000.0)

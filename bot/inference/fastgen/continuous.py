@@ -113,7 +113,7 @@ class ChatSearch:
     finished: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        dev = self.cross[0][0].device
+        dev = self.cross[0][1].device
         self.hyps = torch.full((self.beam, 1), self.bos, dtype=torch.long, device=dev)
         self.scores = torch.zeros(1, self.beam, dtype=torch.float32, device=dev)
         self.last = torch.full((1, self.beam), self.bos, dtype=torch.long, device=dev)
@@ -246,6 +246,9 @@ class ContinuousSearch:
         self.spare: list[torch.Tensor] = []  # the buffers the next reorder writes into
         self.pos = torch.zeros(0, dtype=torch.long, device=self.dev)  # each row's step
         self.tokens = torch.zeros(0, 1, dtype=torch.long, device=self.dev)
+        # per layer: every chat's encoder K/V, (chats, heads, dh, L) and (chats, heads, L, dh),
+        # and the same as (chats x heads) batches for the products
+        self._packed: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.cross: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.cross_fill = torch.zeros(0, dtype=torch.bool, device=self.dev)
         self.length = 0
@@ -284,7 +287,7 @@ class ContinuousSearch:
                 .view(self.heads, length, self.dh)
                 for lin in (attn.k_lin, attn.v_lin)
             )
-            cross.append((k.transpose(1, 2), v))
+            cross.append((k.transpose(1, 2).contiguous(), v))
         context_ngram = int(agent.beam_context_block_ngram)
         context = agent._get_batch_context(batch).to(self.dev) if context_ngram > 0 else None
         chat = ChatSearch(
@@ -329,33 +332,55 @@ class ContinuousSearch:
         self.pos = torch.cat([self.pos, torch.zeros(add, dtype=torch.long, device=self.dev)])
         self.spare = [torch.zeros_like(c) for c in self.cache]
         self.chats.extend(new)
-        self._pack_cross()
+        self._pack_cross(new)
 
-    def _pack_cross(self) -> None:
-        """Every chat's encoder K/V padded to the longest context, and the mask of the padding."""
+    def _pack_cross(self, new: Sequence[ChatSearch] = (), keep: list[int] | None = None) -> None:
+        """The running chats' encoder K/V, padded to the longest context, and the mask of the
+        padding: the chats at `keep` (indices into the packed ones; None: all) and then `new`.
+        Incremental, so that a chat joining or leaving copies each tensor once."""
         n = len(self.chats)
         if n == 0:
-            self.cross, self.length = [], 0
+            self._packed, self.cross, self.length = [], [], 0
             return
+        if keep is not None and self._packed:
+            index = torch.tensor(keep, dtype=torch.long, device=self.dev)
+            self._packed = [
+                (kt.index_select(0, index), v.index_select(0, index)) for kt, v in self._packed
+            ]
         length = max(c.length for c in self.chats)
-        beam = self.chats[0].beam
+        if self._packed and length < self._packed[0][1].size(2):
+            # the longest context left: drop the padding nobody needs any more
+            self._packed = [
+                (kt[..., :length].contiguous(), v[:, :, :length].contiguous())
+                for kt, v in self._packed
+            ]
+        if new:
+            packed = []
+            for i in range(len(self.dec.layers)):
+                like = new[0].cross[i][1]
+                kt = like.new_zeros(len(new), self.heads, self.dh, length)
+                v = like.new_zeros(len(new), self.heads, length, self.dh)
+                for j, chat in enumerate(new):
+                    kt[j, :, :, : chat.length] = chat.cross[i][0]
+                    v[j, :, : chat.length] = chat.cross[i][1]
+                if self._packed:
+                    old_kt, old_v = self._packed[i]
+                    grow = length - old_v.size(2)
+                    if grow:
+                        old_kt = F.pad(old_kt, (0, grow))
+                        old_v = F.pad(old_v, (0, 0, 0, grow))
+                    kt, v = torch.cat([old_kt, kt]), torch.cat([old_v, v])
+                packed.append((kt, v))
+            self._packed = packed
+            for chat in new:
+                chat.cross = []  # packed now: the chat's own copy is not needed any more
         self.length = length
-        packed = []
-        for i in range(len(self.dec.layers)):
-            like = self.chats[0].cross[i][1]
-            keys_t = like.new_zeros(n, self.heads, self.dh, length)
-            values = like.new_zeros(n, self.heads, length, self.dh)
-            for j, chat in enumerate(self.chats):
-                kt, v = chat.cross[i]
-                keys_t[j, :, :, : chat.length] = kt
-                values[j, :, : chat.length] = v
-            packed.append(
-                (
-                    keys_t.view(n * self.heads, self.dh, length),
-                    values.view(n * self.heads, length, self.dh),
-                )
-            )
-        self.cross = packed
+        flat = n * self.heads
+        self.cross = [
+            (kt.view(flat, self.dh, length), v.view(flat, length, self.dh))
+            for kt, v in self._packed
+        ]
+        beam = self.chats[0].beam
         pad = torch.arange(length, device=self.dev).unsqueeze(0) >= torch.tensor(
             [c.length for c in self.chats], device=self.dev
         ).unsqueeze(1)  # (n, length)
@@ -529,7 +554,7 @@ class ContinuousSearch:
         self.tokens = torch.index_select(self.tokens, 0, rows)
         self.pos = torch.index_select(self.pos, 0, rows)
         self.chats = [self.chats[i] for i in keep]
-        self._pack_cross()
+        self._pack_cross(keep=keep)
 
     def clear(self) -> list[ChatSearch]:
         """Drop every chat (after a failure); returns them."""

@@ -1,0 +1,105 @@
+"""Streamed drafts through the real PTB Application and the loopback Bot API (bot/tg/drafts.py).
+
+A private chat sees "Thinking…" (an empty draft) at once, then the growing text; the final
+message is a sendMessage whose text is exactly the stored reply; groups keep the typing
+indicator; a draft method that fails or hangs never delays or loses the final reply.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot.tg import drafts
+from tests.support.fakebotapi import BOT_USERNAME, FakeBotAPI
+from tests.support.fixtures import StartService
+from tests.support.service_harness import EchoResponder, make_settings, rows
+
+
+async def _stored_reply(service: object, chat_id: int) -> str:
+    [(text,)] = await rows(
+        service,  # type: ignore[arg-type]
+        "SELECT text FROM messages WHERE chat_id = :c AND role = 'bot'",
+        c=chat_id,
+    )
+    return str(text)
+
+
+async def test_a_private_chat_sees_thinking_then_the_draft_then_the_stored_reply(
+    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    service = await start_service(make_settings(sqlite_url, api, tmp_path), EchoResponder(0.4))
+    api.user_message(501, "tell me more")
+    [final] = await api.wait_for_texts(501, 1)
+    assert api.drafts_to(501) == ["", "echo"]  # "Thinking…" at once, then the draft
+    assert final == await _stored_reply(service, 501) == "echo 501: tell me more"
+    [draft_ids] = [{d.draft_id for d in api.drafts}]
+    assert len(draft_ids) == 1 and 0 not in draft_ids  # one growing draft
+    last_draft = max(d.at for d in api.drafts)
+    assert last_draft <= api.last_sent(501).at  # drafts come before the message
+    assert api.calls_to("sendChatAction") == []  # the draft replaces "typing…"
+
+
+async def test_groups_keep_the_typing_indicator_and_get_no_drafts(
+    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    responder = EchoResponder(0.4)
+    await start_service(make_settings(sqlite_url, api, tmp_path), responder)
+    api.user_message(-502, f"@{BOT_USERNAME} hello all", user_id=7, chat_type="group")
+    await api.wait_for_texts(-502, 1)
+    assert api.drafts == [] and api.calls_to("sendMessageDraft") == []
+    assert responder.drafted == []  # no sink at all: nothing streamed in the worker either
+    assert {c.params["action"] for c in api.calls_to("sendChatAction")} == {"typing"}
+
+
+async def test_stream_replies_off_means_typing_only(
+    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    settings = make_settings(sqlite_url, api, tmp_path, stream_replies=False)
+    await start_service(settings, EchoResponder(0.4))
+    api.user_message(503, "hello")
+    await api.wait_for_texts(503, 1)
+    assert api.calls_to("sendMessageDraft") == []
+    assert api.calls_to("sendChatAction")
+
+
+@pytest.mark.parametrize("status", [400, 429])
+async def test_a_failing_draft_method_loses_nothing(
+    status: int,
+    sqlite_url: str,
+    tmp_path: Path,
+    api: FakeBotAPI,
+    start_service: StartService,
+) -> None:
+    """An older client (400) or a flood limit (429, retry after 30 s): the drafts fail, the
+    reply arrives well within wait_for_texts' 10 s (PTB's rate limiter would hold every
+    request, the reply too, for the 30 s and retry; drafts do not go through it), and nothing
+    retries a draft. After the 429 the drafts pause: the second one is not even tried."""
+    api.fail_drafts(status)
+    service = await start_service(make_settings(sqlite_url, api, tmp_path), EchoResponder(0.4))
+    api.user_message(504, "still there?")
+    [final] = await api.wait_for_texts(504, 1, timeout_s=10.0)
+    assert final == await _stored_reply(service, 504)
+    calls = api.calls_to("sendMessageDraft")
+    assert [c.status for c in calls] == ([400, 400] if status == 400 else [429])
+    assert api.drafts == []
+
+
+async def test_a_hanging_draft_method_does_not_delay_the_reply(
+    sqlite_url: str,
+    tmp_path: Path,
+    api: FakeBotAPI,
+    start_service: StartService,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every draft hangs for a minute and the service would wait a minute for it: the reply
+    still arrives within wait_for_texts' few seconds, while the first draft is unanswered."""
+    monkeypatch.setattr(drafts, "DRAFT_TIMEOUT_S", 60.0)
+    api.fail_drafts(None, delay=60.0)
+    service = await start_service(make_settings(sqlite_url, api, tmp_path), EchoResponder(0.2))
+    api.user_message(505, "quick one")
+    [final] = await api.wait_for_texts(505, 1, timeout_s=10.0)
+    assert final == await _stored_reply(service, 505)
+    [thinking] = api.calls_to("sendMessageDraft")  # the second was dropped: one in flight
+    assert thinking.status is None  # still hanging when the reply was sent

@@ -1,0 +1,50 @@
+"""Drafts over the worker pipe: a real model worker process (tiny model) streams the best
+hypothesis so far of a turn that asks for it, and nothing for one that does not."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bot.config import Settings
+from bot.conversations.store import ConversationContext
+from bot.db.conversations import SessionRow
+from bot.inference.workers import WorkerHandle, worker_spec
+
+
+class NoHistory:
+    """A ContextSource for sessions with no stored messages yet."""
+
+    async def load_context(
+        self, session_id: int, tail: int | None, upto: int | None = None
+    ) -> ConversationContext:
+        return ConversationContext(session_id, session_id, "My name is Tom.", [])
+
+
+def _session(session_id: int) -> SessionRow:
+    return SessionRow(
+        session_id, session_id, session_id, "My name is Tom.", "active", datetime.now(UTC), None
+    )
+
+
+async def test_a_streamed_turn_gets_drafts_over_the_pipe(
+    tiny_model_file: str, tmp_path: Path
+) -> None:
+    settings = Settings(  # type: ignore[call-arg]
+        _env_file=None, bot_model=tiny_model_file, data_dir=tmp_path / "data"
+    )
+    handle = WorkerHandle(worker_spec("tiny", settings, {}, 1, ()), NoHistory())
+    await handle.start()
+    try:
+        drafts: list[str] = []
+        streamed = await handle.generate(
+            _session(1), "hello how are you today", on_draft=drafts.append
+        )
+        quiet = await handle.generate(_session(2), "hello how are you today")
+        stats = await handle.stats()
+    finally:
+        await handle.close()
+    assert drafts and all(drafts)  # whole words: never an empty preview
+    assert len(set(drafts)) == len(drafts)  # only when the text changed
+    assert streamed.text and quiet.text == streamed.text  # same input, same reply
+    assert stats["requests"] == 2
