@@ -218,7 +218,7 @@ class Scheduler:
             job = self._running.get(chat.key)
             if job is None or job.on_draft is None or now < job.next_draft:
                 continue
-            words = whole_words(str(self.shared_agent._v2t(chat.best_so_far())))
+            words = self._whole_words(chat.best_so_far())
             if not words:
                 continue
             draft = self.postprocess(words)
@@ -228,6 +228,23 @@ class Scheduler:
             job.next_draft = now + self.draft_interval_s
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
                 job.loop.call_soon_threadsafe(_draft, job, draft)
+
+    def _whole_words(self, tokens: list[int]) -> str:
+        """The words of a partial hypothesis that are complete already (tokenizer text)."""
+        agent = self.shared_agent
+        tokens = [t for t in tokens if t not in (agent.START_IDX, agent.END_IDX)]
+        dictionary = agent.dict
+        kind = getattr(dictionary, "tokenizer", None)
+        if kind == "bpe":
+            # subword-nmt marks a piece that continues with "@@": a word is complete once a
+            # token without it ends it
+            while tokens and str(dictionary[tokens[-1]]).endswith("@@"):
+                tokens.pop()
+            return str(dictionary.vec2txt(tokens))
+        if kind in ("re", "split", "space"):
+            return str(dictionary.vec2txt(tokens))  # every token is a word of its own
+        # byte-level BPE marks where a word starts, not where it ends: the last may grow
+        return whole_words(str(dictionary.vec2txt(tokens)))
 
 
 def _draft(job: _Job, text: str) -> None:

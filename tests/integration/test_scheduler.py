@@ -213,3 +213,23 @@ async def test_a_failing_step_fails_its_chats_and_the_engine_goes_on(
     assert len(search) == 0
     reply = await scheduler.generate(agent.clone(), "hello there")
     assert reply.text
+
+
+def test_bpe_drafts_end_where_a_word_ends(tmp_path: Path) -> None:
+    """The shipped model's subword-nmt BPE: a piece ending in "@@" continues, so a draft
+    stops before it; a word is shown once its last piece is there."""
+    shipped = load_shared_agent(Settings(_env_file=None, data_dir=tmp_path))  # type: ignore[call-arg]
+    assert shipped.dict.tokenizer == "bpe"
+    engine = Scheduler(shipped, max_size=1)
+    text = "i love unbelievably tremendous hiking"
+    vec = shipped.dict.txt2vec(text)
+    pieces = [shipped.dict[t] for t in vec]
+    assert "un@@" in pieces  # the test needs a word of several pieces
+    drafts = [engine._whole_words([shipped.START_IDX, *vec[:k]]) for k in range(1, len(vec) + 1)]
+    for k, draft in enumerate(drafts, start=1):
+        complete = not pieces[k - 1].endswith("@@")
+        words = draft.split()
+        assert words == text.split()[: len(words)], draft
+        if complete:
+            assert draft == str(shipped.dict.vec2txt(vec[:k]))
+    assert drafts[-1] == text
