@@ -1,0 +1,317 @@
+"""Continuous batching against the micro-batcher, under open-loop load, in one run.
+
+    python -m bench.continuous [--minutes 3] [--quick] [--max-size 16] [--threads 2]
+
+The model has BlenderBot-90M's architecture (random weights, bench.common), beam 10 with n-gram
+and context blocking, and every reply is exactly 32 tokens (beam_min_length == label_truncate ==
+32), so the two schedulers do the same work per reply. Each chat has its own persona and sends
+`--turns` messages, each as soon as the reply to the previous one came; chats arrive as a
+Poisson process (open loop: arrivals do not wait for the service). Both schedulers answer the
+same chats at the same arrival times (one seed), one after the other:
+
+  capacity     replies/s with `--saturate` chats always waiting (closed loop, 20 s warm-up,
+               then up to 2 minutes), per scheduler; the offered loads are 50%, 70% and 90%
+               of the micro-batcher's (today's capacity), the same for both
+  single       one chat alone: its reply latency (p50 of a few turns, after a warm-up turn)
+  load points  p50 and p95 reply latency (submit to reply) of the turns asked in the window,
+               and for the continuous scheduler the p50 time to the first draft (the first
+               whole word of the best hypothesis; the service shows "Thinking…" before that)
+
+The micro-batcher is bot.inference.batcher.Batcher (BATCH_MAX_WAIT_MS 20), the continuous one
+bot.inference.scheduler.Scheduler, both with BATCH_MAX_SIZE `--max-size`. Outputs: RESULT
+lines, bench/results/continuous.json, docs/images/continuous.png (latency against load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench import common
+
+REPLY = 32
+LOADS = (0.5, 0.7, 0.9)
+GENERATION = {
+    "inference": "beam",
+    "beam_size": 10,
+    "beam_min_length": REPLY,
+    "beam_block_ngram": 3,
+    "beam_context_block_ngram": 3,
+}
+
+
+@dataclass
+class Point:
+    """One scheduler at one offered load."""
+
+    scheduler: str
+    load: float  # fraction of the micro-batcher's capacity
+    rate: float  # offered replies/s
+    latencies: list[float] = field(default_factory=list)  # seconds
+    first_drafts: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """Figures for the JSON and the table."""
+        lat = self.latencies
+        return {
+            "scheduler": self.scheduler,
+            "load": self.load,
+            "offered_replies_per_s": self.rate,
+            "replies": len(lat),
+            "p50_ms": 1000 * common.percentile(lat, 50) if lat else None,
+            "p95_ms": 1000 * common.percentile(lat, 95) if lat else None,
+            "first_draft_p50_ms": (
+                1000 * common.percentile(self.first_drafts, 50) if self.first_drafts else None
+            ),
+        }
+
+
+def make_engine(agent: Any, scheduler: str, max_size: int) -> Any:
+    """The service's two engines, on the same shared agent."""
+    from bot.inference.batcher import Batcher
+    from bot.inference.scheduler import Scheduler
+
+    if scheduler == "continuous":
+        return Scheduler(agent, max_size=max_size)
+    return Batcher(agent, max_size=max_size, max_wait_ms=20)
+
+
+class Chats:
+    """Clones with a persona each, as the service's cache builds them."""
+
+    def __init__(self, agent: Any) -> None:
+        from bot.inference.cache import AgentCache
+
+        self.cache = AgentCache(agent, capacity=1_000_000)
+        self.next = 0
+
+    def new(self) -> tuple[int, Any]:
+        """A fresh chat: its number and its conversation (clone + persona)."""
+        user = self.next
+        self.next += 1
+        return user, self.cache.rebuild(user, common.persona(user), [])
+
+
+async def ask(engine: Any, entry: Any, text: str, point: Point | None) -> float:
+    """One turn; returns its latency (and records the first draft's delay in `point`)."""
+    from bot.inference.scheduler import Scheduler
+
+    started = time.perf_counter()
+    first: list[float] = []
+
+    def draft(_text: str) -> None:
+        if not first:
+            first.append(time.perf_counter() - started)
+
+    turn = entry.user_turn(text)
+    if isinstance(engine, Scheduler):
+        await engine.generate(entry.clone, turn, draft)
+    else:
+        await engine.generate(entry.clone, turn)
+    latency = time.perf_counter() - started
+    if point is not None and first:
+        point.first_drafts.append(first[0])
+    return latency
+
+
+async def capacity(agent: Any, scheduler: str, args: argparse.Namespace) -> float:
+    """Replies/s with `--saturate` chats always asking (closed loop), after a warm-up."""
+    engine = make_engine(agent, scheduler, args.max_size)
+    await engine.start()
+    chats = Chats(agent)
+    done = 0
+    warm_up, measure = 20.0, min(args.seconds, 120.0)
+    stop = time.perf_counter() + warm_up + measure
+    measuring_from = 0.0
+
+    async def user() -> None:
+        nonlocal done
+        user_id, entry = chats.new()
+        turn = 0
+        while time.perf_counter() < stop:
+            await ask(engine, entry, common.user_message(user_id, turn), None)
+            turn += 1
+            if measuring_from and time.perf_counter() >= measuring_from:
+                done += 1
+
+    try:
+        tasks = [asyncio.create_task(user()) for _ in range(args.saturate)]
+        await asyncio.sleep(warm_up)  # the batch fills, the steps settle
+        measuring_from = time.perf_counter()
+        await asyncio.gather(*tasks)
+        measured = time.perf_counter() - measuring_from
+    finally:
+        await engine.close()
+    return done / measured
+
+
+async def single(agent: Any, scheduler: str, args: argparse.Namespace) -> float:
+    """One chat alone: the p50 latency of a few turns (seconds)."""
+    engine = make_engine(agent, scheduler, args.max_size)
+    await engine.start()
+    try:
+        user_id, entry = Chats(agent).new()
+        await ask(engine, entry, common.user_message(user_id, 99), None)  # warm-up
+        latencies = [
+            await ask(engine, entry, common.user_message(user_id, turn), None)
+            for turn in range(args.single_turns)
+        ]
+    finally:
+        await engine.close()
+    return statistics.median(latencies)
+
+
+async def open_loop(agent: Any, point: Point, args: argparse.Namespace) -> None:
+    """Poisson chat arrivals at `point.rate / turns` chats/s for `--minutes`; each chat asks
+    its turns one after another. Turns asked within the window count (their replies are
+    waited for, up to a drain limit)."""
+    engine = make_engine(agent, point.scheduler, args.max_size)
+    await engine.start()
+    chats = Chats(agent)
+    rng = random.Random(args.seed)  # the same arrivals for both schedulers
+    window = args.seconds
+    started = time.perf_counter()
+    end = started + window
+
+    async def chat() -> None:
+        user_id, entry = chats.new()
+        for turn in range(args.turns):
+            if time.perf_counter() >= end:
+                return
+            latency = await ask(engine, entry, common.user_message(user_id, turn), point)
+            point.latencies.append(latency)
+
+    tasks = []
+    try:
+        t = started
+        while True:
+            t += rng.expovariate(point.rate / args.turns)
+            if t >= end:
+                break
+            await asyncio.sleep(max(0.0, t - time.perf_counter()))
+            tasks.append(asyncio.create_task(chat()))
+        _, pending = await asyncio.wait(tasks, timeout=window) if tasks else (set(), set())
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    finally:
+        await engine.close()
+    point.seconds = time.perf_counter() - started
+
+
+def plot(points: list[Point], singles: dict[str, float], path_name: str) -> None:
+    """p50 and p95 latency against offered load, both schedulers."""
+    fig, axes = common.new_figure(1, width=7.0)
+    ax = axes[0][0]
+    styles = {"continuous": "tab:blue", "batch": "tab:orange"}
+    for name, color in styles.items():
+        pts = sorted((p for p in points if p.scheduler == name), key=lambda p: p.load)
+        xs = [p.rate for p in pts]
+        s = [p.summary() for p in pts]
+        ax.plot(xs, [x["p50_ms"] / 1000 for x in s], "o-", color=color, label=f"{name} p50")
+        ax.plot(xs, [x["p95_ms"] / 1000 for x in s], "s--", color=color, label=f"{name} p95")
+        ax.axhline(singles[name], color=color, linestyle=":", linewidth=1)
+    ax.set_xlabel("offered load (replies/s; 50%, 70%, 90% of the micro-batcher's capacity)")
+    ax.set_ylabel("reply latency (s)")
+    ax.set_title("Beam 10, 32-token replies, BlenderBot-90M architecture (dotted: one chat alone)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    path = common.save_figure(path_name, fig)
+    images = common.ROOT / "docs" / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    shutil.copy(path, images / "continuous.png")
+    print("wrote docs/images/continuous.png")
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    """Every measurement, then the outputs."""
+    model = common.build_bench_model()
+    agent = common.load_agent(model, GENERATION, threads=args.threads)
+    agent.label_truncate = REPLY  # with beam_min_length == REPLY: every reply is 32 tokens
+    names = ("batch", "continuous")
+    singles = {name: await single(agent, name, args) for name in names}
+    print({k: f"{v:.2f} s" for k, v in singles.items()}, flush=True)
+    capacities = {name: await capacity(agent, name, args) for name in names}
+    print({k: f"{v:.2f} replies/s" for k, v in capacities.items()}, flush=True)
+    points = []
+    for load in LOADS:
+        for name in names:
+            point = Point(name, load, load * capacities["batch"])
+            await open_loop(agent, point, args)
+            points.append(point)
+            print(point.summary(), flush=True)
+
+    rows = [
+        [
+            f"{int(100 * p.load)}%",
+            p.scheduler,
+            f"{p.rate:.2f}",
+            len(p.latencies),
+            f"{p.summary()['p50_ms'] / 1000:.2f}",
+            f"{p.summary()['p95_ms'] / 1000:.2f}",
+            "-" if not p.first_drafts else f"{p.summary()['first_draft_p50_ms']:.0f}",
+        ]
+        for p in points
+    ]
+    headers = ["load", "scheduler", "offered/s", "replies", "p50 s", "p95 s", "first draft ms"]
+    common.print_table("Open-loop load", headers, rows)
+    print(common.markdown_table(headers, rows))
+
+    results: dict[str, float] = {}
+    for name in names:
+        results[f"{name}_single_chat_ms"] = 1000 * singles[name]
+        results[f"{name}_saturation_replies_per_s"] = capacities[name]
+    for p in points:
+        s = p.summary()
+        tag = f"{p.scheduler}_load{int(100 * p.load)}"
+        results[f"{tag}_p50_ms"] = s["p50_ms"] or 0.0
+        results[f"{tag}_p95_ms"] = s["p95_ms"] or 0.0
+        if s["first_draft_p50_ms"] is not None:
+            results[f"{tag}_first_draft_p50_ms"] = s["first_draft_p50_ms"]
+    seventy = next(p for p in points if p.scheduler == "continuous" and p.load == 0.7)
+    results["continuous_p95_load70_over_single"] = (
+        common.percentile(seventy.latencies, 95) / singles["continuous"]
+    )
+    results["saturation_speedup"] = capacities["continuous"] / capacities["batch"]
+    common.emit_results(results)
+    common.write_json(
+        "continuous",
+        {
+            "args": vars(args),
+            "generation": {**GENERATION, "label_truncate": REPLY},
+            "single_s": singles,
+            "capacity_replies_per_s": capacities,
+            "points": [p.summary() for p in points],
+            "results": results,
+        },
+    )
+    plot(points, singles, "continuous")
+
+
+def main() -> None:
+    """Command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=3.0, help="per load point")
+    parser.add_argument("--quick", action="store_true", help="about 20 s per point")
+    parser.add_argument("--max-size", type=int, default=16, help="BATCH_MAX_SIZE")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--turns", type=int, default=3, help="turns per chat")
+    parser.add_argument("--saturate", type=int, default=32, help="chats in the capacity run")
+    parser.add_argument("--single-turns", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=14)
+    args = parser.parse_args()
+    args.seconds = 20.0 if args.quick else 60.0 * args.minutes
+    if args.quick:
+        args.single_turns = 2
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
