@@ -189,7 +189,7 @@ class Metrics:
             registry=r,
         )
         # The series every dashboard plots exist from the start, at 0.
-        for kind in ("inbox", "outbox"):
+        for kind in ("inbox", "outbox", "poller"):
             self.lease_takeovers.labels(kind)
 
     # --- one-line hooks for the components that count -------------------------------------

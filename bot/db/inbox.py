@@ -32,9 +32,7 @@ class StaleUpdate(Exception):
 
 
 def _row(r: Inbox) -> InboxRow:
-    return InboxRow(
-        r.update_id, r.chat_id, r.kind, r.payload, r.status, r.attempts, r.received_at
-    )
+    return InboxRow(r.update_id, r.chat_id, r.kind, r.payload, r.status, r.attempts, r.received_at)
 
 
 async def insert(

@@ -42,7 +42,7 @@ class Generated:
     # The search's other finished hypotheses, cleaned like `text`, best first (beam search
     # only; the safety gate falls back on them).
     candidates: tuple[str, ...] = ()
-    # Set by the model worker for the metrics: whether the conversation's clone was cached,
+    # Set by Responder.generate for the metrics: whether the conversation's clone was cached,
     # the rebuild's time on a miss, the clones its cache dropped since its previous reply.
     cache_hit: bool | None = None
     rebuild_ms: float | None = None

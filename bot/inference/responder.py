@@ -8,6 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any, Protocol
 
 from bot.config import Settings
@@ -120,17 +121,26 @@ class Responder:
         source: ContextSource | None = None,
         on_draft: DraftSink | None = None,
     ) -> Generated:
-        """One turn with everything the batcher reports (model input included); the best
-        hypothesis so far goes to `on_draft` while it generates (continuous scheduler only)."""
+        """One turn with everything the batcher reports (model input included), and the clone
+        cache's figures for the metrics; the best hypothesis so far goes to `on_draft` while it
+        generates (continuous scheduler only)."""
+        cached = self.has_fresh(session)  # else the checkout rebuilds it
         async with self.checkout(session, source) as entry:
             try:
                 turn = entry.user_turn(user_text)
                 if isinstance(self.batcher, Scheduler):
-                    return await self.batcher.generate(entry.clone, turn, on_draft)
-                return await self.batcher.generate(entry.clone, turn)
+                    result = await self.batcher.generate(entry.clone, turn, on_draft)
+                else:
+                    result = await self.batcher.generate(entry.clone, turn)
             except BatchError as err:
                 self.cache.evict(session.id)
                 raise GenerationError(str(err)) from err
+            return replace(
+                result,
+                cache_hit=cached,
+                rebuild_ms=None if cached else entry.rebuild_ms,
+                cache_evictions=self.cache.take_evictions(),
+            )
 
     async def inspect(self, session: SessionRow, source: ContextSource | None = None) -> ModelView:
         """The model input the conversation's clone holds now, without generating."""

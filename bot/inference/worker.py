@@ -33,7 +33,7 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
@@ -164,20 +164,12 @@ async def _serve(conn: Connection, agent: Any, spec: WorkerSpec) -> None:
     async def _turn(
         req_id: int, session: Any, text: str, stream: bool, context: ConversationContext | None
     ) -> None:
-        fresh = responder.has_fresh(session)
-        if context is None and not fresh:
+        if context is None and not responder.has_fresh(session):
             send(("context", req_id, responder.cache.tail_limit))
             return
         try:
             on_draft = (lambda draft: send(("draft", req_id, draft))) if stream else None
             result = await responder.generate(session, text, _Given(context), on_draft)
-            entry = responder.cache.peek(session.id)
-            result = replace(
-                result,
-                cache_hit=fresh,
-                rebuild_ms=None if fresh or entry is None else entry.rebuild_ms,
-                cache_evictions=responder.cache.take_evictions(),
-            )
         except NeedContext:
             send(("context", req_id, responder.cache.tail_limit))
         except GenerationError as err:

@@ -128,9 +128,14 @@ class Service:
         self.heartbeat = Heartbeat(
             sessionmaker, owner, dead_after_s=settings.takeover_after_s, info=self.status
         )
+        took_over = self.metrics.lease_taken_over  # bot_lease_takeovers_total{kind}
         self.leases = (
-            Leases(sessionmaker, "inbox", owner=owner, heartbeat=self.heartbeat),
-            Leases(sessionmaker, "outbox", owner=owner, heartbeat=self.heartbeat),
+            Leases(
+                sessionmaker, "inbox", owner=owner, heartbeat=self.heartbeat, on_takeover=took_over
+            ),
+            Leases(
+                sessionmaker, "outbox", owner=owner, heartbeat=self.heartbeat, on_takeover=took_over
+            ),
         )
         self.delivery = Delivery(
             sessionmaker,
@@ -170,7 +175,14 @@ class Service:
         else:
             # getUpdates allows one consumer: the replicas elect one poller; all of them process.
             self.ingest = ElectedPolling(
-                Leases(sessionmaker, "poller", owner=owner, ttl_s=10.0, heartbeat=self.heartbeat),
+                Leases(
+                    sessionmaker,
+                    "poller",
+                    owner=owner,
+                    ttl_s=10.0,
+                    heartbeat=self.heartbeat,
+                    on_takeover=took_over,
+                ),
                 lambda: PollingIngest(
                     bot, self.store, self.inbox_worker.wake, backoff=backoff, metrics=self.metrics
                 ),

@@ -7,57 +7,21 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
+import pytest
 
+from bot.db.models import ChatLease, utcnow
+from bot.tg.leases import HOST, PID_NAMESPACE
 from bot.variants.assign import choose
 from tests.integration.test_variants_service import write_variants
 from tests.support.botprocess import free_port
 from tests.support.fakebotapi import FakeBotAPI, Fault
 from tests.support.fixtures import StartService
+from tests.support.ops import readyz, value, wait_readyz, wait_scraped
 from tests.support.service_harness import EchoResponder, make_settings, rows
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-async def scrape(port: int, path: str = "/metrics") -> Samples:
-    """Every sample of the endpoint, keyed by (name, labels)."""
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(f"http://127.0.0.1:{port}{path}") as answer,
-    ):
-        assert answer.status == 200
-        assert answer.headers["Content-Type"].startswith("text/plain; version=")
-        body = await answer.text()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(body)
-        for s in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float | None:
-    """One sample's value (None: no such series)."""
-    return samples.get((name, frozenset(labels.items())))
-
-
-async def wait_scraped(
-    port: int, check: Callable[[Samples], bool], what: str, timeout_s: float = 20.0
-) -> Samples:
-    """Scrape until `check` holds (the service works asynchronously); the last scrape."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        samples = await scrape(port)
-        if check(samples):
-            return samples
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def test_scraped_metrics_are_exact_after_a_known_sequence(
@@ -67,6 +31,19 @@ async def test_scraped_metrics_are_exact_after_a_known_sequence(
     settings = make_settings(sqlite_url, api, tmp_path, metrics_port=port, log_level="INFO")
     svc = await start_service(settings, EchoResponder())
     chat, blocked = 5101, 5102
+    # The chat's inbox lease is held by a process of this machine that has exited: it is
+    # taken over at the chat's first update.
+    gone = await asyncio.create_subprocess_exec("true")
+    await gone.wait()
+    async with svc.sessionmaker.begin() as db:
+        db.add(
+            ChatLease(
+                chat_id=chat,
+                kind="inbox",
+                owner=f"{HOST}:{PID_NAMESPACE}:{gone.pid}:deadbeef",
+                lease_until=utcnow() + timedelta(seconds=60),
+            )
+        )
     # The first reply meets a 500 (delivery retries it), then a 429 (PTB's rate limiter waits
     # it out inside the same call).
     api.inject(
@@ -114,7 +91,8 @@ async def test_scraped_metrics_are_exact_after_a_known_sequence(
         ("bot_telegram_requests_total", (("method", "getMe"), ("result", "ok"))): 1,
         ("bot_telegram_failures_total", (("action", "retry"), ("method", "sendMessage"))): 1,
         ("bot_telegram_failures_total", (("action", "gave_up"), ("method", "sendMessage"))): 1,
-        ("bot_lease_takeovers_total", (("kind", "inbox"),)): 0,
+        ("bot_lease_takeovers_total", (("kind", "inbox"),)): 1,
+        ("bot_lease_takeovers_total", (("kind", "outbox"),)): 0,
         ("bot_inbox_depth", ()): 0,
         ("bot_inbox_lag_seconds", ()): 0,
         ("bot_outbox_depth", ()): 0,
@@ -158,12 +136,14 @@ async def test_queue_gauges_are_read_at_scrape_time(
     assert value(samples, "bot_inbox_lag_seconds") == 0
 
 
-async def test_per_variant_figures_and_the_worker_cache_through_real_workers(
+@pytest.mark.parametrize("model_workers", ["process", "inline"])
+async def test_per_variant_figures_and_the_clone_cache_on_the_tiny_model(
     sqlite_url: str,
     tmp_path: Path,
     api: FakeBotAPI,
     start_service: StartService,
     tiny_model_file: str,
+    model_workers: str,
 ) -> None:
     vf = write_variants(tmp_path / "v.toml", tiny_model_file, {"a": 1, "b": 1})
     port = free_port()
@@ -172,6 +152,7 @@ async def test_per_variant_figures_and_the_worker_cache_through_real_workers(
         api,
         tmp_path,
         variants_file=vf,
+        model_workers=model_workers,
         metrics_port=port,
         agent_cache_size=1,
         worker_threads=1,
@@ -215,6 +196,8 @@ async def test_per_variant_figures_and_the_worker_cache_through_real_workers(
     assert value(samples, "bot_agent_cache_misses_total", variant="b") == 1
     assert value(samples, "bot_agent_cache_hits_total", variant="b") == 1
     assert value(samples, "bot_agent_cache_rebuild_seconds_count", variant="b") == 1
+    if model_workers == "inline":
+        return
 
     # The model check of /readyz: a worker that died is "not ready" until it is back.
     engine: Any = svc.responder.engines["b"]  # type: ignore[attr-defined]
@@ -230,27 +213,3 @@ async def test_per_variant_figures_and_the_worker_cache_through_real_workers(
     _, body = await wait_readyz(port, 200, timeout_s=90)
     assert body["checks"]["model"] == {"ok": True, "detail": "2 variant(s) loaded"}
     assert engine.pid != pid
-
-
-async def readyz(port: int) -> tuple[int, dict[str, Any]]:
-    """/readyz's status and JSON body."""
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(f"http://127.0.0.1:{port}/readyz") as answer,
-    ):
-        return answer.status, await answer.json()
-
-
-async def wait_readyz(
-    port: int, status: int, timeout_s: float = 30.0
-) -> tuple[int, dict[str, Any]]:
-    """Probe /readyz until it answers `status`; its last answer."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        got, body = await readyz(port)
-        if got == status:
-            return got, body
-        if loop.time() > deadline:
-            raise AssertionError(f"/readyz still answers {got}: {body}")
-        await asyncio.sleep(0.05)
