@@ -136,6 +136,16 @@ class Message(Base):
         Index("ix_messages_session_id_id", "session_id", "id"),
         Index("ix_messages_chat_id", "chat_id"),
         Index("ix_messages_created_at", "created_at"),
+        # The dashboard's figures (migration 0006) from indexes instead of the whole table:
+        # latency per day, replies per variant with their timings, and the safety counts.
+        Index("ix_messages_role_created_at", "role", "created_at", "latency_ms"),
+        Index("ix_messages_role_variant", "role", "variant", "latency_ms", "model_ms"),
+        Index(
+            "ix_messages_safety",
+            "safety",
+            sqlite_where=text("safety IS NOT NULL"),
+            postgresql_where=text("safety IS NOT NULL"),
+        ),
         # SQLite must never hand out a deleted row's id again: caches are keyed by id.
         {"sqlite_autoincrement": True},
     )
@@ -171,6 +181,9 @@ class Outbox(Base):
         CheckConstraint("kind IN ('reply', 'notice')", name="kind"),
         Index("ix_outbox_pending", "sent_at", "failed_at", "id"),
         Index("ix_outbox_chat_id", "chat_id"),
+        # A reply's delivery state (the dashboard's transcripts), and the cascade when a
+        # message is deleted (/forget, retention), without scanning the outbox (migration 0006).
+        Index("ix_outbox_message_id", "message_id"),
         # SQLite must never hand out a deleted row's id again: caches are keyed by id.
         {"sqlite_autoincrement": True},
     )
