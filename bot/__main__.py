@@ -1,4 +1,4 @@
-"""Command line: `python -m bot {run,chat,train,db,admin}`, and the composition root.
+"""Command line: `python -m bot {run,chat,train,db,admin,dashboard}`, and the composition root.
 
 Process-wide things are set up here, once per command, and nowhere else: logging (our one root
 handler, with redaction), ParlAI's compatibility shims (bot.inference.compat) and torch's thread
@@ -83,6 +83,16 @@ def _build_parser() -> argparse.ArgumentParser:
     from bot.admin.cli import add_admin_parser
 
     add_admin_parser(sub)
+
+    dash = sub.add_parser(
+        "dashboard",
+        help="serve the read-only admin dashboard in a browser (needs DASHBOARD_PASSWORD)",
+        description="The admin dashboard: overview, conversations, variants and health, read "
+        "through the same read-only connection as `admin sql` (ADMIN_DATABASE_URL on "
+        "PostgreSQL). Listens on DASHBOARD_LISTEN:DASHBOARD_PORT (127.0.0.1:8090 by default).",
+    )
+    dash.add_argument("--listen", default=None, metavar="ADDR", help="default DASHBOARD_LISTEN")
+    dash.add_argument("--port", type=int, default=None, help="default DASHBOARD_PORT, else 8090")
     return parser
 
 
@@ -196,12 +206,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = get_settings()
         if args.command == "run":
             settings.require_token()  # fail fast, before loading anything heavy
+            from bot.dashboard import beside_service, check_settings
+
+            if settings.dashboard_port is not None:  # an unsafe setting stops us before the model
+                check_settings(settings, listen=settings.dashboard_listen, required=False)
             _set_up_logging(settings, settings.log_level)
             _set_up_model_process(settings)
             _ensure_model(settings, settings.log_level)
             from bot.tg.app import run_service
 
-            return run_service(settings)
+            with beside_service(settings):  # DASHBOARD_PORT: the dashboard, in its own thread
+                return run_service(settings)
         if args.command == "chat":
             # a first start trains at the usual level; the conversation itself stays quiet
             _set_up_logging(settings, settings.log_level)
@@ -217,6 +232,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "db":
             _set_up_logging(settings, _quiet_level(settings))
             return _db(settings, args)
+        if args.command == "dashboard":
+            from bot.dashboard import run_dashboard
+
+            _set_up_logging(settings, settings.log_level)
+            return run_dashboard(settings, listen=args.listen, port=args.port)
         if args.command == "admin":
             from bot.admin.cli import run_admin
 

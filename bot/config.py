@@ -107,6 +107,13 @@ class Settings(BaseSettings):
     # The classifier's probability from which a text counts as offensive.
     safety_threshold: float = Field(default=0.5, gt=0, lt=1)
 
+    # --- admin dashboard (bot/dashboard) -----------------------------------------------------
+    # `python -m bot dashboard`, and beside `run` when DASHBOARD_PORT is set. No password: no
+    # dashboard (and a non-loopback DASHBOARD_LISTEN without one is refused at start).
+    dashboard_listen: str = "127.0.0.1"
+    dashboard_port: int | None = Field(default=None, ge=1, le=65535)
+    dashboard_password: SecretStr | None = None
+
     # --- limits ---------------------------------------------------------------------------
     persona_max_chars: int = Field(default=1000, ge=1)
     message_max_chars: int = Field(default=2000, ge=1)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.admin.reports import AdminError
 
@@ -73,6 +74,7 @@ _SQLITE_READ_PRAGMAS = frozenset(
         "encoding", "foreign_key_check", "foreign_key_list", "foreign_keys", "freelist_count",
         "function_list", "index_info", "index_list", "index_xinfo", "integrity_check",
         "journal_mode", "module_list", "page_count", "page_size", "pragma_list", "quick_check",
+        "read_uncommitted",  # read by SQLAlchemy when it connects (readonly_engine)
         "schema_version", "table_info", "table_list", "table_xinfo", "user_version",
     }
 )  # fmt: skip
@@ -297,3 +299,89 @@ async def readonly_sql(
     if backend == "postgresql":
         return await _postgres_readonly(url, sql, max_rows, timeout_s)
     raise AdminError(f"admin sql does not support {backend} databases")
+
+
+# --- the same read-only connection as an engine, for the dashboard ----------------------------
+
+
+def readonly_engine(url: str, *, timeout_s: float = 30.0) -> AsyncEngine:
+    """An async engine whose every connection is read-only the way `admin sql`'s is.
+
+    For the dashboard (bot/dashboard), which reads through SQLAlchemy queries rather than SQL
+    text: SQLite connections open the file with mode=ro, no ATTACH and the same authorizer;
+    PostgreSQL sessions are default_transaction_read_only (UTC, statement_timeout), and every new
+    connection first checks its role with role_problems and refuses one that could do more than
+    read (so ADMIN_DATABASE_URL must name a role made by `db readonly-role`). A refused
+    connection raises SqlRefused when a query first needs it.
+    """
+    from sqlalchemy import event
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    u = make_url(url)
+    backend = u.get_backend_name()
+    if backend == "sqlite":
+        database = u.database
+
+        async def connect() -> Any:
+            import aiosqlite
+
+            # The file is checked at connect time, not now: `run` starts the dashboard before
+            # its migration has created a fresh database.
+            path = sqlite_path(str(u))
+
+            def connector() -> sqlite3.Connection:
+                conn = sqlite3.connect(
+                    f"file:{urllib.parse.quote(str(path))}?mode=ro",
+                    uri=True,
+                    timeout=timeout_s,
+                    check_same_thread=False,
+                )
+                conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+                conn.set_authorizer(_SqliteGuard())
+                return conn
+
+            return await aiosqlite.Connection(connector, iter_chunk_size=256)
+
+        if not database or database == ":memory:":
+            raise AdminError(f"cannot read SQLite database {database or ':memory:'!r}")
+        from sqlalchemy.pool import AsyncAdaptedQueuePool
+
+        # Readers do not block each other (WAL): a few connections serve concurrent pages.
+        return create_async_engine(
+            "sqlite+aiosqlite://",
+            async_creator=connect,
+            poolclass=AsyncAdaptedQueuePool,
+            pool_size=4,
+            hide_parameters=True,
+        )
+    if backend != "postgresql":
+        raise AdminError(f"the dashboard does not support {backend} databases")
+    engine = create_async_engine(
+        u.set(drivername="postgresql+asyncpg"),
+        hide_parameters=True,
+        pool_pre_ping=True,
+        pool_recycle=300,  # the role is checked again on every new connection
+        connect_args={
+            "timeout": min(timeout_s, 30),
+            "server_settings": {
+                "default_transaction_read_only": "on",
+                "statement_timeout": str(int(timeout_s * 1000)),
+                "TimeZone": "UTC",
+            },
+        },
+    )
+
+    def check_role(dbapi_conn: Any, _record: Any) -> None:
+        from bot.admin.pgrole import role_problems
+
+        async def problems(conn: Any) -> tuple[str, list[str]]:
+            role = str(await conn.fetchval("SELECT current_user::text"))
+            return role, await role_problems(conn, role)
+
+        role, found = dbapi_conn.run_async(problems)
+        if found:
+            message = ROLE_MESSAGE.replace("admin sql runs", "the dashboard reads")
+            raise SqlRefused(message.format(role=role, problems="; ".join(found)))
+
+    event.listen(engine.sync_engine, "connect", check_role)
+    return engine

@@ -1,0 +1,483 @@
+"""The dashboard's aiohttp application: routes, the login, and the pages.
+
+Every page is a GET that reads through the read-only engine (bot.admin.sql.readonly_engine,
+DESIGN.md invariant 9) and renders one Jinja2 template with autoescaping on; charts are inline
+SVG drawn on the server (bot.dashboard.charts). Only /login and /static/ answer without a
+session; everything else redirects to the login page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from aiohttp import web
+from jinja2 import Environment, PackageLoader, StrictUndefined
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from bot import stats as service_stats
+from bot.admin.reports import AdminError
+from bot.admin.sql import SqlRefused, readonly_engine
+from bot.config import Settings
+from bot.dashboard import charts, queries
+from bot.dashboard.auth import COOKIE, LoginLimiter, Password, Sessions
+from bot.db.engine import make_sessionmaker, safe_url
+from bot.db.models import utcnow
+from bot.variants.config import Experiment
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+DEFAULT_DAYS = 14
+VARIANTS_TTL_S = 30.0
+MAX_DAYS = 90
+PUBLIC_PATHS = ("/login",)
+# No script runs on any page, whatever a message contains: there is none of ours, and the
+# policy forbids any other. Styles only from our own stylesheet.
+CSP = (
+    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'"
+)
+
+
+@dataclass
+class Dashboard:
+    """What the handlers share; one per application."""
+
+    url: str
+    engine: AsyncEngine | None
+    sessionmaker: async_sessionmaker[AsyncSession] | None
+    password: Password
+    sessions: Sessions
+    limiter: LoginLimiter
+    templates: Environment
+    experiment: Experiment
+    retention_days: int | None
+    alive_s: float = queries.REPLICA_ALIVE_S  # TAKEOVER_AFTER_S
+    page_size: int = queries.PAGE_SIZE
+    variants: ReportCache = field(default_factory=lambda: ReportCache(VARIANTS_TTL_S))
+
+
+DASHBOARD = web.AppKey("dashboard", Dashboard)
+
+
+class ReportCache:
+    """The variants report, computed at most once per `ttl_s` and once at a time.
+
+    `admin variants` reads every timed reply of the experiment to compute its percentiles
+    (100,000 rows take about 250 ms); its figures move slowly, so a reload within `ttl_s` shows
+    the same report (with its age) instead of computing it again. 0 computes every time.
+    """
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._value: Any = None
+        self._at = -math.inf
+        self._computed_at: datetime | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self, compute: Callable[[], Awaitable[Any]]) -> tuple[Any, datetime]:
+        """The cached report and when it was computed, or a new one."""
+        async with self._lock:  # concurrent reloads wait for one computation
+            if self._computed_at is None or time.monotonic() - self._at >= self.ttl_s:
+                self._value = await compute()
+                self._at = time.monotonic()
+                self._computed_at = utcnow()
+            return self._value, self._computed_at
+
+
+# --- formatting for the templates ----------------------------------------------------------------
+
+
+def _when(value: datetime | None) -> str:
+    if value is None:
+        return ""
+    return f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
+
+
+def _ms(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:,.0f} ms"
+
+
+def _pct(value: float | None, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{100 * value:.{digits}f}%"
+
+
+def _num(value: float | None, spec: str = ",") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return format(value, spec)
+
+
+def _raw(value: Any) -> str:
+    """A figure as `admin stats --json` has it, for data-value attributes (tests read them)."""
+    return "" if value is None else str(value)
+
+
+def make_templates() -> Environment:
+    """The Jinja2 environment: autoescaping for every template (HTML and inline SVG)."""
+    env = Environment(
+        loader=PackageLoader("bot.dashboard", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(when=_when, ms=_ms, pct=_pct, num=_num, raw=_raw)
+    return env
+
+
+def _render(request: web.Request, name: str, status: int = 200, **context: Any) -> web.Response:
+    dash = request.app[DASHBOARD]
+    html = dash.templates.get_template(name).render(
+        path=request.path, logged_in=context.pop("logged_in", True), **context
+    )
+    return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
+
+
+# --- middlewares -------------------------------------------------------------------------------
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _harden(response: web.StreamResponse, path: str) -> None:
+    response.headers.setdefault("Content-Security-Policy", CSP)
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["X-Frame-Options"] = "DENY"
+    # same-origin, not no-referrer: with no-referrer a browser sends `Origin: null` on our own
+    # form posts, and the Origin check below could no longer tell them from forged ones.
+    response.headers["Referrer-Policy"] = "same-origin"
+    if not path.startswith("/static/"):
+        response.headers["Cache-Control"] = "no-store"
+
+
+async def _security_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """CSP, no framing, no sniffing, no caching: on every answer, redirects and errors too."""
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        _harden(exc, request.path)
+        raise
+    _harden(response, request.path)
+    return response
+
+
+def _same_origin(request: web.Request) -> bool:
+    origin = request.headers.get("Origin")
+    if origin is None:
+        # Browsers send Origin with every POST; a client without one is not a browser tricked
+        # by another site (and still needs the password or a session cookie).
+        return True
+    return bool(urlsplit(origin).netloc == request.host)
+
+
+async def _require_login(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every path but the login page and the stylesheet needs a live session."""
+    if request.method == "POST" and not _same_origin(request):
+        raise web.HTTPForbidden(text="cross-site request refused")
+    if request.path in PUBLIC_PATHS or request.path.startswith("/static/"):
+        return await handler(request)
+    dash = request.app[DASHBOARD]
+    if not dash.sessions.valid(request.cookies.get(COOKIE)):
+        target = request.path_qs if request.method == "GET" else "/"
+        raise web.HTTPSeeOther("/login?" + urlencode({"next": target}))
+    return await handler(request)
+
+
+async def _database_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A database that cannot be read is a 503 page that says why, not a traceback."""
+    try:
+        return await handler(request)
+    except (SqlRefused, AdminError) as err:
+        return _render(request, "error.html", status=503, message=str(err))
+    except (OperationalError, DBAPIError, OSError) as err:
+        dash = request.app[DASHBOARD]
+        log.warning("dashboard: database %s: %s", safe_url(dash.url), err)
+        text = str(err.orig) if isinstance(err, DBAPIError) and err.orig is not None else str(err)
+        return _render(
+            request,
+            "error.html",
+            status=503,
+            message=f"cannot read the database {safe_url(dash.url)}: {text}",
+        )
+
+
+# aiohttp's own decorator, applied here: aiohttp is untyped for mypy (follow_imports = skip).
+security_headers = web.middleware(_security_headers)
+require_login = web.middleware(_require_login)
+database_errors = web.middleware(_database_errors)
+
+
+# --- login / logout ------------------------------------------------------------------------------
+
+
+def _next(value: str | None) -> str:
+    # Only a path of this site: never an absolute or protocol-relative URL (open redirect).
+    if value and value.startswith("/") and not value.startswith("//") and "\\" not in value:
+        return value
+    return "/"
+
+
+async def login_page(request: web.Request) -> web.StreamResponse:
+    """The login form (already logged in: straight on)."""
+    dash = request.app[DASHBOARD]
+    target = _next(request.query.get("next"))
+    if dash.sessions.valid(request.cookies.get(COOKIE)):
+        raise web.HTTPSeeOther(target)
+    return _render(request, "login.html", logged_in=False, next=target, error=None)
+
+
+async def login(request: web.Request) -> web.StreamResponse:
+    """Check the password (rate-limited per client address) and start a session."""
+    dash = request.app[DASHBOARD]
+    address = request.remote or "unknown"
+    form = await request.post()
+    target = _next(str(form.get("next", "/")))
+    throttled = dash.limiter.check(address)
+    if throttled is not None:
+        response = _render(
+            request,
+            "login.html",
+            status=429,
+            logged_in=False,
+            next=target,
+            error=f"Too many failed logins. Try again in {throttled.retry_after_s} s.",
+        )
+        response.headers["Retry-After"] = str(throttled.retry_after_s)
+        return response
+    if not dash.password.matches(str(form.get("password", ""))):
+        dash.limiter.failed(address)
+        log.warning("dashboard: failed login from %s", address)
+        return _render(
+            request, "login.html", status=401, logged_in=False, next=target, error="Wrong password."
+        )
+    dash.limiter.succeeded(address)
+    response = web.HTTPSeeOther(target)
+    response.set_cookie(
+        COOKIE,
+        dash.sessions.create(),
+        max_age=int(dash.sessions.max_age_s),
+        path="/",
+        httponly=True,
+        samesite="Strict",
+        secure=request.secure,
+    )
+    raise response
+
+
+async def logout(request: web.Request) -> web.StreamResponse:
+    """End the session (POST only, from the dashboard's own form)."""
+    dash = request.app[DASHBOARD]
+    dash.sessions.revoke(request.cookies.get(COOKIE))
+    response = web.HTTPSeeOther("/login")
+    response.del_cookie(COOKIE, path="/")
+    raise response
+
+
+# --- pages ---------------------------------------------------------------------------------------
+
+
+def _sessionmaker(request: web.Request) -> async_sessionmaker[AsyncSession]:
+    dash: Dashboard = request.app[DASHBOARD]
+    if dash.sessionmaker is None:
+        raise AdminError("the dashboard's database engine is not open")
+    return dash.sessionmaker
+
+
+def _days(request: web.Request) -> int:
+    try:
+        days = int(request.query.get("days", DEFAULT_DAYS))
+    except ValueError:
+        return DEFAULT_DAYS
+    return min(MAX_DAYS, max(1, days))
+
+
+async def overview(request: web.Request) -> web.StreamResponse:
+    """Chats, sessions, messages, latency, queues, cache and safety at a glance, two charts."""
+    dash = request.app[DASHBOARD]
+    sm = _sessionmaker(request)
+    now = utcnow()
+    days = _days(request)
+    figures = await service_stats.stats(sm, now=now, retention_days=dash.retention_days)
+    async with sm() as db:
+        series = await queries.daily_series(db, days=days, now=now)
+        depth = await queries.outbox_depth(db)
+        health = await queries.health(db, now=now, alive_s=dash.alive_s)
+    return _render(
+        request,
+        "overview.html",
+        stats=figures,
+        days=days,
+        outbox_depth=depth,
+        health=health,
+        messages_chart=charts.messages_chart(series),
+        latency_chart=charts.latency_chart(series),
+    )
+
+
+def _filter(request: web.Request) -> tuple[queries.ConversationFilter, list[str], str | None]:
+    """The search form's filter, the fields it could not read, and a notice."""
+    q = request.query
+    errors: list[str] = []
+    notice = None
+    chat_id: int | None = None
+    on: date | None = None
+    before: tuple[datetime, int] | None = None
+    if q.get("chat_id", "").strip():
+        try:
+            chat_id = int(q["chat_id"].strip())
+        except ValueError:
+            errors.append("The chat id must be a whole number.")
+    if q.get("on", "").strip():
+        try:
+            on = date.fromisoformat(q["on"].strip())
+        except ValueError:
+            errors.append("The date must be YYYY-MM-DD.")
+    if q.get("before"):
+        try:
+            at, _, sid = q["before"].rpartition("|")
+            stamp = datetime.fromisoformat(at)
+            before = (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC), int(sid))
+        except ValueError:
+            notice = "That page link is broken; this is the first page."
+    persona = q.get("persona", "").strip()[:200]
+    return queries.ConversationFilter(chat_id, persona, on, before), errors, notice
+
+
+async def conversation_list(request: web.Request) -> web.StreamResponse:
+    """Conversations, most recently active first, searchable, PAGE_SIZE a page."""
+    where, errors, notice = _filter(request)
+    page = queries.ConversationPage([], None)
+    if not errors:
+        async with _sessionmaker(request)() as db:
+            page = await queries.conversations(db, where, limit=request.app[DASHBOARD].page_size)
+    search = {
+        k: v
+        for k, v in (
+            ("chat_id", "" if where.chat_id is None else str(where.chat_id)),
+            ("persona", where.persona),
+            ("on", "" if where.on is None else where.on.isoformat()),
+        )
+        if v
+    }
+    next_url = None
+    if page.next_before is not None:
+        at, sid = page.next_before
+        next_url = "/conversations?" + urlencode({**search, "before": f"{at.isoformat()}|{sid}"})
+    return _render(
+        request,
+        "conversations.html",
+        page=page,
+        search=search,
+        errors=errors,
+        notice=notice,
+        next_url=next_url,
+        first_url="/conversations?" + urlencode(search) if where.before else None,
+    )
+
+
+async def conversation(request: web.Request) -> web.StreamResponse:
+    """One conversation's transcript."""
+    session_id = int(request.match_info["session_id"])
+    async with _sessionmaker(request)() as db:
+        view = await queries.transcript(db, session_id)
+    if view is None:
+        return _render(request, "error.html", status=404, message=f"No conversation {session_id}.")
+    return _render(request, "transcript.html", t=view)
+
+
+async def variants(request: web.Request) -> web.StreamResponse:
+    """`admin variants` in a page: the same report, with the interval chart."""
+    # numpy and scipy load with the first variants page, as with `admin variants`
+    from bot.variants import report as variant_report
+    from bot.variants.stats import SRM_ALPHA
+
+    dash: Dashboard = request.app[DASHBOARD]
+    sm = _sessionmaker(request)
+    report, computed_at = await dash.variants.get(
+        lambda: variant_report.variant_report(sm, dash.experiment)
+    )
+    return _render(
+        request,
+        "variants.html",
+        report=report,
+        computed_at=computed_at,
+        ttl_s=dash.variants.ttl_s,
+        by_name={f.name: f for f in report.variants},
+        chart=charts.interval_chart(report),
+        srm_alpha=SRM_ALPHA,
+    )
+
+
+async def health_page(request: web.Request) -> web.StreamResponse:
+    """Replicas (readiness, workers and their restarts) and the leases each holds."""
+    dash = request.app[DASHBOARD]
+    async with _sessionmaker(request)() as db:
+        health = await queries.health(db, now=utcnow(), alive_s=dash.alive_s)
+    return _render(request, "health.html", health=health, alive_s=dash.alive_s)
+
+
+# --- the application -----------------------------------------------------------------------------
+
+
+async def _open(app: web.Application) -> None:
+    dash = app[DASHBOARD]
+    if dash.engine is None:
+        dash.engine = readonly_engine(dash.url)
+        dash.sessionmaker = make_sessionmaker(dash.engine)
+
+
+async def _close(app: web.Application) -> None:
+    dash = app[DASHBOARD]
+    if dash.engine is not None:
+        await dash.engine.dispose()
+        dash.engine = None
+        dash.sessionmaker = None
+
+
+def build_app(
+    settings: Settings, *, url: str, password: str, experiment: Experiment
+) -> web.Application:
+    """The dashboard for the database at `url` (read-only; see bot.admin.sql.readonly_engine)."""
+    pw = Password(password)
+    app = web.Application(
+        middlewares=[security_headers, require_login, database_errors],
+        client_max_size=64 * 1024,
+    )
+    app[DASHBOARD] = Dashboard(
+        url=url,
+        engine=None,
+        sessionmaker=None,
+        password=pw,
+        sessions=Sessions(pw),
+        limiter=LoginLimiter(),
+        templates=make_templates(),
+        experiment=experiment,
+        retention_days=settings.retention_days,
+        alive_s=settings.takeover_after_s,
+    )
+    app.on_startup.append(_open)
+    app.on_cleanup.append(_close)
+    app.router.add_get("/login", login_page)
+    app.router.add_post("/login", login)
+    app.router.add_post("/logout", logout)
+    app.router.add_get("/", overview)
+    app.router.add_get("/conversations", conversation_list)
+    app.router.add_get(r"/conversations/{session_id:\d{1,18}}", conversation)
+    app.router.add_get("/variants", variants)
+    app.router.add_get("/health", health_page)
+    app.router.add_static("/static/", STATIC_DIR, append_version=False)
+    return app

@@ -1,0 +1,150 @@
+"""The dashboard's access control: one password, signed session cookies, a login rate limit.
+
+- The password is compared as SHA-256 digests with hmac.compare_digest: constant time, and
+  the same length whatever was typed. It is never stored beyond the settings, never logged.
+- A login makes a random session id, kept in this process (with its expiry) and sent as a
+  cookie signed by itsdangerous with a key derived from the password and a random secret made
+  at start. Logout removes the id, so a copied cookie dies with the logout (a signed cookie
+  alone would stay valid until it expires); a restart or a new password ends every session.
+  The price: sessions are per process, so several dashboard processes behind one address
+  would each ask for a login (the dashboard listens on loopback by default).
+- The cookie is HttpOnly and SameSite=Strict (and Secure over HTTPS): a cross-site page can
+  neither read it nor make the browser send it, so a forged cross-site POST to /logout or
+  /login arrives without a session. POSTs whose Origin header names another site are refused
+  as well.
+- Failed logins are limited per client address (the peer address: X-Forwarded-For is not
+  trusted, anyone could set it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+
+COOKIE = "dashboard_session"
+SESSION_MAX_AGE_S = 12 * 3600
+LOGIN_MAX_FAILURES = 5
+LOGIN_WINDOW_S = 300.0
+MAX_TRACKED_ADDRESSES = 10_000
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8")).digest()
+
+
+class Password:
+    """The dashboard password, compared by digest."""
+
+    def __init__(self, password: str) -> None:
+        if not password:
+            raise ValueError("empty dashboard password")
+        self._digest = _digest(password)
+
+    def matches(self, given: str) -> bool:
+        """Whether `given` is the password (constant time)."""
+        return hmac.compare_digest(_digest(given), self._digest)
+
+    @property
+    def key_material(self) -> bytes:
+        """What the cookie key is derived from (the digest, not the password)."""
+        return self._digest
+
+
+class Sessions:
+    """Logged-in sessions of this process: signed cookie values for random ids."""
+
+    def __init__(self, password: Password, *, max_age_s: float = SESSION_MAX_AGE_S) -> None:
+        secret = secrets.token_bytes(32)
+        key = hmac.new(secret, password.key_material, hashlib.sha256).digest()
+        self._signer = URLSafeTimedSerializer(key, salt="bot-dashboard-session")
+        self._expiry: dict[str, float] = {}
+        self.max_age_s = max_age_s
+
+    def create(self) -> str:
+        """A new session; returns the cookie value."""
+        self._prune()
+        sid = secrets.token_urlsafe(24)
+        self._expiry[sid] = time.monotonic() + self.max_age_s
+        return self._signer.dumps(sid)
+
+    def _sid(self, cookie: str | None) -> str | None:
+        if not cookie:
+            return None
+        try:
+            sid = self._signer.loads(cookie, max_age=int(self.max_age_s))
+        except BadSignature:  # also SignatureExpired
+            return None
+        return sid if isinstance(sid, str) else None
+
+    def valid(self, cookie: str | None) -> bool:
+        """Whether the cookie is a live session of this process."""
+        sid = self._sid(cookie)
+        expiry = self._expiry.get(sid) if sid is not None else None
+        return expiry is not None and expiry > time.monotonic()
+
+    def revoke(self, cookie: str | None) -> None:
+        """End the session of this cookie (logout)."""
+        sid = self._sid(cookie)
+        if sid is not None:
+            self._expiry.pop(sid, None)
+
+    def _prune(self) -> None:
+        now = time.monotonic()
+        for sid in [s for s, t in self._expiry.items() if t <= now]:
+            del self._expiry[sid]
+
+
+@dataclass(frozen=True, slots=True)
+class Throttled:
+    """A refused login attempt: try again after this many seconds."""
+
+    retry_after_s: int
+
+
+class LoginLimiter:
+    """At most LOGIN_MAX_FAILURES failed logins per address in LOGIN_WINDOW_S seconds."""
+
+    def __init__(
+        self, *, max_failures: int = LOGIN_MAX_FAILURES, window_s: float = LOGIN_WINDOW_S
+    ) -> None:
+        self.max_failures = max_failures
+        self.window_s = window_s
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def _recent(self, address: str, now: float) -> deque[float]:
+        failures = self._failures.get(address)
+        if failures is None:
+            return deque()
+        while failures and failures[0] <= now - self.window_s:
+            failures.popleft()
+        if not failures:
+            del self._failures[address]
+        return failures
+
+    def check(self, address: str) -> Throttled | None:
+        """None if `address` may try to log in now, else how long it must wait."""
+        now = time.monotonic()
+        failures = self._recent(address, now)
+        if len(failures) < self.max_failures:
+            return None
+        return Throttled(max(1, int(failures[0] + self.window_s - now + 0.999)))
+
+    def failed(self, address: str) -> None:
+        """Count a failed login of `address`."""
+        now = time.monotonic()
+        failures = self._failures.setdefault(address, deque())
+        failures.append(now)
+        self._failures.move_to_end(address)
+        # Bounded memory under a flood of addresses: forget the least recently failing.
+        while len(self._failures) > MAX_TRACKED_ADDRESSES:
+            self._failures.popitem(last=False)
+
+    def succeeded(self, address: str) -> None:
+        """A correct password clears the address's failures."""
+        self._failures.pop(address, None)
