@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PARLAI := parlai==1.7.2
 PYTEST_ARGS ?=
 
-.PHONY: install run chat train train-shipped test test-all lint format bench bench-quick bench-variants soak clean
+.PHONY: install run chat train train-shipped test test-all lint format bench bench-quick bench-variants soak scaleout clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,6 +71,12 @@ bench-variants: install
 
 soak: install
 	$(PY) -m tests.soak
+
+# Replicas on PostgreSQL behind nginx (installed if missing), SIGKILL/SIGTERM mid-load, then
+# the poller killed in polling mode; about 12 minutes. Never part of `make test`.
+scaleout: install
+	$(PY) -m bench.scaleout --mode webhook
+	$(PY) -m bench.scaleout --mode polling
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

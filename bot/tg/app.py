@@ -314,7 +314,7 @@ class Service:
 
     async def status(self) -> dict[str, object]:
         """What this replica reports in its heartbeat row (`replicas.info`) for operators and
-        the dashboard: mode, whether it polls, and its model workers."""
+        the dashboard: mode, whether it polls, readiness (what fails), and its model workers."""
         polling = isinstance(self.ingest, ElectedPolling)
         stats_of = getattr(self.responder, "worker_stats", None)
         workers = []
@@ -331,9 +331,17 @@ class Service:
                     "cache": cache,
                 }
             )
+        readiness = await self.health.readiness()
+        problems = [
+            f"{name}: {check.get('detail', '')}"
+            for name, check in readiness["checks"].items()
+            if not check.get("ok")
+        ]
         return {
             "mode": "polling" if polling else "webhook",
             "poller": isinstance(self.ingest, ElectedPolling) and self.ingest.polling,
+            "ready": readiness["ready"],
+            "problems": problems,
             "busy_chats": self.inbox_worker.busy,
             "workers": workers,
         }

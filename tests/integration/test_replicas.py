@@ -7,17 +7,21 @@ import asyncio
 import os
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.db import inbox
+from bot.db import inbox, replicas
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.leases import LeaseLost, working_as
 from bot.db.models import ChatLease, Inbox, InboxStatus, Replica, utcnow
 from bot.tg.leases import HOST, PID_NAMESPACE, Leases, new_owner
 from bot.tg.replicas import Heartbeat
+from tests.support.fakebotapi import FakeBotAPI
+from tests.support.service_harness import TOKEN as IN_PROCESS_TOKEN
+from tests.support.service_harness import EchoResponder, make_settings, running_service
 
 # What a container restarted with the same host name (and so the same PID 1, or any reused
 # PID) looks like: our host, namespace and PID, another random part.
@@ -185,3 +189,30 @@ async def test_a_clean_stop_removes_the_heartbeat_row(
     await heartbeat.stop()
     async with sessionmaker() as db:
         assert await db.scalar(select(Replica.owner)) is None
+
+
+async def test_each_running_replica_reports_itself_in_its_heartbeat_row(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    async with FakeBotAPI(IN_PROCESS_TOKEN) as api:
+        settings = make_settings(sqlite_url, api, tmp_path)
+        async with (
+            running_service(settings, EchoResponder()) as one,
+            running_service(settings, EchoResponder()) as two,
+        ):
+            for _ in range(100):
+                # A session per look: SQLite's engine has one connection, the service's own.
+                async with one.sessionmaker() as db:
+                    rows = {r.owner: r for r in await replicas.all_replicas(db)}
+                if all(rows.get(s.owner) and rows[s.owner].info for s in (one, two)):
+                    break
+                await asyncio.sleep(0.1)
+            assert rows[one.owner].info["poller"] is True
+            assert rows[two.owner].info["poller"] is False
+            for service in (one, two):
+                info = rows[service.owner].info
+                assert info["mode"] == "polling"
+                assert info["ready"] is True and info["problems"] == []
+                assert rows[service.owner].pid == os.getpid()
+        async with one.sessionmaker() as db:
+            assert await replicas.all_replicas(db) == []  # both stopped cleanly
