@@ -157,46 +157,42 @@ class ChatPool(Generic[R]):
         self._wake.set()
 
     async def _work(self, chat_id: int) -> None:
-        failures = 0
+        stalled = False
         try:
-            while self._running():
-                if not await self._claim(chat_id):
-                    return
-                try:
-                    rows = await self._pending(chat_id)
-                except Exception as err:  # noqa: BLE001 - the database is down: wait for it
-                    failures += 1
-                    log.warning(
-                        "%s: reading chat %s failed (%s); retry %d",
-                        self.name,
-                        chat_id,
-                        err,
-                        failures,
-                    )
-                    await self.backoff.sleep(failures)
-                    continue
-                failures = 0
-                if not rows:
-                    return
-                for row in rows:
-                    if not self._running() or not await self._claim(chat_id):
-                        return
-                    if not await self._one(row):
-                        if self._after_stall is not None and self._running():
-                            await self._after_stall()
-                        return
+            # The concurrency slot first, the chat's lease second: a chat waiting for a slot
+            # holds no lease, so another replica with room can take it meanwhile.
+            async with self._slots if self._slots is not None else contextlib.nullcontext():
+                stalled = await self._work_rows(chat_id)
+            if stalled and self._after_stall is not None and self._running():
+                await self._after_stall()
         finally:
             if self.leases is not None:
                 await self.leases.release(chat_id)
 
-    async def _one(self, row: R) -> bool:
-        if self._slots is None:
-            return await self._process(row)
-        async with self._slots:
-            # A stop may have come while this worker waited for a slot: take no new row then.
-            if not self._running():
-                return True
-            return await self._process(row)
+    async def _work_rows(self, chat_id: int) -> bool:
+        """The chat's rows in order while its lease is ours; True if a row stalled."""
+        failures = 0
+        while self._running():
+            if not await self._claim(chat_id):
+                return False
+            try:
+                rows = await self._pending(chat_id)
+            except Exception as err:  # noqa: BLE001 - the database is down: wait for it
+                failures += 1
+                log.warning(
+                    "%s: reading chat %s failed (%s); retry %d", self.name, chat_id, err, failures
+                )
+                await self.backoff.sleep(failures)
+                continue
+            failures = 0
+            if not rows:
+                return False
+            for row in rows:
+                if not self._running() or not await self._claim(chat_id):
+                    return False
+                if not await self._process(row):
+                    return True
+        return False
 
     async def _claim(self, chat_id: int) -> bool:
         """Hold the chat's lease; wait while another process holds it. False when stopping."""

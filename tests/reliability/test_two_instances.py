@@ -61,7 +61,11 @@ async def test_two_services_in_one_process_share_the_work_without_double_answers
     """The same claim, fast: two Service instances (two owners) on one SQLite file."""
     async with FakeBotAPI(IN_PROCESS_TOKEN) as api:
         engines = (EchoResponder(delay_s=0.05), EchoResponder(delay_s=0.05))
-        settings = make_settings(sqlite_url, api, tmp_path, log_level="INFO")
+        # Two chats at a time each: the poller cannot take every chat, and a chat waiting for
+        # a slot holds no lease, so the other replica takes it.
+        settings = make_settings(
+            sqlite_url, api, tmp_path, log_level="INFO", max_concurrent_chats=2
+        )
         async with (
             running_service(settings, engines[0]),
             running_service(settings, engines[1]),
@@ -114,3 +118,35 @@ async def test_the_poller_hands_over_on_stop_and_nothing_is_lost_or_answered_twi
                 await first.__aexit__(None, None, None)
     assert texts == [f"echo 401: {w} {i}" for w in ("before", "after") for i in range(3)]
     assert not [c for c in api.calls_to("getUpdates") if c.status == 409]
+
+
+async def test_a_replica_whose_heartbeats_stop_hands_over_polling_and_its_chats(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """As if the poller's database connection hung: it fences itself and stops polling, the
+    other replica takes over the poller lease and the chat after TAKEOVER_AFTER_S, and no
+    update is answered twice or lost."""
+    async with FakeBotAPI(IN_PROCESS_TOKEN) as api:
+        settings = make_settings(sqlite_url, api, tmp_path, takeover_after_s=1.0)
+        async with (
+            running_service(settings, EchoResponder()) as one,
+            running_service(settings, EchoResponder()) as two,
+        ):
+            assert isinstance(one.ingest, ElectedPolling)
+            assert isinstance(two.ingest, ElectedPolling)
+            api.user_message(402, "first")
+            await api.wait_for_texts(402, 1)
+            assert one.ingest.polling
+            assert one.heartbeat._task is not None
+            one.heartbeat._task.cancel()  # its heartbeats stop landing
+            api.user_message(402, "then 0")  # while the handover is under way
+            for _ in range(50):  # within 5 s: the lease's own TTL (10 s) would be too late
+                if two.ingest.polling:
+                    break
+                await asyncio.sleep(0.1)
+            assert two.ingest.polling and not one.ingest.polling
+            for i in (1, 2):
+                api.user_message(402, f"then {i}")
+            texts = await api.wait_for_texts(402, 4, timeout_s=20)
+            assert two.metrics.lease_takeovers.labels("poller")._value.get() == 1
+    assert texts == ["echo 402: first"] + [f"echo 402: then {i}" for i in range(3)]
