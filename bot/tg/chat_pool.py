@@ -2,10 +2,12 @@
 
 The inbox worker (updates -> replies) and delivery (outbox -> Telegram) both are such a pool,
 over their own table. A scan finds the chats with pending rows and starts one worker per chat
-that has none. A worker takes the chat's lease first and only then reads the chat's rows
-(aiogram #1317: load state after taking the lock), so rows another process handled meanwhile
-are not handled twice; it works through them in order, renewing the lease before each, and
-reads again until none is left. Rows left by a crash are simply found by the first scan.
+that has none. A worker takes a concurrency slot, then the chat's lease, and only then reads
+the chat's rows (aiogram #1317: load state after taking the lock), so rows another process
+handled meanwhile are not handled twice; it works through them in order, renewing the lease
+before each, and reads again until none is left. A chat whose lease another process holds
+gives its slot back and tries again after a pause; a chat waiting for a slot holds no lease,
+so another replica with room can take it. Rows left by a crash are found by the first scan.
 """
 
 from __future__ import annotations
@@ -157,24 +159,34 @@ class ChatPool(Generic[R]):
         self._wake.set()
 
     async def _work(self, chat_id: int) -> None:
-        stalled = False
+        attempt = 0
         try:
-            # The concurrency slot first, the chat's lease second: a chat waiting for a slot
-            # holds no lease, so another replica with room can take it meanwhile.
-            async with self._slots if self._slots is not None else contextlib.nullcontext():
-                stalled = await self._work_rows(chat_id)
-            if stalled and self._after_stall is not None and self._running():
-                await self._after_stall()
+            while self._running():
+                # The concurrency slot first, then the chat's lease: a chat waiting for a slot
+                # holds no lease (a replica with room takes it meanwhile), and a chat whose
+                # lease another process holds waits without a slot.
+                async with self._slots if self._slots is not None else contextlib.nullcontext():
+                    if not self._running():
+                        return
+                    outcome = await self._work_rows(chat_id)
+                if outcome == "busy":
+                    attempt += 1
+                    await CLAIM_BACKOFF.sleep(attempt)
+                    continue
+                if outcome == "stalled" and self._after_stall is not None and self._running():
+                    await self._after_stall()
+                return
         finally:
             if self.leases is not None:
                 await self.leases.release(chat_id)
 
-    async def _work_rows(self, chat_id: int) -> bool:
-        """The chat's rows in order while its lease is ours; True if a row stalled."""
+    async def _work_rows(self, chat_id: int) -> str:
+        """The chat's rows in order while its lease is ours: "done", "stalled" (a row failed
+        and stays pending) or "busy" (another process holds the chat's lease)."""
         failures = 0
         while self._running():
             if not await self._claim(chat_id):
-                return False
+                return "busy"
             try:
                 rows = await self._pending(chat_id)
             except Exception as err:  # noqa: BLE001 - the database is down: wait for it
@@ -186,25 +198,23 @@ class ChatPool(Generic[R]):
                 continue
             failures = 0
             if not rows:
-                return False
+                return "done"
             for row in rows:
-                if not self._running() or not await self._claim(chat_id):
-                    return False
+                if not self._running():
+                    return "done"
+                if not await self._claim(chat_id):
+                    return "busy"
                 if not await self._process(row):
-                    return True
-        return False
+                    return "stalled"
+        return "done"
 
     async def _claim(self, chat_id: int) -> bool:
-        """Hold the chat's lease; wait while another process holds it. False when stopping."""
+        """Take or renew the chat's lease (one try); False if another process holds it or
+        the database cannot say."""
         if self.leases is None:
             return True
-        attempt = 0
-        while self._running():
-            try:
-                if await self.leases.acquire(chat_id):
-                    return True
-            except Exception as err:  # noqa: BLE001 - the database is down: wait for it
-                log.warning("%s: taking the lease of chat %s failed (%s)", self.name, chat_id, err)
-            attempt += 1
-            await CLAIM_BACKOFF.sleep(attempt)
-        return False
+        try:
+            return await self.leases.acquire(chat_id)
+        except Exception as err:  # noqa: BLE001 - the database is down: wait for it
+            log.warning("%s: taking the lease of chat %s failed (%s)", self.name, chat_id, err)
+            return False
