@@ -197,10 +197,10 @@ def run_dashboard(settings: Settings, *, listen: str | None, port: int | None) -
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
+        # start_dashboard logs "dashboard at http://...": the address to open
         running = await start_dashboard(
             settings, listen=host, port=port or settings.dashboard_port or DEFAULT_PORT
         )
-        print(f"dashboard at {running.url} (Ctrl-C stops it)", flush=True)
         try:
             await stop.wait()
         finally:

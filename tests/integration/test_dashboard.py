@@ -493,3 +493,17 @@ async def test_each_read_only_layer_of_the_sqlite_engine_holds_alone(sqlite_url:
             await conn.invalidate()  # never hand this connection out again
     finally:
         await engine.dispose()
+
+
+async def test_a_missing_database_is_a_503_page_that_says_why(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'nowhere.sqlite3'}"
+    settings = dashboard_settings(tmp_path, url, url)
+    app = build_app(settings, url=url, password=PASSWORD, experiment=load_experiment(settings))
+    async with TestClient(TestServer(app)) as client:
+        await login(client)
+        for path in ("/", "/conversations", "/variants", "/health"):
+            r = await client.get(path, allow_redirects=False)
+            body = await r.text()
+            assert r.status == 503 and "no database at" in body, (path, r.status)
+            assert "Traceback" not in body
+    assert not (tmp_path / "nowhere.sqlite3").exists()  # reading never creates it
