@@ -307,15 +307,27 @@ def _days(request: web.Request) -> int:
 
 async def overview(request: web.Request) -> web.StreamResponse:
     """Chats, sessions, messages, latency, queues, cache and safety at a glance, two charts."""
-    dash = request.app[DASHBOARD]
+    dash: Dashboard = request.app[DASHBOARD]
     sm = _sessionmaker(request)
     now = utcnow()
     days = _days(request)
-    figures = await service_stats.stats(sm, now=now, retention_days=dash.retention_days)
-    async with sm() as db:
-        series = await queries.daily_series(db, days=days, now=now)
-        depth = await queries.outbox_depth(db)
-        health = await queries.health(db, now=now, alive_s=dash.alive_s)
+
+    async def daily() -> list[queries.DayPoint]:
+        async with sm() as db:
+            return await queries.daily_series(db, days=days, now=now)
+
+    async def queues_and_replicas() -> tuple[int, queries.Health]:
+        async with sm() as db:
+            depth = await queries.outbox_depth(db)
+            return depth, await queries.health(db, now=now, alive_s=dash.alive_s)
+
+    # Three connections at once (readers do not block each other): the page takes as long as
+    # its slowest part, not their sum.
+    figures, series, (depth, health) = await asyncio.gather(
+        service_stats.stats(sm, now=now, retention_days=dash.retention_days),
+        daily(),
+        queues_and_replicas(),
+    )
     return _render(
         request,
         "overview.html",
