@@ -157,7 +157,10 @@ class Scheduler:
                     _settle(job, error=BatchError(f"generation failed: {err}"))
                 else:
                     _settle(job, result=result)
-            self._drafts(search)
+            try:
+                self._drafts(search)
+            except Exception:  # a preview must never stop the thread that makes replies
+                log.exception("drafting failed")
 
     def _admit(self, jobs: list[_Job]) -> None:
         """The turns that join before the next step (one round of admission)."""
