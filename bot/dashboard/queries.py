@@ -94,7 +94,7 @@ async def daily_series(db: AsyncSession, *, days: int, now: datetime) -> list[Da
     The counts are one range count per day on ix_messages_created_at, in one statement (a
     GROUP BY on the day would sort every message of the period). The percentiles are
     nearest-rank like bot.stats', from per-day counts of each millisecond (10 ms above a
-    second) read from ix_messages_role_created_at, which holds the latency too, instead of
+    second) read from ix_messages_created_at_role_latency, which holds the latency too, instead of
     ranking every reply of the period.
     """
     dialect = db.get_bind().dialect.name
