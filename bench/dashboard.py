@@ -16,14 +16,23 @@ The old way, in the same run: `admin sessions --limit 50` (bot.admin.reports.lis
 which counts the messages of every conversation to show fifty; the conversations page counts
 only the page's.
 
-Output: a table per backend, `RESULT page_<name>_p50_ms=...` / `_p95_ms` lines (SQLite; PostgreSQL
-lines are `pg_page_<name>_...`), bench/results/dashboard.json.
+And the schema before migration 0006 (the dashboard's indexes), on SQLite: the overview, a
+transcript and the variants report without them.
+
+The wall times depend on what else the machine runs; each table gives the load average, and
+the CPU time this process spent per request (server, client and SQLite's threads, not
+PostgreSQL's server), which a busy machine does not inflate.
+
+Output: a table per backend, `RESULT page_<name>_p50_ms=...` / `_p95_ms` / `_cpu_ms` lines (SQLite;
+PostgreSQL lines are `pg_page_<name>_...`, SQLite before 0006 `no0006_page_<name>_...`),
+bench/results/dashboard.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import socket
 import sqlite3
@@ -253,6 +262,8 @@ async def time_pages(base: str, paths: dict[str, str], requests: int) -> dict[st
         for name, path in paths.items():
             times = []
             for i in range(requests + 3):
+                if i == 3:
+                    cpu0 = time.process_time()
                 t0 = time.perf_counter()
                 async with client.get(path, allow_redirects=False) as r:
                     body = await r.read()
@@ -261,6 +272,9 @@ async def time_pages(base: str, paths: dict[str, str], requests: int) -> dict[st
                 if i >= 3:
                     times.append((time.perf_counter() - t0) * 1000)
             timings[name] = times
+            # CPU of this process per request (server, client and SQLite's threads; not the
+            # PostgreSQL server's): what a busy machine cannot inflate, unlike the wall time
+            timings[f"{name}_cpu"] = [(time.process_time() - cpu0) * 1000 / requests]
     return timings
 
 
@@ -285,9 +299,14 @@ async def old_way(url: str, requests: int) -> list[float]:
 
 
 async def measure(
-    db_url: str, readonly_url: str, rows: Rows, requests: int, tmp: Path
+    db_url: str,
+    readonly_url: str,
+    rows: Rows,
+    requests: int,
+    tmp: Path,
+    only: tuple[str, ...] | None = None,
 ) -> dict[str, list[float]]:
-    """Serve the dashboard over the database and time its pages."""
+    """Serve the dashboard over the database and time its pages (`only` these, if given)."""
     from pydantic import SecretStr
 
     from bot.config import Settings
@@ -317,16 +336,19 @@ async def measure(
     running = await start_dashboard(settings, listen="127.0.0.1", port=port)
     try:
         base = running.url.rstrip("/")
-        timings = await time_pages(base, pages(rows), requests)
+        chosen = {k: v for k, v in pages(rows).items() if only is None or k in only}
+        timings = await time_pages(base, chosen, requests)
         # the variants report as computed for every request (its cache off): the first visit
         # after VARIANTS_TTL_S
         from bot.dashboard.app import DASHBOARD
 
         running.runner.app[DASHBOARD].variants.ttl_s = 0
-        timings |= await time_pages(base, {"variants_cold": "/variants"}, requests)
+        if only is None or "variants_cold" in only:
+            timings |= await time_pages(base, {"variants_cold": "/variants"}, requests)
     finally:
         await running.close()
-    timings["old_admin_sessions"] = await old_way(readonly_url, requests)
+    if only is None:
+        timings["old_admin_sessions"] = await old_way(readonly_url, requests)
     return timings
 
 
@@ -334,15 +356,23 @@ def report(label: str, prefix: str, timings: dict[str, list[float]]) -> dict[str
     """Print the table; the RESULT values."""
     results: dict[str, float] = {}
     rows = []
+    cpu = {k.removesuffix("_cpu"): v[0] for k, v in timings.items() if k.endswith("_cpu")}
     for name, times in timings.items():
+        if name.endswith("_cpu"):
+            continue
         p50, p95 = percentile(times, 50), percentile(times, 95)
         key = name if name.startswith("old_") else f"page_{name}"
         results[f"{prefix}{key}_p50_ms"] = round(p50, 1)
         results[f"{prefix}{key}_p95_ms"] = round(p95, 1)
         ok = "" if name.startswith("old_") else ("yes" if p50 < TARGET_P50_MS else "NO")
-        rows.append((name, len(times), round(p50, 1), round(p95, 1), ok))
+        if name in cpu:
+            results[f"{prefix}{key}_cpu_ms"] = round(cpu[name], 1)
+        cpu_ms = round(cpu[name], 1) if name in cpu else ""
+        rows.append((name, len(times), round(p50, 1), round(p95, 1), cpu_ms, ok))
     print_table(
-        f"{label}: render time per page, ms", ["page", "n", "p50", "p95", "p50 < 100"], rows
+        f"{label}: render time per page, ms (load average {os.getloadavg()[0]:.1f})",
+        ["page", "n", "p50", "p95", "CPU/request", "p50 < 100"],
+        rows,
     )
     return results
 
@@ -449,6 +479,17 @@ def main() -> None:
         timings = asyncio.run(measure(url, url, rows, args.requests, tmp))
         results |= report("SQLite", "", timings)
         payload["sqlite"] = timings
+
+        # The old way, in the same run: the schema before migration 0006 (no dashboard indexes)
+        before = tmp / "before-0006.sqlite3"
+        before_url = f"sqlite+aiosqlite:///{before}"
+        migrate.upgrade(before_url, "0005")
+        load_sqlite(before, rows)
+        asyncio.run(add_replicas(before_url, now))
+        slow = ("overview", "transcript", "variants_cold")
+        timings = asyncio.run(measure(before_url, before_url, rows, args.requests, tmp, slow))
+        results |= report("SQLite without migration 0006's indexes", "no0006_", timings)
+        payload["sqlite_before_0006"] = timings
 
         pg = None if args.no_postgres else _pg_open(args.postgres)
         if pg is not None:
