@@ -145,6 +145,9 @@ class Service:
             leases=self.leases[1],
             feedback_buttons=settings.feedback_buttons,
             metrics=self.metrics,
+            # Texts a dead replica committed but did not send are found by the others' scan:
+            # once a second, like the inbox (one indexed query).
+            poll_interval_s=1.0,
         )
         self.inbox_worker = InboxWorker(
             sessionmaker,

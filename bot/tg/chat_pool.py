@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 
 # Waiting for another process's lease of a chat: it lingers about a second after its work.
-CLAIM_BACKOFF = Backoff(initial_s=0.1, factor=2.0, cap_s=2.0)
+CLAIM_BACKOFF = Backoff(initial_s=0.1, factor=2.0, cap_s=1.0)
 
 
 class ChatPool(Generic[R]):
