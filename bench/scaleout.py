@@ -253,6 +253,8 @@ class Run:
         self.replicas: list[Replica] = []
         self.nginx: Nginx | None = None
         self.rng = random.Random(args.seed)
+        self.answer_count: Counter[int] = Counter()
+        self.arrived: dict[int, asyncio.Event] = {}
         # name -> (chats whose leases a replica held, when it was killed or stopped)
         self.windows: dict[str, tuple[set[int], float]] = {}
 
@@ -300,20 +302,36 @@ class Run:
         return bool(rows[0][0])
 
     def answers(self, chat_id: int) -> int:
-        return len(self.api.texts(chat_id))
+        return self.answer_count[chat_id]
+
+    async def ledger(self) -> None:
+        """Count the bot's messages per chat as they arrive (only the new ones each tick: the
+        fake Bot API shares this process, and rescanning every message for every chat would
+        eat the CPU the replicas need)."""
+        seen = 0
+        while True:
+            new = self.api.sent[seen:]
+            seen += len(new)
+            for sent in new:
+                self.answer_count[sent.chat_id] += 1
+                self.arrived.setdefault(sent.chat_id, asyncio.Event()).set()
+            await asyncio.sleep(0.01)
 
     async def chat(self, chat_id: int) -> None:
         rng = random.Random(self.args.seed * 100_000 + chat_id)
+        arrived = self.arrived.setdefault(chat_id, asyncio.Event())
         n = 0
         while not self.stop_chats.is_set():
             n += 1
             text = f"hello number {n} how are you"
             self.api.user_message(chat_id, text)
             self.books.sent[chat_id].append((text, time.monotonic()))
-            while self.answers(chat_id) < n:
-                if self.stop_chats.is_set() and self.args.drain_s < 0:
-                    return
-                await asyncio.sleep(0.02)
+            while True:
+                arrived.clear()  # then the check: the ledger cannot run in between
+                if self.answers(chat_id) >= n:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(arrived.wait(), 1.0)
             self.books.answered_at[(chat_id, n)] = time.monotonic()
             if self.think:
                 await asyncio.sleep(rng.uniform(1.0, 3.0))
@@ -372,6 +390,7 @@ class Run:
         self.replicas = [Replica(i, base, self.workdir) for i in (1, 2, 3)]
         results: dict[str, float] = {}
         chats: list[asyncio.Task[None]] = []
+        ledger = asyncio.create_task(self.ledger())
         try:
             await self.start_replica(self.replicas[0])
             chats = [asyncio.create_task(self.chat(FIRST_CHAT + i)) for i in range(self.args.chats)]
@@ -394,6 +413,7 @@ class Run:
                 if await replica.wait(60) is None:
                     replica.kill()
         finally:
+            ledger.cancel()
             for replica in self.replicas:
                 replica.kill()
             if self.nginx is not None:
