@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 DEFAULT_DAYS = 14
 VARIANTS_TTL_S = 30.0
+PAST_DAYS_TTL_S = 300.0
 MAX_DAYS = 90
 PUBLIC_PATHS = ("/login",)
 # No script runs on any page, whatever a message contains: there is none of ours, and the
@@ -64,35 +65,39 @@ class Dashboard:
     retention_days: int | None
     alive_s: float = queries.REPLICA_ALIVE_S  # TAKEOVER_AFTER_S
     page_size: int = queries.PAGE_SIZE
-    variants: ReportCache = field(default_factory=lambda: ReportCache(VARIANTS_TTL_S))
+    variants: TtlCache = field(default_factory=lambda: TtlCache(VARIANTS_TTL_S))
+    past_days: TtlCache = field(default_factory=lambda: TtlCache(PAST_DAYS_TTL_S))
 
 
 DASHBOARD = web.AppKey("dashboard", Dashboard)
 
 
-class ReportCache:
-    """The variants report, computed at most once per `ttl_s` and once at a time.
+class TtlCache:
+    """Values computed at most once per `ttl_s` per key, and one computation at a time.
 
-    `admin variants` reads every timed reply of the experiment to compute its percentiles
-    (100,000 rows take about 250 ms); its figures move slowly, so a reload within `ttl_s` shows
-    the same report (with its age) instead of computing it again. 0 computes every time.
+    For what moves slowly and costs a scan: the variants report (`admin variants` reads every
+    timed reply of the experiment for its percentiles: 100,000 rows take about 250 ms) and the
+    overview's completed days (they change only when /forget or retention deletes messages).
+    0 computes every time.
     """
 
-    def __init__(self, ttl_s: float) -> None:
+    def __init__(self, ttl_s: float, max_keys: int = 16) -> None:
         self.ttl_s = ttl_s
-        self._value: Any = None
-        self._at = -math.inf
-        self._computed_at: datetime | None = None
+        self.max_keys = max_keys
+        self._values: dict[Any, tuple[float, datetime, Any]] = {}
         self._lock = asyncio.Lock()
 
-    async def get(self, compute: Callable[[], Awaitable[Any]]) -> tuple[Any, datetime]:
-        """The cached report and when it was computed, or a new one."""
+    async def get(self, key: Any, compute: Callable[[], Awaitable[Any]]) -> tuple[Any, datetime]:
+        """The value for `key` and when it was computed: cached, or computed now."""
         async with self._lock:  # concurrent reloads wait for one computation
-            if self._computed_at is None or time.monotonic() - self._at >= self.ttl_s:
-                self._value = await compute()
-                self._at = time.monotonic()
-                self._computed_at = utcnow()
-            return self._value, self._computed_at
+            found = self._values.get(key)
+            if found is not None and time.monotonic() - found[0] < self.ttl_s:
+                return found[2], found[1]
+            value = await compute()
+            if len(self._values) >= self.max_keys:
+                self._values.clear()
+            self._values[key] = (time.monotonic(), utcnow(), value)
+            return value, self._values[key][1]
 
 
 # --- formatting for the templates ----------------------------------------------------------------
@@ -312,9 +317,18 @@ async def overview(request: web.Request) -> web.StreamResponse:
     now = utcnow()
     days = _days(request)
 
-    async def daily() -> list[queries.DayPoint]:
+    first = queries.first_day(now, days)
+    today = now.astimezone(UTC).date()
+
+    async def past_days() -> list[queries.DayPoint]:
         async with sm() as db:
-            return await queries.daily_series(db, days=days, now=now)
+            return await queries.daily_series(db, first=first, days=days - 1)
+
+    async def daily() -> list[queries.DayPoint]:
+        # Completed days from the cache (see TtlCache), today's counted now.
+        past, _ = await dash.past_days.get((first, today), past_days)
+        async with sm() as db:
+            return [*past, *await queries.daily_series(db, first=today, days=1)]
 
     async def queues_and_replicas() -> tuple[int, queries.Health]:
         async with sm() as db:
@@ -335,6 +349,7 @@ async def overview(request: web.Request) -> web.StreamResponse:
         days=days,
         outbox_depth=depth,
         health=health,
+        past_days_ttl_s=dash.past_days.ttl_s,
         messages_chart=charts.messages_chart(series),
         latency_chart=charts.latency_chart(series),
     )
@@ -420,7 +435,7 @@ async def variants(request: web.Request) -> web.StreamResponse:
     dash: Dashboard = request.app[DASHBOARD]
     sm = _sessionmaker(request)
     report, computed_at = await dash.variants.get(
-        lambda: variant_report.variant_report(sm, dash.experiment)
+        None, lambda: variant_report.variant_report(sm, dash.experiment)
     )
     return _render(
         request,

@@ -88,8 +88,14 @@ def nearest_rank(buckets: list[tuple[float, int]], pct: float) -> float | None:
     return None
 
 
-async def daily_series(db: AsyncSession, *, days: int, now: datetime) -> list[DayPoint]:
-    """Messages per UTC day and the bot replies' latency p50/p95 per day, the last `days` days.
+def first_day(now: datetime, days: int) -> date:
+    """The first UTC day of the last `days` days up to `now`'s."""
+    return (now.astimezone(UTC) - timedelta(days=days - 1)).date()
+
+
+async def daily_series(db: AsyncSession, *, first: date, days: int) -> list[DayPoint]:
+    """Messages per UTC day and the bot replies' latency p50/p95 per day: `days` days from
+    `first`.
 
     The counts are one range count per day on ix_messages_created_at, in one statement (a
     GROUP BY on the day would sort every message of the period). The percentiles are
@@ -97,8 +103,9 @@ async def daily_series(db: AsyncSession, *, days: int, now: datetime) -> list[Da
     second) read from ix_messages_created_at_role_latency, which holds the latency too, instead of
     ranking every reply of the period.
     """
+    if days < 1:
+        return []
     dialect = db.get_bind().dialect.name
-    first = (now.astimezone(UTC) - timedelta(days=days - 1)).date()
     since = datetime(first.year, first.month, first.day, tzinfo=UTC)
     bounds = [since + timedelta(days=i) for i in range(days + 1)]
     per_day = [
@@ -118,6 +125,7 @@ async def daily_series(db: AsyncSession, *, days: int, now: datetime) -> list[Da
         .where(
             Message.role == Role.BOT,
             Message.created_at >= since,
+            Message.created_at < bounds[-1],
             Message.latency_ms.is_not(None),
         )
         .group_by(day, bucket)
@@ -564,6 +572,7 @@ __all__ = [
     "WorkerInfo",
     "conversations",
     "daily_series",
+    "first_day",
     "health",
     "outbox_depth",
     "transcript",

@@ -123,12 +123,21 @@ def _submit(live: Live, button: str) -> None:
 
 def _follow(live: Live, element: Any) -> None:
     """Click a link or button and wait until the next page has replaced this one."""
-    from selenium.webdriver.support import expected_conditions
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
     old = live.driver.find_element(_by("TAG_NAME"), "html")
     element.click()
-    WebDriverWait(live.driver, 30).until(expected_conditions.staleness_of(old))
+
+    def replaced(driver: Any) -> bool:
+        try:
+            old.is_enabled()
+        except WebDriverException:  # stale, or (chromedriver) "does not belong to the document"
+            return bool(driver.execute_script("return document.readyState") == "complete")
+        return False
+
+    # a script run while the next page loads may fail too: WebDriverWait then tries again
+    WebDriverWait(live.driver, 30, ignored_exceptions=(WebDriverException,)).until(replaced)
 
 
 def _admin_stats_json(live: Live) -> dict[str, Any]:

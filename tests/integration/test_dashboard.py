@@ -446,14 +446,20 @@ async def test_daily_series_counts_and_ranks_per_utc_day(dash: Dash) -> None:
 
     from sqlalchemy import func, select
 
-    from bot.dashboard.queries import daily_series, nearest_rank
+    from bot.dashboard.queries import daily_series, first_day, nearest_rank
     from bot.db.models import Message
 
     now = datetime.now(UTC)
     engine = readonly_engine(admin_sql_url(dash.settings))
     try:
         async with make_sessionmaker(engine)() as db:
-            points = await daily_series(db, days=14, now=now)
+            points = await daily_series(db, first=first_day(now, 14), days=14)
+            # the overview's split: 13 completed days (cached) and today, counted alike
+            split = [
+                *await daily_series(db, first=first_day(now, 14), days=13),
+                *await daily_series(db, first=now.date(), days=1),
+            ]
+            assert split == points
             stamps = list(await db.scalars(select(Message.created_at)))
             assert await db.scalar(select(func.count()).select_from(Message)) == len(stamps)
     finally:
