@@ -56,6 +56,7 @@ bench: install
 	$(PY) -m bench.variants
 	$(PY) -m bench.sharing
 	$(PY) -m bench.safety
+	$(PY) -m bench.dashboard
 
 bench-quick: install
 	$(PY) -m bench.memory --quick
@@ -64,6 +65,7 @@ bench-quick: install
 	$(PY) -m bench.e2e --quick
 	$(PY) -m bench.sharing --quick
 	$(PY) -m bench.safety --quick
+	$(PY) -m bench.dashboard --quick
 
 # Variants side by side: interference between worker processes, service overhead inline vs process.
 bench-variants: install
