@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import shutil
 import statistics
@@ -206,21 +207,20 @@ async def open_loop(agent: Any, point: Point, args: argparse.Namespace) -> None:
     point.seconds = time.perf_counter() - started
 
 
-def plot(points: list[Point], singles: dict[str, float], path_name: str) -> None:
-    """p50 and p95 latency against offered load, both schedulers."""
+def plot(summaries: list[dict[str, Any]], singles: dict[str, float], path_name: str) -> None:
+    """p50 and p95 latency against offered load, both schedulers (from the points' figures)."""
     fig, axes = common.new_figure(1, width=7.0)
     ax = axes[0][0]
     styles = {"continuous": "tab:blue", "batch": "tab:orange"}
     for name, color in styles.items():
-        pts = sorted((p for p in points if p.scheduler == name), key=lambda p: p.load)
-        xs = [p.rate for p in pts]
-        s = [p.summary() for p in pts]
-        ax.plot(xs, [x["p50_ms"] / 1000 for x in s], "o-", color=color, label=f"{name} p50")
-        ax.plot(xs, [x["p95_ms"] / 1000 for x in s], "s--", color=color, label=f"{name} p95")
+        pts = sorted((p for p in summaries if p["scheduler"] == name), key=lambda p: p["load"])
+        xs = [p["offered_replies_per_s"] for p in pts]
+        ax.plot(xs, [p["p50_ms"] / 1000 for p in pts], "o-", color=color, label=f"{name} p50")
+        ax.plot(xs, [p["p95_ms"] / 1000 for p in pts], "s--", color=color, label=f"{name} p95")
         ax.axhline(singles[name], color=color, linestyle=":", linewidth=1)
-    ax.set_xlabel("offered load (replies/s; 50%, 70%, 90% of the micro-batcher's capacity)")
+    ax.set_xlabel("offered load, replies/s (50%, 70%, 90% of the micro-batcher's capacity)")
     ax.set_ylabel("reply latency (s)")
-    ax.set_title("Beam 10, 32-token replies, BlenderBot-90M architecture (dotted: one chat alone)")
+    ax.set_title("Beam 10, 32-token replies, BlenderBot-90M arch. (dotted: one chat alone)")
     ax.legend()
     ax.grid(alpha=0.3)
     path = common.save_figure(path_name, fig)
@@ -228,6 +228,12 @@ def plot(points: list[Point], singles: dict[str, float], path_name: str) -> None
     images.mkdir(parents=True, exist_ok=True)
     shutil.copy(path, images / "continuous.png")
     print("wrote docs/images/continuous.png")
+
+
+def replot() -> None:
+    """The plot again from bench/results/continuous.json (no measuring)."""
+    body = json.loads((common.RESULTS_DIR / "continuous.json").read_text())
+    plot(body["points"], body["single_s"], "continuous")
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -292,7 +298,7 @@ async def main_async(args: argparse.Namespace) -> None:
             "results": results,
         },
     )
-    plot(points, singles, "continuous")
+    plot([p.summary() for p in points], singles, "continuous")
 
 
 def main() -> None:
@@ -306,7 +312,11 @@ def main() -> None:
     parser.add_argument("--saturate", type=int, default=32, help="chats in the capacity run")
     parser.add_argument("--single-turns", type=int, default=4)
     parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--replot", action="store_true", help="only redraw the last run's plot")
     args = parser.parse_args()
+    if args.replot:
+        replot()
+        return
     args.seconds = 20.0 if args.quick else 60.0 * args.minutes
     if args.quick:
         args.single_turns = 2
