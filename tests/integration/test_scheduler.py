@@ -112,6 +112,19 @@ async def test_a_short_reply_arriving_during_a_long_one_is_delivered_first(
         short = next(t for t, n in lengths.items() if n == 0)
         engine = Scheduler(agent, max_size=16, draft_interval_s=0.0)
         await engine.start()
+        search = engine._search
+        step = search.step
+        # what each step hands back (delivered right after it): (steps the finished chats
+        # took, chats still running)
+        handed: list[tuple[list[int], int]] = []
+
+        def recording_step() -> list[Any]:
+            done = step()
+            if done:
+                handed.append(([c.t for c in done], len(search.chats)))
+            return done
+
+        search.step = recording_step
         order: list[str] = []
         short_task: list[asyncio.Task[Generated]] = []
 
@@ -132,6 +145,8 @@ async def test_a_short_reply_arriving_during_a_long_one_is_delivered_first(
             await engine.close()
     assert order == ["short", "long"]
     assert short_task[0].result().batch_size == 2  # it ran beside the long one
+    # the short one left after its one step, while the long one went on; then the long one
+    assert handed == [([1], 1), ([limit], 0)], handed
     assert len(long_reply.result().text.split()) >= limit - 1
 
 
