@@ -9,9 +9,10 @@ a draft is only a preview.
 Every draft is fire-and-forget: its own task, a short timeout, no retries, errors logged at
 DEBUG and dropped. A draft that fails (a 400 from an older client or a group, a 429, a timeout)
 therefore never delays or loses the final reply: nothing waits for it. Drafts go through a Bot
-client of their own (`DraftSender`), not the application's: PTB's AIORateLimiter answers a 429
-by pausing every request of the bot, replies included, and retrying, which is right for
-replies and wrong for previews. A 429 on a draft pauses drafts only, for its retry_after. While
+client of their own (`DraftSender`), not the application's: PTB's AIORateLimiter would count
+them against the replies' budget, retry them after a 429 (a stale preview, seconds later) and
+hold its other requests during that wait, which is right for replies and wrong for previews.
+A 429 on a draft pauses drafts only, for its retry_after. While
 one draft is in flight the next is dropped (the one after it brings newer text anyway), and all
 drafts of the service share one rate gate well under Telegram's 30 requests/s, so that replies
 keep the room. With the safety gate on, a draft the classifier flags is not shown, nor anything

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bot.tg import drafts
-from tests.support.fakebotapi import BOT_USERNAME, FakeBotAPI
+from tests.support.fakebotapi import BOT_USERNAME, FakeBotAPI, Fault
 from tests.support.fixtures import StartService
 from tests.support.service_harness import EchoResponder, make_settings, rows
 
@@ -71,11 +71,13 @@ async def test_a_failing_draft_method_loses_nothing(
     tmp_path: Path,
     api: FakeBotAPI,
     start_service: StartService,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An older client (400) or a flood limit (429, retry after 30 s): the drafts fail, the
-    reply arrives well within wait_for_texts' 10 s (PTB's rate limiter would hold every
-    request, the reply too, for the 30 s and retry; drafts do not go through it), and nothing
-    retries a draft. After the 429 the drafts pause: the second one is not even tried."""
+    reply arrives (the drafts' timeout is a minute here: it is not what saves the reply), and
+    nothing retries a draft. After the 429 the drafts pause: the second one is not even
+    tried."""
+    monkeypatch.setattr(drafts, "DRAFT_TIMEOUT_S", 60.0)
     api.fail_drafts(status)
     service = await start_service(make_settings(sqlite_url, api, tmp_path), EchoResponder(0.4))
     api.user_message(504, "still there?")
@@ -103,3 +105,25 @@ async def test_a_hanging_draft_method_does_not_delay_the_reply(
     assert final == await _stored_reply(service, 505)
     [thinking] = api.calls_to("sendMessageDraft")  # the second was dropped: one in flight
     assert thinking.status is None  # still hanging when the reply was sent
+
+
+async def test_a_429_on_one_chats_draft_holds_no_other_chats_reply(
+    sqlite_url: str,
+    tmp_path: Path,
+    api: FakeBotAPI,
+    start_service: StartService,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A's drafts hit a 429 (retry after 30 s) while A generates: B's reply arrives while A
+    is still generating, and A's reply after it."""
+    monkeypatch.setattr(drafts, "DRAFT_TIMEOUT_S", 60.0)
+    a, b = 506, 507
+    api.inject(Fault("sendMessageDraft", 429, retry_after=30, chat_id=a, times=10**9))
+    responder = EchoResponder(lambda chat, _text: 4.0 if chat == a else 0.2)
+    await start_service(make_settings(sqlite_url, api, tmp_path), responder)
+    api.user_message(a, "a long one")
+    await api.wait_for(lambda: bool(api.calls_to("sendMessageDraft")), what="A's draft")
+    api.user_message(b, "a short one")
+    await api.wait_for_texts(b, 1, timeout_s=10.0)
+    assert responder.in_progress == 1 and api.texts(a) == []  # A is still generating
+    await api.wait_for_texts(a, 1, timeout_s=15.0)
