@@ -55,6 +55,11 @@ class ElectedPolling:
         return self._ingest is not None
 
     @property
+    def current(self) -> PollingIngest | None:
+        """The running getUpdates loop while this replica is the poller."""
+        return self._ingest
+
+    @property
     def done(self) -> asyncio.Task[None] | None:
         """The election task; it ends with an exception on a fatal polling error (a bad
         token), as PollingIngest.done does."""

@@ -15,7 +15,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from bot.tg.ingest import MAX_JSON_DEPTH, PollingIngest
+from bot.tg.ingest import MAX_JSON_DEPTH
+from bot.tg.poller import ElectedPolling
 from tests.support.botprocess import free_port
 from tests.support.fakebotapi import SECRET_HEADER, FakeBotAPI
 from tests.support.service_harness import TOKEN, EchoResponder, make_settings, rows, running_service
@@ -214,5 +215,6 @@ async def test_polling_stores_or_skips_bad_updates_and_keeps_answering(
             )  # fmt: skip
             assert sorted(got) == [(big_chat, None, "ignored"), (lone, chat, "done"),
                                    (deep, chat, "done")]  # fmt: skip
-            assert isinstance(svc.ingest, PollingIngest)
-            assert svc.ingest.done is not None and not svc.ingest.done.done()
+            assert isinstance(svc.ingest, ElectedPolling) and svc.ingest.current is not None
+            polling = svc.ingest.current.done  # the getUpdates loop did not die
+            assert polling is not None and not polling.done()
