@@ -231,7 +231,15 @@ database_errors = web.middleware(_database_errors)
 
 def _next(value: str | None) -> str:
     # Only a path of this site: never an absolute or protocol-relative URL (open redirect).
-    if value and value.startswith("/") and not value.startswith("//") and "\\" not in value:
+    # Whitespace and control characters are refused too: "/\t/evil" would be normalised to
+    # "//evil" on its way into the Location header.
+    if (
+        value
+        and value.startswith("/")
+        and not value.startswith("//")
+        and "\\" not in value
+        and all(c.isprintable() and not c.isspace() for c in value)
+    ):
         return value
     return "/"
 

@@ -206,6 +206,9 @@ async def test_login_redirects_only_within_the_site(dash: Dash) -> None:
         ("/conversations?persona=x", "/conversations?persona=x"),
         ("https://evil.example/", "/"),
         ("//evil.example/", "/"),
+        ("/\t/evil.example", "/"),  # normalised to //evil.example in Location (review)
+        ("/ /evil.example", "/"),
+        ("/\\evil.example", "/"),
     ):
         dash.client.session.cookie_jar.clear()
         r = await dash.client.post(
