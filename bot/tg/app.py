@@ -125,8 +125,14 @@ class Service:
         # lets the others take a dead replica's chats over within takeover_after_s.
         owner = new_owner()
         self.owner = owner
+        # The heartbeat has a connection of its own: a busy pool (64 chats' turns, a burst of
+        # sends) must never make a healthy replica miss its heartbeats and fence itself.
+        self._heartbeat_engine = make_engine(settings.db_url, pool_size=1, max_overflow=0)
         self.heartbeat = Heartbeat(
-            sessionmaker, owner, dead_after_s=settings.takeover_after_s, info=self.status
+            make_sessionmaker(self._heartbeat_engine),
+            owner,
+            dead_after_s=settings.takeover_after_s,
+            info=self.status,
         )
         took_over = self.metrics.lease_taken_over  # bot_lease_takeovers_total{kind}
         self.leases = (
@@ -358,6 +364,7 @@ class Service:
                 await self.application.shutdown()
             with contextlib.suppress(Exception):
                 await self.handlers.close()
+            await self._heartbeat_engine.dispose()
             await self.db_engine.dispose()
 
     async def _set_commands(self) -> None:

@@ -161,6 +161,11 @@ class Delivery:
         parts = split_message(row.text)
         failures = 0
         while True:
+            # Still ours before every attempt, also after a 429 wait or a backoff: a replica
+            # fenced or taken over meanwhile must not send (the new holder does).
+            if not await self._still_ours(row.chat_id):
+                log.warning("chat %s: outbox lease lost; its new holder sends", row.chat_id)
+                return True  # the row stays pending; the pool finds the lease gone next
             # Re-read the row before every part: a /forget (or another process) may have
             # deleted or sent it since the chat's rows were read.
             current = await self._write(outbox.still_pending, row.id)
@@ -238,6 +243,17 @@ class Delivery:
             else:
                 await self._write(outbox.sent, row.id, message.message_id)
                 return True
+
+    async def _still_ours(self, chat_id: int) -> bool:
+        """Whether this process still holds the chat's outbox lease (renewed if due)."""
+        leases = self.pool.leases
+        if leases is None:
+            return True
+        try:
+            return await leases.acquire(chat_id)
+        except Exception as err:  # noqa: BLE001 - the database cannot say: do not send
+            log.warning("checking the outbox lease of chat %s failed: %s", chat_id, err)
+            return False
 
     def _count(self, method: str, action: str) -> None:
         if self.metrics is not None:

@@ -128,8 +128,11 @@ class InboxWorker:
                 await self.handle(row)
                 return True
             except LeaseLost as err:
-                # Another replica has the chat now: our turn was rolled back; it answers.
+                # Another replica has the chat now: our turn was rolled back; it answers. Forget
+                # the lease, or the next try would trust it from memory and generate again.
                 log.warning("update %s: %s; leaving the chat to its new holder", row.update_id, err)
+                if self.pool.leases is not None and row.chat_id is not None:
+                    self.pool.leases.forget(row.chat_id)
                 return False
             except Exception as err:  # any failure of a handler is retried
                 attempts += 1

@@ -133,6 +133,7 @@ class Leases:
         self._releases: dict[int, asyncio.TimerHandle] = {}
         self._releasing: set[asyncio.Task[None]] = set()
         self._keeper: asyncio.Task[None] | None = None
+        self._epoch = heartbeat.epoch if heartbeat is not None else 0  # see _trusted()
 
     @property
     def held(self) -> frozenset[int]:
@@ -144,23 +145,42 @@ class Leases:
         self._held.clear()
         self._written.clear()
 
+    def forget(self, chat_id: int) -> None:
+        """The chat's lease turned out to be another process's (a turn's commit said so): ask
+        the database next time instead of trusting what we remember."""
+        self._held.pop(chat_id, None)
+        self._written.pop(chat_id, None)
+
+    def _trusted(self) -> bool:
+        """Whether what we remember may be used: not fenced now, and no fence since we last
+        looked (a fence forgets every lease, also one won while it happened)."""
+        if self.heartbeat is None:
+            return True
+        alive = self.heartbeat.alive  # may fence now, which bumps the epoch
+        if self.heartbeat.epoch != self._epoch:
+            self._epoch = self.heartbeat.epoch
+            self._forget_all()
+        return alive
+
     async def acquire(self, chat_id: int) -> bool:
         """Take or renew the chat's lease; False if another live process holds it, or while
         this replica is fenced (its heartbeats do not reach the database)."""
         timer = self._releases.pop(chat_id, None)
         if timer is not None:
             timer.cancel()
-        if self.heartbeat is not None and not self.heartbeat.alive:
-            self._forget_all()
+        if not self._trusted():
             return False
         runs_out = self._held.get(chat_id)
         if runs_out is not None and runs_out - time.monotonic() > self.ttl_s / 2:
             return True
         started = time.monotonic()
+        epoch = self._epoch
         now = utcnow()
         until = now + timedelta(seconds=self.ttl_s)
         async with self.sessionmaker.begin() as db:
             won = await self._take(db, chat_id, now, until)
+        if not self._trusted() or self._epoch != epoch:
+            return False  # fenced while we asked: what the database said may be stale already
         if won:
             self._held[chat_id] = started + self.ttl_s
             self._written[chat_id] = until
@@ -224,8 +244,7 @@ class Leases:
         """Push back the expiry of every lease this process holds (one statement)."""
         if not self._held:
             return
-        if self.heartbeat is not None and not self.heartbeat.alive:
-            self._forget_all()
+        if not self._trusted():
             return
         started = time.monotonic()
         until = utcnow() + timedelta(seconds=self.ttl_s)

@@ -75,10 +75,14 @@ class ElectedPolling:
         self._stop.set()
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # It may have ended with a fatal error already (reported by Service.wait): the
+            # lease is given back all the same.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        await self._resign("stopping")
-        await self.leases.stop()
+        try:
+            await self._resign("stopping")
+        finally:
+            await self.leases.stop()
 
     async def _run(self) -> None:
         while not self._stop.is_set():

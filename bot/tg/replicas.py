@@ -67,6 +67,9 @@ class Heartbeat:
         self._info_task: asyncio.Task[None] | None = None
         self._last_ok: float | None = None  # monotonic start of the last heartbeat that landed
         self._fenced = False
+        # Bumped at every fence: a lease won in an older epoch is not to be trusted any more
+        # (bot/tg/leases.py), whichever way the fence was noticed.
+        self.epoch = 0
         self._on_fence: list[Callable[[], None]] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -87,6 +90,7 @@ class Heartbeat:
 
     def _fence(self) -> None:
         self._fenced = True
+        self.epoch += 1
         log.error(
             "no heartbeat reached the database for %.1fs: stopping work on every chat until it "
             "does (other replicas take them over after %.1fs)",
@@ -128,6 +132,10 @@ class Heartbeat:
     async def beat(self) -> None:
         """One heartbeat now (the background loop calls this every interval_s)."""
         started = time.monotonic()
+        if self._last_ok is not None and started - self._last_ok >= self.fence_after_s:
+            # Nothing looked at `alive` while we were away (the event loop stalled: SIGSTOP, a
+            # paused VM, a long GC): the fence is due before this heartbeat may lift it.
+            _ = self.alive
         info, self._info_text = self._info_text, None
         now = utcnow()
         async with self.sessionmaker.begin() as db:

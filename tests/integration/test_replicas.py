@@ -19,7 +19,7 @@ from bot.db.leases import LeaseLost, working_as
 from bot.db.models import ChatLease, Inbox, InboxStatus, Replica, utcnow
 from bot.tg.leases import HOST, PID_NAMESPACE, Leases, new_owner
 from bot.tg.replicas import Heartbeat
-from tests.support.fakebotapi import FakeBotAPI
+from tests.support.fakebotapi import FakeBotAPI, Fault
 from tests.support.service_harness import TOKEN as IN_PROCESS_TOKEN
 from tests.support.service_harness import EchoResponder, make_settings, running_service
 
@@ -153,6 +153,28 @@ async def test_a_replica_whose_heartbeats_fail_fences_itself_then_resumes(
         await heartbeat.stop()
 
 
+async def test_a_replica_whose_event_loop_stalled_forgets_its_leases_when_it_wakes(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    # Found in review: nothing read `alive` during the stall, and the first heartbeat after
+    # it landed, so the fence never happened and the lease was trusted from memory.
+    heartbeat, leases = await _replica(sessionmaker, dead_after_s=1.0)
+    other_heartbeat, other = await _replica(sessionmaker, dead_after_s=1.0)
+    try:
+        assert await leases.acquire(7)
+        assert heartbeat._task is not None
+        heartbeat._task.cancel()  # the stall: no heartbeat, and nobody looks at `alive`
+        await asyncio.sleep(1.2)
+        assert await other.acquire(7)  # the stalled replica is dead to the others
+        await heartbeat.beat()  # it wakes, and its first heartbeat lands
+        assert not await leases.acquire(7)
+        assert await _owner(sessionmaker) == other.owner
+    finally:
+        await other.stop()
+        await other_heartbeat.stop()
+        await heartbeat.stop()
+
+
 async def test_a_turn_cannot_commit_once_its_chat_was_taken_over(
     sessionmaker: async_sessionmaker[AsyncSession],
 ) -> None:
@@ -216,3 +238,24 @@ async def test_each_running_replica_reports_itself_in_its_heartbeat_row(
                 assert rows[service.owner].pid == os.getpid()
         async with one.sessionmaker() as db:
             assert await replicas.all_replicas(db) == []  # both stopped cleanly
+
+
+async def test_a_fenced_replica_sends_nothing_more_after_a_failed_send(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    # Found in review: delivery retried a send (after a 5xx backoff, or a 429 wait) without
+    # asking whether the chat's outbox lease was still its own; a fenced replica sent anyway.
+    async with FakeBotAPI(IN_PROCESS_TOKEN) as api:
+        settings = make_settings(sqlite_url, api, tmp_path, takeover_after_s=1.0)
+        async with running_service(settings, EchoResponder()) as service:
+            api.inject(Fault("sendMessage", status=502, delay=1.0, chat_id=403))
+            api.user_message(403, "hello")
+            await api.wait_for(lambda: bool(api.calls_to("sendMessage")), 10, "the send")
+            assert service.heartbeat._task is not None
+            service.heartbeat._task.cancel()  # fenced 0.6 s later, while the send fails
+            await asyncio.sleep(3.5)
+            assert [c.status for c in api.calls_to("sendMessage")] == [502]
+            assert api.texts(403) == []
+            await service.heartbeat.beat()  # heartbeats land again: it sends after all
+            await api.wait_for_texts(403, 1, timeout_s=15)
+    assert api.texts(403) == ["echo 403: hello"]

@@ -121,7 +121,8 @@ async def test_sigterm_during_generation_answers_then_exits_cleanly(
         bot = await start_bot(env, tmp_path, api)
         try:
             api.user_message(chat, "hello how are you")
-            await api.wait_for(lambda: bool(api.calls_to("sendChatAction")), 30, "typing")
+            # A private chat sees the "Thinking…" draft (STREAM_REPLIES) when the turn starts.
+            await api.wait_for(lambda: bool(api.calls_to("sendMessageDraft")), 30, "a draft")
             bot.proc.send_signal(signal.SIGTERM)  # the turn is generating now
             assert await bot.wait(30) == 0
         finally:
