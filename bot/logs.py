@@ -183,6 +183,8 @@ def set_level(level: str) -> None:
 
 def settings_secrets(settings: object) -> list[str]:
     """Secret values of the settings that must never appear in logs."""
+    from urllib.parse import quote
+
     from sqlalchemy.engine import make_url
 
     out: list[str] = []
@@ -203,4 +205,9 @@ def settings_secrets(settings: object) -> list[str]:
             password = None
         if password:
             out.append(str(password))
+            # The URL itself carries it percent-encoded (a password with @, / or %), and a
+            # logged URL shows that form.
+            encoded = quote(str(password), safe="")
+            if encoded != password:
+                out.append(encoded)
     return out

@@ -53,3 +53,18 @@ def test_admin_database_url_password_never_reaches_logs() -> None:
     )
     assert "ro-secret-pw" in settings_secrets(settings)
     assert "ro-secret-pw" not in repr(settings)
+
+
+def test_a_percent_encoded_database_password_is_redacted_in_both_forms(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Found in review: make_url() decodes the password, while a logged URL shows it encoded.
+    settings = Settings(  # type: ignore[call-arg]
+        _env_file=None, database_url=SecretStr("postgresql+asyncpg://bot:p%40ss%2Fw0rd@db/bot")
+    )
+    logger = logging.getLogger("test.redact.encoded")
+    logger.addFilter(RedactingFilter(settings_secrets(settings)))
+    with caplog.at_level(logging.DEBUG, logger="test.redact.encoded"):
+        logger.debug("url %s, password %s", "postgresql://bot:p%40ss%2Fw0rd@db/bot", "p@ss/w0rd")
+    line = caplog.records[0].getMessage()
+    assert "p%40ss%2Fw0rd" not in line and "p@ss/w0rd" not in line
