@@ -107,6 +107,8 @@ class Session(Base):
             postgresql_where=text("status = 'active'"),
         ),
         Index("ix_sessions_chat_id_id", "chat_id", "id"),
+        # The dashboard's conversation list: most recently active first, keyset pages.
+        Index("ix_sessions_updated_at_id", "updated_at", "id"),
         # SQLite must never hand out a deleted row's id again: caches are keyed by id.
         {"sqlite_autoincrement": True},
     )
