@@ -135,6 +135,11 @@ class Responder:
             except BatchError as err:
                 self.cache.evict(session.id)
                 raise GenerationError(str(err)) from err
+            except asyncio.CancelledError:
+                # The turn goes on in the batch and its reply lands in this clone, which the
+                # database will never hear of: the next turn must rebuild (found in review).
+                self.cache.evict(session.id)
+                raise
             return replace(
                 result,
                 cache_hit=cached,

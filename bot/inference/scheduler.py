@@ -75,6 +75,7 @@ class Scheduler:
         self._closing = False
         self._thread: threading.Thread | None = None
         self._search: Any = None
+        self._admitting: list[_Job] = []  # the turns of the admission round in progress
 
     async def start(self) -> None:
         """Start the inference thread."""
@@ -102,6 +103,8 @@ class Scheduler:
         """Observe `text` in `clone`'s context and return the reply; drafts go to `on_draft`."""
         if self._thread is None:
             raise RuntimeError("Scheduler.start() was not called")
+        if not self._thread.is_alive() and not self._closing:
+            raise BatchError("the inference thread is gone")  # never queue for nobody
         loop = asyncio.get_running_loop()
         job = _Job(clone, text, loop.create_future(), loop, on_draft)
         with self._wake:
@@ -117,50 +120,73 @@ class Scheduler:
         import torch
 
         torch.set_grad_enabled(False)  # per thread: this one only generates
-        search = self._search
         while True:
-            with self._wake:
-                while not self._waiting and not self._running and not self._closing:
-                    self._wake.wait()
-                if self._closing and not self._running:
+            try:
+                if not self._round():
                     return
-                admit: list[_Job] = []
-                while self._waiting and len(self._running) + len(admit) < self.max_size:
-                    job = self._waiting.popleft()
-                    if not job.future.cancelled():
-                        admit.append(job)
-            if admit:
-                self._admit(admit)
-            if not self._running:
-                continue
-            self.stats.batches += 1
-            self.stats.sizes[len(self._running)] += 1
-            for job in self._running.values():
-                job.companions = max(job.companions, len(self._running))
-            try:
-                finished = search.step()
             except Exception as err:
-                self.stats.failures += 1
-                log.exception("decoding step with %d chats failed", len(self._running))
-                search.clear()
-                error = BatchError(f"generation failed: {type(err).__name__}: {err}")
-                for job in self._running.values():
-                    _settle(job, error=error)
-                self._running.clear()
+                # A bug or a failure outside the per-chat guards: fail every turn in hand and
+                # go on with a fresh batch, rather than let the thread die and turns hang.
+                log.exception("the inference loop failed; failing the turns in hand")
+                self._fail_all(BatchError(f"generation failed: {type(err).__name__}: {err}"))
+
+    def _fail_all(self, error: BatchError) -> None:
+        """Every running turn fails with `error`, and the running batch starts afresh."""
+        self.stats.failures += 1
+        with contextlib.suppress(Exception):
+            self._search.clear()
+        for job in [*self._running.values(), *self._admitting]:
+            _settle(job, error=error)  # (a no-op for a turn already answered)
+        self._running.clear()
+        self._admitting = []
+
+    def _round(self) -> bool:
+        """Admit waiting turns, run one decoding step, hand out what finished; False when
+        closed and idle."""
+        search = self._search
+        with self._wake:
+            while not self._waiting and not self._running and not self._closing:
+                self._wake.wait()
+            if self._closing and not self._running:
+                return False
+            admit: list[_Job] = []
+            while self._waiting and len(self._running) + len(admit) < self.max_size:
+                job = self._waiting.popleft()
+                if not job.future.cancelled():
+                    admit.append(job)
+        if admit:
+            self._admitting = admit  # failed too if the loop fails before they all joined
+            self._admit(admit)
+            self._admitting = []
+        if not self._running:
+            return True
+        self.stats.batches += 1
+        self.stats.sizes[len(self._running)] += 1
+        for job in self._running.values():
+            job.companions = max(job.companions, len(self._running))
+        try:
+            finished = search.step()
+        except Exception as err:
+            log.exception("decoding step with %d chats failed", len(self._running))
+            self._fail_all(BatchError(f"generation failed: {type(err).__name__}: {err}"))
+            return True
+        for chat in finished:
+            owner = self._running.pop(chat.key, None)
+            if owner is None:
+                log.error("a finished chat had no turn waiting for it; dropped")
                 continue
-            for chat in finished:
-                job = self._running.pop(chat.key)
-                try:
-                    result = self._finish(job, chat.result())
-                except Exception as err:
-                    log.exception("finishing a reply failed")
-                    _settle(job, error=BatchError(f"generation failed: {err}"))
-                else:
-                    _settle(job, result=result)
             try:
-                self._drafts(search)
-            except Exception:  # a preview must never stop the thread that makes replies
-                log.exception("drafting failed")
+                result = self._finish(owner, chat.result())
+            except Exception as err:
+                log.exception("finishing a reply failed")
+                _settle(owner, error=BatchError(f"generation failed: {err}"))
+            else:
+                _settle(owner, result=result)
+        try:
+            self._drafts(search)
+        except Exception:  # a preview must never stop the thread that makes replies
+            log.exception("drafting failed")
+        return True
 
     def _admit(self, jobs: list[_Job]) -> None:
         """The turns that join before the next step (one round of admission)."""
@@ -185,11 +211,20 @@ class Scheduler:
                 reply = agent.batch_act([job.obs])[0]
                 _settle(job, result=self._generated(job, str(reply.get("text", "")), reply))
                 return
-            self._search.join(id(job), batch)
         except Exception as err:
             self.stats.failures += 1
             log.exception("a turn could not join the running batch")
             _settle(job, error=BatchError(f"generation failed: {type(err).__name__}: {err}"))
+            return
+        try:
+            self._search.join(id(job), batch)
+        except Exception as err:
+            # The running batch may be half-changed (its caches grown, its chats not): fail
+            # the turns in hand and start afresh, rather than step an inconsistent batch.
+            log.exception("a turn could not join the running batch")
+            error = BatchError(f"generation failed: {type(err).__name__}: {err}")
+            self._fail_all(error)
+            _settle(job, error=error)
             return
         self._running[id(job)] = job
 

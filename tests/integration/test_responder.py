@@ -269,3 +269,22 @@ async def test_a_clone_behind_the_database_is_rebuilt(
     finally:
         for eng in (a, b, fresh):
             await eng.close()
+
+
+async def test_a_cancelled_turn_leaves_no_clone_behind(
+    responder: Responder, store: ConversationStore
+) -> None:
+    # Found in review: a turn cancelled while it generates goes on in the batch, and its reply
+    # lands in the cached clone although the database never stores it; the next turn then
+    # read a history with a reply nobody saw.
+    session = await store.active_session(14)
+    turn = asyncio.create_task(responder.generate(session, "hello there"))
+    await asyncio.sleep(0)  # queued
+    for _ in range(200):
+        if responder.cache.peek(session.id) is not None:
+            break
+        await asyncio.sleep(0.005)
+    turn.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await turn
+    assert responder.cache.peek(session.id) is None

@@ -230,6 +230,40 @@ async def test_a_failing_step_fails_its_chats_and_the_engine_goes_on(
     assert reply.text
 
 
+async def test_a_half_done_join_or_a_loop_bug_fails_the_turns_in_hand_and_nothing_hangs(
+    agent: Any, scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found in review: an exception outside the per-chat guards killed the inference thread
+    # silently, and every later turn waited forever.
+    from bot.inference.batcher import BatchError
+
+    search = scheduler._search
+    real_join, real_admit = search.join, scheduler._admit
+    calls = {"join": 0, "admit": 0}
+
+    def half_join(key: int, batch: Any) -> None:
+        calls["join"] += 1
+        real_join(key, batch)
+        if calls["join"] == 1:
+            raise RuntimeError("out of memory while packing")  # after changing the batch
+
+    def buggy_admit(jobs: Any) -> None:
+        calls["admit"] += 1
+        if calls["admit"] == 1:
+            raise KeyError("a bug outside the per-chat guards")
+        real_admit(jobs)
+
+    monkeypatch.setattr(search, "join", half_join)
+    with pytest.raises(BatchError, match="out of memory"):
+        await asyncio.wait_for(scheduler.generate(agent.clone(), "hello there"), 60)
+    assert len(search) == 0
+    monkeypatch.setattr(scheduler, "_admit", buggy_admit)
+    with pytest.raises(BatchError, match="outside the per-chat guards"):
+        await asyncio.wait_for(scheduler.generate(agent.clone(), "hello there"), 60)
+    reply = await asyncio.wait_for(scheduler.generate(agent.clone(), "hello again"), 60)
+    assert reply.text and scheduler._thread is not None and scheduler._thread.is_alive()
+
+
 def test_bpe_drafts_end_where_a_word_ends(tmp_path: Path) -> None:
     """The shipped model's subword-nmt BPE: a piece ending in "@@" continues, so a draft
     stops before it; a word is shown once its last piece is there."""
