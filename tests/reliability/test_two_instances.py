@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.tg.app import Service
 from bot.tg.poller import ElectedPolling
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.procs import TOKEN, bot_env, check_database, start_bot
@@ -100,6 +101,7 @@ async def test_the_poller_hands_over_on_stop_and_nothing_is_lost_or_answered_twi
         first = running_service(settings, EchoResponder())
         one = await first.__aenter__()
         try:
+            await polls(one)  # elected before the second one starts
             async with running_service(settings, EchoResponder()) as two:
                 assert isinstance(one.ingest, ElectedPolling)
                 assert isinstance(two.ingest, ElectedPolling)
@@ -128,25 +130,39 @@ async def test_a_replica_whose_heartbeats_stop_hands_over_polling_and_its_chats(
     update is answered twice or lost."""
     async with FakeBotAPI(IN_PROCESS_TOKEN) as api:
         settings = make_settings(sqlite_url, api, tmp_path, takeover_after_s=1.0)
-        async with (
-            running_service(settings, EchoResponder()) as one,
-            running_service(settings, EchoResponder()) as two,
-        ):
-            assert isinstance(one.ingest, ElectedPolling)
-            assert isinstance(two.ingest, ElectedPolling)
-            api.user_message(402, "first")
-            await api.wait_for_texts(402, 1)
-            assert one.ingest.polling
-            assert one.heartbeat._task is not None
-            one.heartbeat._task.cancel()  # its heartbeats stop landing
-            api.user_message(402, "then 0")  # while the handover is under way
-            for _ in range(50):  # within 5 s: the lease's own TTL (10 s) would be too late
-                if two.ingest.polling:
-                    break
-                await asyncio.sleep(0.1)
-            assert two.ingest.polling and not one.ingest.polling
-            for i in (1, 2):
-                api.user_message(402, f"then {i}")
-            texts = await api.wait_for_texts(402, 4, timeout_s=20)
-            assert two.metrics.lease_takeovers.labels("poller")._value.get() == 1
-    assert texts == ["echo 402: first"] + [f"echo 402: then {i}" for i in range(3)]
+        async with running_service(settings, EchoResponder()) as one:
+            await polls(one)  # elected before the second one starts
+            async with running_service(settings, EchoResponder()) as two:
+                await _heartbeats_stop(api, one, two)
+    assert api.texts(402) == ["echo 402: first"] + [f"echo 402: then {i}" for i in range(3)]
+
+
+async def _heartbeats_stop(api: FakeBotAPI, one: Service, two: Service) -> None:
+    """The poller's heartbeats stop; the other replica takes polling and the chat over."""
+    assert isinstance(one.ingest, ElectedPolling)
+    assert isinstance(two.ingest, ElectedPolling)
+    api.user_message(402, "first")
+    await api.wait_for_texts(402, 1)
+    assert one.ingest.polling
+    assert one.heartbeat._task is not None
+    one.heartbeat._task.cancel()  # its heartbeats stop landing
+    api.user_message(402, "then 0")  # while the handover is under way
+    for _ in range(50):  # within 5 s: the lease's own TTL (10 s) would be too late
+        if two.ingest.polling:
+            break
+        await asyncio.sleep(0.1)
+    assert two.ingest.polling and not one.ingest.polling
+    for i in (1, 2):
+        api.user_message(402, f"then {i}")
+    await api.wait_for_texts(402, 4, timeout_s=20)
+    assert two.metrics.lease_takeovers.labels("poller")._value.get() == 1
+
+
+async def polls(service: Service) -> None:
+    """Wait until `service` is the elected poller (its election runs in the background)."""
+    assert isinstance(service.ingest, ElectedPolling)
+    for _ in range(200):
+        if service.ingest.polling:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the first service never became the poller")
