@@ -195,6 +195,48 @@ def test_companions_change_nothing_on_random_cases(agent: Any) -> None:
     assert all(gap <= NEAR_TIE for gap in tally.gaps), "\n".join(tally.differences)
 
 
+@pytest.fixture(scope="module")
+def ending_agent(tiny_model_file: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny model with its end token made likely (its embedding set to 1.5x a common
+    word's), so beams finish at different steps: random weights alone never end a reply."""
+    import torch
+
+    from bot.inference.model import load_shared_agent
+
+    agent = load_shared_agent(_settings(tiny_model_file, tmp_path_factory.mktemp("ending")))
+    emb = agent.model.embeddings.weight
+    with torch.no_grad():
+        emb[agent.END_IDX] = emb[agent.dict["hello"]] * 1.5
+    return agent
+
+
+def test_companions_change_nothing_when_replies_end_at_different_steps(
+    ending_agent: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found in review: on random weights no chat ever ends by its end token, so the sweep above
+    # never reaches finished hypotheses, min length, the length penalty, or a chat leaving
+    # while others run. Here they do, and the test checks that they did.
+    seen = {"chats": 0, "ended": 0, "left_while_others_run": 0}
+    step = continuous.ContinuousSearch.step
+
+    def counting_step(self: Any) -> Any:
+        done = step(self)
+        for chat in done:
+            seen["chats"] += 1
+            seen["ended"] += bool(chat.finished)
+            seen["left_while_others_run"] += bool(self.chats)
+        return done
+
+    monkeypatch.setattr(continuous.ContinuousSearch, "step", counting_step)
+    with torch_threads(1):
+        tally = sweep(ending_agent, seed=16, cases=120)
+    print("\n" + summary(tally), seen)
+    assert seen["ended"] >= 0.2 * seen["chats"], seen  # the early-finish paths really ran
+    assert seen["left_while_others_run"] > 0, seen
+    assert tally.same >= 0.99 * tally.chats, summary(tally) + "\n" + "\n".join(tally.differences)
+    assert all(gap <= NEAR_TIE for gap in tally.gaps), "\n".join(tally.differences)
+
+
 def test_without_the_masks_companions_change_replies(agent: Any) -> None:
     """The agreement test can fail: the same kind of sweep with the masks off differs."""
     with torch_threads(1), masks_off():
