@@ -13,7 +13,7 @@ import pytest
 
 from bot.logs import log_context, setup_logging
 
-TOKEN = "1234567890:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw1"
+TOKEN = "1234567890:FAKE-json-log-redaction-test-token0"  # not a real token
 SECRET = "webhook-Secret-value_0123"
 PASSWORD = 'db"pass\\word-77'  # characters JSON escapes: redaction must happen before encoding
 
