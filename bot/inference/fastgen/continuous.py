@@ -34,7 +34,7 @@ from parlai.utils.torch import neginf
 
 from bot.inference.fastgen.beam import BatchedBeams
 from bot.inference.fastgen.kernels import NEG, block_context_ngrams, block_self_ngrams, row_topk
-from bot.inference.fastgen.steppers import fast_decoder_supported
+from bot.inference.fastgen.steppers import after_self_attention, fast_decoder_supported
 
 # Private switch for the agreement test: False drops the padding and position masks, which must
 # make chats' replies depend on their companions.
@@ -454,7 +454,6 @@ class ContinuousSearch:
         rows = self.rows
         pos = self.pos
         x = self.dec.forward_embedding(self.tokens, pos.unsqueeze(1))
-        post = self.variant in ("aiayn", "xlm", "bart")
         width = int(pos.max()) + 1
         every = torch.arange(rows, device=self.dev)
         fill = None
@@ -476,23 +475,7 @@ class ContinuousSearch:
             keys = cache[0].view(rows * self.heads, -1, self.dh)[:, :width]
             values = cache[1].view(rows * self.heads, -1, self.dh)[:, :width]
             x = self._self_attend(sa, x, keys, values, fill)
-            x = x + residual
-            if post:
-                x = layer.norm1(x)
-            residual = x
-            if self.variant == "prelayernorm":
-                x = layer.norm2(x)
-            x = self._cross_attend(layer.encoder_attention, x, ck, cv)
-            x = residual + x
-            if post:
-                x = layer.norm2(x)
-            residual = x
-            if self.variant == "prelayernorm":
-                x = layer.norm3(x)
-            x = layer.ffn(x)
-            x = residual + x
-            if post:
-                x = layer.norm3(x)
+            x = after_self_attention(layer, self.variant, x, residual, self._cross_attend, ck, cv)
         if self.variant == "prelayernorm":
             x = self.dec.norm_embeddings(x)
         return self.model.output(x).squeeze(1)  # type: ignore[no-any-return]

@@ -7,6 +7,7 @@ it which row each hypothesis extends and which token it appended (`advance`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,6 +24,43 @@ from parlai.utils.torch import neginf
 # `batch x beam` copies of the same rows, so the cross-attention K/V are then projected from the
 # expanded encoder output, exactly as ParlAI does (cheap at that size).
 COMPACT_KV_MIN_ROWS = 64
+
+
+# Variants that normalise after each residual (ParlAI's "postlayernorm" family).
+POST_NORM = ("aiayn", "xlm", "bart")
+
+
+def after_self_attention(
+    layer: Any,
+    variant: str,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    cross_attend: Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    ck: torch.Tensor,
+    cv: torch.Tensor,
+) -> torch.Tensor:
+    """The rest of one decoder layer once its self-attention ran: residual and norm,
+    cross-attention (`cross_attend` with the chat's keys `ck` and values `cv`), FFN, in
+    ParlAI's operation order (so scores stay bit for bit)."""
+    post = variant in POST_NORM
+    x = x + residual
+    if post:
+        x = layer.norm1(x)
+    residual = x
+    if variant == "prelayernorm":
+        x = layer.norm2(x)
+    x = cross_attend(layer.encoder_attention, x, ck, cv)
+    x = residual + x
+    if post:
+        x = layer.norm2(x)
+    residual = x
+    if variant == "prelayernorm":
+        x = layer.norm3(x)
+    x = layer.ffn(x)
+    x = residual + x
+    if post:
+        x = layer.norm3(x)
+    return x
 
 
 class GenericDecoder:
@@ -217,7 +255,6 @@ class FastDecoder:
         t = step
         positions = torch.tensor([[t]], dtype=torch.long, device=self.tokens.device)
         x = self.dec.forward_embedding(self.tokens, positions)
-        post = self.variant in ("aiayn", "xlm", "bart")
         width = t + 1
         for layer, cache, (ck, cv) in zip(self.dec.layers, self.cache, self.cross, strict=True):
             sa = layer.self_attention
@@ -229,23 +266,7 @@ class FastDecoder:
             keys = cache[0].view(self.rows * self.heads, -1, self.dh)[:, :width]
             values = cache[1].view(self.rows * self.heads, -1, self.dh)[:, :width]
             x = self._self_attend(sa, x, keys.transpose(1, 2), values)
-            x = x + residual
-            if post:
-                x = layer.norm1(x)
-            residual = x
-            if self.variant == "prelayernorm":
-                x = layer.norm2(x)
-            x = self._cross_attend(layer.encoder_attention, x, ck, cv)
-            x = residual + x
-            if post:
-                x = layer.norm2(x)
-            residual = x
-            if self.variant == "prelayernorm":
-                x = layer.norm3(x)
-            x = layer.ffn(x)
-            x = residual + x
-            if post:
-                x = layer.norm3(x)
+            x = after_self_attention(layer, self.variant, x, residual, self._cross_attend, ck, cv)
         if self.variant == "prelayernorm":
             x = self.dec.norm_embeddings(x)
         self.step = t + 1
