@@ -67,18 +67,11 @@ class Series:
     dots: list[tuple[float, float, str]]  # x, y, tooltip
 
 
-@dataclass(frozen=True)
-class Chart:
-    """What the chart macros draw."""
+class _PlotArea:
+    """The plot area inside a chart's margins (both chart kinds draw their axes from it)."""
 
-    title: str
-    width: int = WIDTH
-    height: int = HEIGHT
-    ticks: list[Tick] = field(default_factory=list)
-    bars: list[Bar] = field(default_factory=list)
-    series: list[Series] = field(default_factory=list)
-    xlabels: list[tuple[float, str]] = field(default_factory=list)
-    empty: bool = False
+    width: int
+    height: int
 
     @property
     def plot_left(self) -> int:
@@ -94,6 +87,20 @@ class Chart:
     def plot_bottom(self) -> int:
         """y of the x axis."""
         return self.height - BOTTOM
+
+
+@dataclass(frozen=True)
+class Chart(_PlotArea):
+    """What the chart macros draw."""
+
+    title: str
+    width: int = WIDTH
+    height: int = HEIGHT
+    ticks: list[Tick] = field(default_factory=list)
+    bars: list[Bar] = field(default_factory=list)
+    series: list[Series] = field(default_factory=list)
+    xlabels: list[tuple[float, str]] = field(default_factory=list)
+    empty: bool = False
 
 
 def _y(value: float, top: float) -> float:
@@ -189,7 +196,7 @@ class Interval:
 
 
 @dataclass(frozen=True)
-class IntervalChart:
+class IntervalChart(_PlotArea):
     """The variants page's chart, the SVG twin of `admin variants --plot`."""
 
     title: str
@@ -198,21 +205,6 @@ class IntervalChart:
     control_y: float | None
     width: int
     height: int = HEIGHT
-
-    @property
-    def plot_left(self) -> int:
-        """x of the y axis."""
-        return LEFT
-
-    @property
-    def plot_right(self) -> int:
-        """x of the plot's right edge."""
-        return self.width - RIGHT
-
-    @property
-    def plot_bottom(self) -> int:
-        """y of the x axis."""
-        return self.height - BOTTOM
 
 
 def interval_chart(report: VariantReport) -> IntervalChart:
