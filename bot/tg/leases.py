@@ -122,9 +122,8 @@ class Leases:
         self.linger_s = linger_s
         # This replica's heartbeat (None: a bare Leases, as in some tests): a stale peer's
         # leases are taken over, and ours read as lost while our own heartbeats fail.
+        # Every fence bumps heartbeat.epoch; _trusted() then forgets what we remember.
         self.heartbeat = heartbeat
-        if heartbeat is not None:
-            heartbeat.on_fence(self._forget_all)
         self.on_takeover = on_takeover  # called with the kind, e.g. to count takeovers
         self._held: dict[int, float] = {}  # chat_id -> monotonic time the lease runs out
         # chat_id -> the lease_until we wrote: a late release deletes only that lease, never

@@ -70,7 +70,6 @@ class Heartbeat:
         # Bumped at every fence: a lease won in an older epoch is not to be trusted any more
         # (bot/tg/leases.py), whichever way the fence was noticed.
         self.epoch = 0
-        self._on_fence: list[Callable[[], None]] = []
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -84,10 +83,6 @@ class Heartbeat:
             self._fence()
         return alive
 
-    def on_fence(self, callback: Callable[[], None]) -> None:
-        """Call `callback` when this replica fences itself (its leases must be forgotten)."""
-        self._on_fence.append(callback)
-
     def _fence(self) -> None:
         self._fenced = True
         self.epoch += 1
@@ -97,8 +92,6 @@ class Heartbeat:
             self.fence_after_s,
             self.dead_after_s,
         )
-        for callback in self._on_fence:
-            callback()
 
     def dead_before(self) -> datetime:
         """Heartbeats older than this are dead replicas."""
