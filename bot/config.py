@@ -85,6 +85,12 @@ class Settings(BaseSettings):
     model_workers: Literal["process", "inline"] = "process"
     # Torch threads per worker process (a variant's `threads` wins); None: TORCH_THREADS.
     worker_threads: int | None = Field(default=None, ge=1)
+    # A worker that answers no ping, or makes no decoding step while it has work, for this
+    # long is killed and restarted; its turns are retried on the new one (bot/inference/workers.py).
+    worker_stall_s: float = Field(default=10.0, ge=2.0, le=600.0)
+    # Every turn's deadline, waiting for a restarting worker included; then it fails (and is
+    # retried, then apologised for, like any failed turn).
+    generation_timeout_s: float = Field(default=120.0, ge=5.0, le=3600.0)
     # 👍/👎 under every reply and the 1-5 rating at /done.
     feedback_buttons: bool = True
     # Let users pick a variant by name with /model (the experiment is blind otherwise).

@@ -14,13 +14,15 @@ runner, counts nothing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from bot.conversations.actions import Reply
@@ -192,6 +194,11 @@ class Metrics:
         for kind in ("inbox", "outbox", "poller"):
             self.lease_takeovers.labels(kind)
 
+    def watch_worker_restarts(self, source: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
+        """bot_worker_restarts_total{variant,reason}, read from the workers at scrape time
+        (`source`: variant -> reason -> restarts): exited, stalled or pipe_full."""
+        self.registry.register(_WorkerRestarts(source))
+
     # --- one-line hooks for the components that count -------------------------------------
 
     def lease_taken_over(self, kind: str) -> None:
@@ -244,3 +251,25 @@ class Metrics:
         self.inbox_depth.set(inbox_depth)
         self.inbox_lag.set(inbox_lag_s)
         self.outbox_depth.set(outbox_depth)
+
+
+class _WorkerRestarts(Collector):
+    """The model workers' restarts, counted by their handles (bot/inference/workers.py)."""
+
+    def __init__(self, source: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "bot_worker_restarts",
+            "Model worker processes restarted, by variant and why: exited (died), stalled "
+            "(answered no ping or made no decoding step for WORKER_STALL_S), pipe_full.",
+            labels=["variant", "reason"],
+        )
+        for variant, reasons in sorted(self._source().items()):
+            for reason in ("exited", "stalled", "pipe_full"):
+                family.add_metric([variant, reason], reasons.get(reason, 0))
+        yield family
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily("bot_worker_restarts", "", labels=["variant", "reason"])

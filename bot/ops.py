@@ -2,7 +2,8 @@
 
 /healthz answers 200 while the process's event loop runs. /readyz answers 200 when this replica
 can do its work: the database answers a `SELECT 1` within a short timeout, every model variant's
-worker is up, and the oldest update waiting in the inbox is younger than READY_MAX_INBOX_LAG_S;
+worker is up and answers its pings (a stalled or restarting one is named), and the oldest
+update waiting in the inbox is younger than READY_MAX_INBOX_LAG_S;
 otherwise 503, with a JSON body naming each failing check and why. A stopping service is not
 ready either, so a load balancer drains it before it goes.
 
@@ -62,9 +63,13 @@ def model_check(responder: object) -> tuple[bool, str]:
     engines: dict[str, Any] | None = getattr(responder, "engines", None)
     if not engines:
         return True, "loaded"
-    down = [name for name, engine in engines.items() if not getattr(engine, "alive", True)]
+    down = {
+        name: getattr(engine, "state", "") or "worker down; restarting"
+        for name, engine in engines.items()
+        if not getattr(engine, "alive", True)
+    }
     if down:
-        return False, f"worker down (restarting) for variant(s) {', '.join(sorted(down))}"
+        return False, "; ".join(f"variant {name}: {why}" for name, why in sorted(down.items()))
     return True, f"{len(engines)} variant(s) loaded"
 
 

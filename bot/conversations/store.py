@@ -411,6 +411,11 @@ class ConversationStore:
 
     # --- variants --------------------------------------------------------------------------
 
+    async def variant_of(self, chat_id: int) -> str | None:
+        """The chat's stored variant (None before its first turn)."""
+        async with self.sessionmaker() as db:
+            return await assignments.variant_of(db, chat_id)
+
     async def assign_variant(self, chat_id: int, experiment: str, variant: str) -> str:
         """The chat's variant: the stored one, else `variant`, stored now (its first turn)."""
         async with self.sessionmaker.begin() as db:

@@ -65,6 +65,30 @@ class _Job:
     future: asyncio.Future[Generated]
 
 
+class Liveness:
+    """Whether the inference thread makes progress: the time of its last sign of it (a
+    decoding step, a batch taken or finished) and whether it has work in hand. The worker
+    reports `stuck_s` in its answer to the service's pings (bot/inference/workers.py), so a
+    long generation is not a hang, and an idle thread is never stuck."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self._at = time.monotonic()
+
+    def beat(self) -> None:
+        """A decoding step (or any other progress) just happened."""
+        self._at = time.monotonic()
+
+    def working(self, busy: bool) -> None:
+        """The thread takes work (True) or has none left (False)."""
+        self.busy = busy
+        self._at = time.monotonic()
+
+    def stuck_s(self) -> float:
+        """Seconds without progress while there is work (0 when idle)."""
+        return time.monotonic() - self._at if self.busy else 0.0
+
+
 @dataclass
 class BatchStats:
     """How batches were formed."""
@@ -91,6 +115,7 @@ class Batcher:
         self.max_wait = max_wait_ms / 1000.0
         self.postprocess = postprocess
         self.stats = BatchStats()
+        self.liveness = Liveness()
         self._queue: asyncio.Queue[_Job] | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
@@ -167,6 +192,13 @@ class Batcher:
 
     def _run_batch(self, batch: list[_Job]) -> list[Generated]:
         """Runs on the inference thread: observe each clone, one batch_act, self_observe each."""
+        self.liveness.working(True)
+        try:
+            return self._answer_batch(batch)
+        finally:
+            self.liveness.working(False)
+
+    def _answer_batch(self, batch: list[_Job]) -> list[Generated]:
         from parlai.core.message import Message
 
         started = time.perf_counter()

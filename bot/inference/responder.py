@@ -15,7 +15,7 @@ from bot.config import Settings
 from bot.conversations.actions import GenerationError, Reply
 from bot.conversations.store import ConversationContext
 from bot.db.conversations import SessionRow
-from bot.inference.batcher import Batcher, BatchError, Generated, ModelView
+from bot.inference.batcher import Batcher, BatchError, Generated, Liveness, ModelView
 from bot.inference.cache import AgentCache, Conversation
 from bot.inference.scheduler import DraftSink, Scheduler
 
@@ -51,6 +51,7 @@ class Responder:
         self.settings = settings
         self.cache = AgentCache(shared_agent, settings.agent_cache_size)
         self.batcher: Batcher | Scheduler = make_engine(shared_agent, settings)
+        count_steps(shared_agent, self.batcher.liveness)
 
     @classmethod
     async def start(
@@ -177,6 +178,18 @@ class Responder:
         entry = self.cache.peek(session_id)
         if entry is not None:
             entry.last_message_id = last_message_id
+
+
+def count_steps(shared_agent: Any, liveness: Liveness) -> None:
+    """Every call of the model's token embeddings (once per decoding step, in ParlAI's search
+    and in fastgen's; and per encoder pass) is a sign of progress. A model without them is
+    judged by its batches and the scheduler's steps alone."""
+    import torch
+
+    model = getattr(shared_agent, "model", None)
+    embeddings = getattr(getattr(model, "decoder", None), "embeddings", None)
+    if isinstance(embeddings, torch.nn.Module):
+        embeddings.register_forward_hook(lambda *_: liveness.beat())
 
 
 def make_engine(shared_agent: Any, settings: Settings) -> Batcher | Scheduler:

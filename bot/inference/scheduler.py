@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot.conversations.drafts import DraftSink
-from bot.inference.batcher import BatchError, BatchStats, Generated, chat_reply
+from bot.inference.batcher import BatchError, BatchStats, Generated, Liveness, chat_reply
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class Scheduler:
         self.postprocess = postprocess
         self.draft_interval_s = draft_interval_s
         self.stats = BatchStats()  # batches: decoding steps; sizes: chats per step
+        self.liveness = Liveness()  # idle while it waits for turns, a beat per step
         self._waiting: deque[_Job] = deque()
         self._running: dict[int, _Job] = {}
         self._wake = threading.Condition()
@@ -145,8 +146,11 @@ class Scheduler:
         closed and idle."""
         search = self._search
         with self._wake:
-            while not self._waiting and not self._running and not self._closing:
-                self._wake.wait()
+            if not self._waiting and not self._running and not self._closing:
+                self.liveness.working(False)
+                while not self._waiting and not self._running and not self._closing:
+                    self._wake.wait()
+                self.liveness.working(True)
             if self._closing and not self._running:
                 return False
             admit: list[_Job] = []
@@ -164,6 +168,7 @@ class Scheduler:
         self.stats.sizes[len(self._running)] += 1
         for job in self._running.values():
             job.companions = max(job.companions, len(self._running))
+        self.liveness.beat()
         try:
             finished = search.step()
         except Exception as err:

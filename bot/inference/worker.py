@@ -12,6 +12,7 @@ Messages, parent -> worker:
     ("stored", session_id, last_message_id) the turn is committed up to this message
     ("inspect", req_id, SessionRow, ConversationContext | None)   what the model reads now
     ("stats", req_id)                      cache, batch and memory figures
+    ("ping", 0)                            once a second: are you there?
     ("stop",)
 worker -> parent:
     ("ready", info) or ("failed", reason)   once, after loading the model
@@ -23,6 +24,8 @@ worker -> parent:
                                             second (continuous scheduler only)
     ("error", req_id, message)              generation failed (safe to log)
     ("stats", req_id, dict)
+    ("pong", 0, stuck_s)                    the answer to a ping: seconds the inference
+                                            thread has had work but made no decoding step
 """
 
 from __future__ import annotations
@@ -202,6 +205,9 @@ async def _serve(conn: Connection, agent: Any, spec: WorkerSpec) -> None:
             task = asyncio.create_task(work)
             running.add(task)
             task.add_done_callback(running.discard)
+        elif kind == "ping":
+            # Answered here, on the event loop; the inference thread's progress goes with it.
+            send(("pong", 0, responder.batcher.liveness.stuck_s()))
         elif kind == "evict":
             responder.evict(message[1])
         elif kind == "stored":

@@ -1,19 +1,30 @@
 """The service's side of a model worker process (bot.inference.worker): start it, send it
-turns, restart it when it dies.
+turns, watch that it answers, restart it when it dies or hangs.
+
+Nothing here may block the event loop on the worker: messages to it go through a bounded queue
+to a writer thread of its own (a stopped worker fills its pipe, and a blocking `send` on the
+loop would freeze the whole service), and replies come back through a reader thread.
 
 A worker that dies (kill -9, out of memory, a CUDA error) fails the turns it was working on
 with WorkerLost; `generate` waits for the restarted worker and sends them again, so they are
-answered once it is back, while other variants' workers keep answering. The restart waits with
-exponential backoff, so a worker that cannot come up does not spin.
+answered once it is back, while other variants' workers keep answering. A worker that hangs
+(SIGSTOP, a deadlock, a swapped-out machine) is treated the same way: the service pings it once
+a second, and the worker answers from its event loop with how long its inference thread has
+been without progress while it has work (a decoding step counts, so a long generation is not a
+hang). No answer, or no progress, for WORKER_STALL_S seconds, or a full pipe, and the worker is
+killed and restarted. The restart waits with exponential backoff, so a worker that cannot come
+up does not spin; every turn has a deadline (GENERATION_TIMEOUT_S) all the same.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
 import multiprocessing
+import queue
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -38,6 +49,15 @@ MAX_LOST = 3
 START_TIMEOUT_S = 600.0  # a zoo model downloads on its first start
 STOP_TIMEOUT_S = 10.0
 RESTART_BACKOFF = Backoff(initial_s=0.5, factor=2.0, cap_s=30.0)
+PING_INTERVAL_S = 1.0
+STATS_TIMEOUT_S = 2.0
+# Messages waiting for the writer thread (at least 4 per concurrent chat). A live worker drains
+# its pipe at once (its reader thread only queues what it reads), so a full queue means the
+# worker stopped reading.
+SEND_QUEUE_SIZE = 1000
+
+# Why a worker was restarted (bot_worker_restarts_total{reason}).
+EXITED, STALLED, PIPE_FULL = "exited", "stalled", "pipe_full"
 
 
 class WorkerStartError(Exception):
@@ -45,7 +65,7 @@ class WorkerStartError(Exception):
 
 
 class WorkerLost(Exception):
-    """The worker process died while a request was in flight."""
+    """The worker process died, or was killed for hanging, while a request was in flight."""
 
 
 class _NeedContext:
@@ -61,7 +81,13 @@ class WorkerHandle:
         self.spec = spec
         self.name = spec.variant
         self.store = store
+        self.stall_s = spec.settings.worker_stall_s
+        self.turn_timeout_s = spec.settings.generation_timeout_s
+        # Room for every chat's turn at once (a restarted worker gets them all in one burst).
+        self.send_queue_size = max(SEND_QUEUE_SIZE, 4 * spec.settings.max_concurrent_chats)
         self.restarts = 0
+        # bot_worker_restarts_total{variant,reason}, read at scrape time (bot/metrics.py).
+        self.restart_reasons: collections.Counter[str] = collections.Counter()
         self.info: dict[str, Any] = {}
         self._ready = asyncio.Event()
         self._lost = asyncio.Event()
@@ -71,7 +97,14 @@ class WorkerHandle:
         self._drafts: dict[int, DraftSink] = {}  # req_id -> where its drafts go
         self._conn: Connection | None = None
         self._proc: BaseProcess | None = None
+        self._sending: queue.Queue[tuple[Any, ...] | None] | None = None
         self._supervisor: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        # Liveness: when the worker last answered a ping, and how long its inference thread
+        # had then been without progress while it had work.
+        self._heard_at = time.monotonic()
+        self._stuck_s = 0.0
+        self._down: tuple[str, str] | None = None  # (reason, detail) while stalled/restarting
 
     @property
     def pid(self) -> int | None:
@@ -80,32 +113,44 @@ class WorkerHandle:
 
     @property
     def alive(self) -> bool:
-        """Whether the worker is up and taking turns."""
+        """Whether the worker is up, answering and taking turns."""
         return self._ready.is_set()
+
+    @property
+    def state(self) -> str:
+        """Why the worker takes no turns now ("" while it does), for /readyz."""
+        if self._ready.is_set():
+            return ""
+        if self._down is not None and self._down[0] != EXITED:
+            return f"worker stalled ({self._down[1]}); restarting"
+        return "worker down; restarting"
 
     async def start(self) -> None:
         """Start the worker and wait until its model is loaded; WorkerStartError if it cannot."""
         await self._spawn()
         self._supervisor = asyncio.create_task(self._supervise(), name=f"worker:{self.name}")
+        self._watcher = asyncio.create_task(self._watch(), name=f"worker-ping:{self.name}")
 
     async def close(self) -> None:
-        """Stop the worker: ask, then terminate, then kill."""
+        """Stop the worker: ask, then kill (at once if it does not answer pings any more)."""
         self._closing = True
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
+        for task in (self._supervisor, self._watcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         proc, conn = self._proc, self._conn
+        answering = self._ready.is_set() and self._quiet_s() < 3 * PING_INTERVAL_S
         self._ready.clear()
-        if conn is not None:
-            with contextlib.suppress(OSError):
-                conn.send(("stop",))
+        with contextlib.suppress(WorkerLost):
+            self._send(("stop",))
         if proc is not None:
-            await asyncio.to_thread(proc.join, STOP_TIMEOUT_S)
+            await asyncio.to_thread(proc.join, STOP_TIMEOUT_S if answering else 0.0)
             if proc.is_alive():
                 log.warning("variant %s: worker %s did not stop; killing it", self.name, proc.pid)
                 proc.kill()
                 await asyncio.to_thread(proc.join, STOP_TIMEOUT_S)
+        self._stop_writer()
         if conn is not None:
             conn.close()
         for future in self._pending.values():
@@ -134,7 +179,21 @@ class WorkerHandle:
     async def _with_context(
         self, kind: str, session: SessionRow, *args: Any, on_draft: DraftSink | None = None
     ) -> Any:
-        """A request about a session, with its context sent when the worker asks for it."""
+        """A request about a session, with its context sent when the worker asks for it, within
+        the turn's deadline (waiting for a restarted worker included)."""
+        try:
+            async with asyncio.timeout(self.turn_timeout_s):
+                return await self._context_round_trips(kind, session, *args, on_draft=on_draft)
+        except TimeoutError:
+            self.evict(session.id)  # whatever the worker still does with it, it is not stored
+            raise GenerationError(
+                f"variant {self.name}: no reply within GENERATION_TIMEOUT_S "
+                f"({self.turn_timeout_s:g} s)"
+            ) from None
+
+    async def _context_round_trips(
+        self, kind: str, session: SessionRow, *args: Any, on_draft: DraftSink | None = None
+    ) -> Any:
         context = None
         lost = 0
         while True:
@@ -157,9 +216,15 @@ class WorkerHandle:
             return result
 
     async def stats(self) -> dict[str, Any]:
-        """The worker's cache, batch and memory figures."""
-        await self._ready.wait()
-        result: dict[str, Any] = await self._request(("stats",))
+        """The worker's cache, batch and memory figures ({} while it is down or does not answer
+        within STATS_TIMEOUT_S: a status report never waits on a hung worker)."""
+        if not self._ready.is_set():
+            return {}
+        try:
+            async with asyncio.timeout(STATS_TIMEOUT_S):
+                result: dict[str, Any] = await self._request(("stats",))
+        except (TimeoutError, WorkerLost):
+            return {}
         return result
 
     def evict(self, session_id: int) -> None:
@@ -174,23 +239,31 @@ class WorkerHandle:
         """Nothing to do: every turn carries the session's persona, and the worker follows."""
 
     def _tell(self, message: tuple[Any, ...]) -> None:
-        if self._conn is None or not self._ready.is_set():
+        if not self._ready.is_set():
             return
-        with contextlib.suppress(OSError):  # dying: the reader notices and restarts it
-            self._conn.send(message)
+        with contextlib.suppress(WorkerLost):  # a hung worker: the watcher restarts it
+            self._send(message)
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        """Queue a message for the writer thread, never blocking; WorkerLost when the worker
+        is down, or has stopped reading (its pipe and the queue are full: it is restarted)."""
+        sending = self._sending
+        if sending is None:
+            raise WorkerLost
+        try:
+            sending.put_nowait(message)
+        except queue.Full:
+            self._stall(PIPE_FULL, f"{sending.maxsize} messages waiting: it stopped reading")
+            raise WorkerLost from None
 
     async def _request(self, message: tuple[Any, ...], on_draft: DraftSink | None = None) -> Any:
-        assert self._conn is not None
         req_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = future
         if on_draft is not None:
             self._drafts[req_id] = on_draft
         try:
-            try:
-                self._conn.send((message[0], req_id, *message[1:]))
-            except OSError:
-                raise WorkerLost from None
+            self._send((message[0], req_id, *message[1:]))
             return await future
         finally:
             self._pending.pop(req_id, None)
@@ -198,6 +271,10 @@ class WorkerHandle:
 
     def _on_message(self, message: tuple[Any, ...]) -> None:
         kind, req_id = message[0], message[1]
+        if kind == "pong":
+            self._heard_at = time.monotonic()
+            self._stuck_s = float(message[2])
+            return
         if kind == "draft":
             sink = self._drafts.get(req_id)
             if sink is not None:
@@ -220,10 +297,54 @@ class WorkerHandle:
         if conn is not self._conn:
             return
         self._ready.clear()
+        self._down = self._down or (EXITED, "the process exited")
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(WorkerLost())
         self._lost.set()
+
+    # --- liveness --------------------------------------------------------------------------
+
+    def _quiet_s(self) -> float:
+        return time.monotonic() - self._heard_at
+
+    async def _watch(self) -> None:
+        """Ping the worker once a second; restart it when it stops answering or progressing."""
+        while not self._closing:
+            await asyncio.sleep(PING_INTERVAL_S)
+            if not self._ready.is_set():
+                continue
+            quiet = self._quiet_s()
+            if quiet > self.stall_s:
+                self._stall(STALLED, f"no answer to pings for {quiet:.1f} s")
+            elif self._stuck_s > self.stall_s:
+                self._stall(STALLED, f"no decoding step for {self._stuck_s:.1f} s")
+            else:
+                with contextlib.suppress(WorkerLost):
+                    self._send(("ping", 0))
+
+    def _stall(self, reason: str, detail: str) -> None:
+        """The worker hangs: take no more turns and kill it; the reader thread then sees the
+        pipe close and its turns are lost and retried, as for a worker that died."""
+        if not self._ready.is_set() or self._closing:
+            return
+        self._ready.clear()
+        self._down = (reason, detail)
+        proc = self._proc
+        log.error(
+            "variant %s: worker %s stalled (%s); killing and restarting it",
+            self.name,
+            proc.pid if proc is not None else None,
+            detail,
+        )
+        if proc is not None:
+            proc.kill()  # SIGKILL reaches a stopped process too
+
+    def _stop_writer(self) -> None:
+        sending, self._sending = self._sending, None
+        if sending is not None:
+            with contextlib.suppress(queue.Full):
+                sending.put_nowait(None)  # a writer blocked in a dead pipe ends on EPIPE
 
     # --- the process -----------------------------------------------------------------------
 
@@ -254,10 +375,18 @@ class WorkerHandle:
             raise WorkerStartError(str(first[1]))
         self.info = dict(first[1])
         self._conn, self._proc = parent, proc
+        self._sending = queue.Queue(self.send_queue_size)
+        self._heard_at, self._stuck_s, self._down = time.monotonic(), 0.0, None
         self._lost.clear()
         loop = asyncio.get_running_loop()
         threading.Thread(
             target=_read, args=(parent, loop, self), name=f"worker-pipe:{self.name}", daemon=True
+        ).start()
+        threading.Thread(
+            target=_write,
+            args=(parent, self._sending, self.name),
+            name=f"worker-send:{self.name}",
+            daemon=True,
         ).start()
         self._ready.set()
 
@@ -268,15 +397,19 @@ class WorkerHandle:
             await self._lost.wait()
             if time.monotonic() - started > 60:
                 failures = 0  # it stayed up a while: the next restart starts from a short delay
+            reason = self._down[0] if self._down is not None else EXITED
+            self.restart_reasons[reason] += 1
             proc = self._proc
             if proc is not None:
                 await asyncio.to_thread(proc.join, STOP_TIMEOUT_S)
-                log.error(
-                    "variant %s: worker %s died (exit code %s); restarting it",
-                    self.name,
-                    proc.pid,
-                    proc.exitcode,
-                )
+                if reason == EXITED:
+                    log.error(
+                        "variant %s: worker %s died (exit code %s); restarting it",
+                        self.name,
+                        proc.pid,
+                        proc.exitcode,
+                    )
+            self._stop_writer()
             if self._conn is not None:
                 self._conn.close()
             self._proc = None
@@ -322,6 +455,18 @@ def _read(conn: Connection, loop: asyncio.AbstractEventLoop, handle: WorkerHandl
             return
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(handle._on_message, message)
+
+
+def _write(conn: Connection, sending: queue.Queue[tuple[Any, ...] | None], name: str) -> None:
+    """The pipe's writer thread: the only place that may block on a worker (its pipe full);
+    ends at None, or when the pipe breaks (the reader sees the worker gone and reports it)."""
+    while (message := sending.get()) is not None:
+        try:
+            conn.send(message)
+        except (OSError, ValueError):  # closed or broken: the worker is gone
+            return
+        except Exception:  # an unpicklable message fails alone
+            log.exception("variant %s: a message could not be sent to the worker", name)
 
 
 def worker_spec(

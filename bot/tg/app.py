@@ -117,6 +117,9 @@ class Service:
         self.chat = ChatActions(
             self.store, responder, settings, experiment=getattr(responder, "experiment", None)
         )
+        restarts = getattr(responder, "restart_reasons", None)
+        if restarts is not None:  # bot_worker_restarts_total{variant,reason}
+            self.metrics.watch_worker_restarts(restarts)
         self.handlers = Handlers(self.chat, settings, sessionmaker)
         self.handlers.register(application)
         bot = application.bot
@@ -163,6 +166,7 @@ class Service:
             backoff=backoff,
             leases=self.leases[0],
             metrics=self.metrics,
+            lanes=responder if hasattr(responder, "lane_of") else None,  # type: ignore[arg-type]
             # Another replica may have stored the rows (it polls, or nginx sent it the POST):
             # look often enough that its chats never wait long for a free replica.
             poll_interval_s=1.0,

@@ -8,6 +8,11 @@ handled meanwhile are not handled twice; it works through them in order, renewin
 before each, and reads again until none is left. A chat whose lease another process holds
 gives its slot back and tries again after a pause; a chat waiting for a slot holds no lease,
 so another replica with room can take it. Rows left by a crash are found by the first scan.
+
+Lanes (the inbox worker's: a chat's lane is its model variant) split the slots further: no lane
+holds more than its share of them, so chats stuck on one variant's hung worker cannot starve
+the other variants; and a chat whose lane is not ready (its worker stalled or restarting) is
+not taken, or given back between rows, so a replica whose worker is up answers it meanwhile.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import Generic, TypeVar
+from math import ceil
+from typing import Generic, Protocol, TypeVar
 
 from bot.tg.backoff import Backoff, wait_event
 from bot.tg.leases import Leases
@@ -27,6 +33,23 @@ R = TypeVar("R")
 
 # Waiting for another process's lease of a chat: it lingers about a second after its work.
 CLAIM_BACKOFF = Backoff(initial_s=0.1, factor=2.0, cap_s=1.0)
+
+
+class Lanes(Protocol):
+    """What a pool needs to know of its lanes (bot.variants.router.VariantResponder)."""
+
+    @property
+    def lanes(self) -> int:
+        """How many lanes share the slots."""
+        ...
+
+    async def lane_of(self, chat_id: int) -> str:
+        """The chat's lane."""
+        ...
+
+    def lane_ready(self, name: str) -> bool:
+        """Whether the lane takes work now."""
+        ...
 
 
 class ChatPool(Generic[R]):
@@ -53,6 +76,7 @@ class ChatPool(Generic[R]):
         poll_interval_s: float = 5.0,
         max_concurrent: int | None = None,
         drain_on_stop: bool = False,
+        lanes: Lanes | None = None,
     ) -> None:
         self.name = name
         self._pending_chats = pending_chats
@@ -65,6 +89,14 @@ class ChatPool(Generic[R]):
         self.backoff = backoff or Backoff(initial_s=0.5, cap_s=10.0)
         self.poll_interval_s = poll_interval_s
         self._slots = asyncio.Semaphore(max_concurrent) if max_concurrent else None
+        self._lanes = lanes
+        # Each lane's share of the slots (an equal one: weights steer new chats, not load).
+        self._lane_share = (
+            ceil(max_concurrent / lanes.lanes)
+            if lanes is not None and max_concurrent and lanes.lanes > 1
+            else None
+        )
+        self._lane_slots: dict[str, asyncio.Semaphore] = {}
         # On stop: finish every chat's rows within the grace time (delivery), or only the row
         # in hand (the inbox worker: what is left stays pending for the next start).
         self.drain_on_stop = drain_on_stop
@@ -160,16 +192,23 @@ class ChatPool(Generic[R]):
 
     async def _work(self, chat_id: int) -> None:
         attempt = 0
+        lane = await self._lane_of(chat_id)
         try:
             while self._running():
+                if lane is not None and not self._lane_ready(lane):
+                    attempt += 1
+                    await CLAIM_BACKOFF.sleep(attempt)
+                    continue
                 # The concurrency slot first, then the chat's lease: a chat waiting for a slot
                 # holds no lease (a replica with room takes it meanwhile), and a chat whose
                 # lease another process holds waits without a slot.
-                async with self._slots if self._slots is not None else contextlib.nullcontext():
+                async with self._slot(lane):
                     if not self._running():
                         return
-                    outcome = await self._work_rows(chat_id)
-                if outcome == "busy":
+                    outcome = await self._work_rows(chat_id, lane)
+                if outcome == "closed" and self.leases is not None:
+                    await self.leases.release(chat_id)  # another replica may answer it now
+                if outcome in ("busy", "closed"):
                     attempt += 1
                     await CLAIM_BACKOFF.sleep(attempt)
                     continue
@@ -180,11 +219,38 @@ class ChatPool(Generic[R]):
             if self.leases is not None:
                 await self.leases.release(chat_id)
 
-    async def _work_rows(self, chat_id: int) -> str:
+    @contextlib.asynccontextmanager
+    async def _slot(self, lane: str | None) -> AsyncIterator[None]:
+        """One of the lane's share of the slots, then a concurrency slot (in this order: a
+        chat waiting for its lane's share holds none of the others' slots)."""
+        async with contextlib.AsyncExitStack() as slots:
+            if lane is not None and self._lane_share is not None:
+                share = self._lane_slots.setdefault(lane, asyncio.Semaphore(self._lane_share))
+                await slots.enter_async_context(share)
+            if self._slots is not None:
+                await slots.enter_async_context(self._slots)
+            yield
+
+    async def _lane_of(self, chat_id: int) -> str | None:
+        if self._lanes is None:
+            return None
+        try:
+            return await self._lanes.lane_of(chat_id)
+        except Exception as err:  # noqa: BLE001 - the database is down: the rows will wait
+            log.warning("%s: the lane of chat %s is unknown (%s)", self.name, chat_id, err)
+            return None
+
+    def _lane_ready(self, lane: str | None) -> bool:
+        return lane is None or self._lanes is None or self._lanes.lane_ready(lane)
+
+    async def _work_rows(self, chat_id: int, lane: str | None = None) -> str:
         """The chat's rows in order while its lease is ours: "done", "stalled" (a row failed
-        and stays pending) or "busy" (another process holds the chat's lease)."""
+        and stays pending), "busy" (another process holds the chat's lease) or "closed" (the
+        chat's lane stopped taking work)."""
         failures = 0
         while self._running():
+            if not self._lane_ready(lane):
+                return "closed"
             if not await self._claim(chat_id):
                 return "busy"
             try:
@@ -202,6 +268,8 @@ class ChatPool(Generic[R]):
             for row in rows:
                 if not self._running():
                     return "done"
+                if not self._lane_ready(lane):
+                    return "closed"
                 if not await self._claim(chat_id):
                     return "busy"
                 if not await self._process(row):

@@ -22,7 +22,7 @@ from bot.db.models import InboxStatus, OutboxKind
 from bot.logs import log_context
 from bot.metrics import FAILED, Metrics
 from bot.tg.backoff import Backoff
-from bot.tg.chat_pool import ChatPool
+from bot.tg.chat_pool import ChatPool, Lanes
 from bot.tg.leases import Leases
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class InboxWorker:
         scan_limit: int = 1000,
         leases: Leases | None = None,
         metrics: Metrics | None = None,
+        lanes: Lanes | None = None,
     ) -> None:
         self.sessionmaker = sessionmaker
         self.handle = handle
@@ -67,6 +68,9 @@ class InboxWorker:
             backoff=self.backoff,
             poll_interval_s=poll_interval_s,
             max_concurrent=max_concurrent,
+            # A chat's lane is its variant: a share of the slots each, and a variant whose
+            # worker is down takes no chat here (bot/tg/chat_pool.py).
+            lanes=lanes,
         )
 
     def wake(self) -> None:

@@ -206,6 +206,30 @@ class VariantResponder:
         if holder is not None:
             self.engines[holder].turn_stored(session_id, last_message_id)
 
+    def restart_reasons(self) -> dict[str, dict[str, int]]:
+        """Per variant: why and how often its worker was restarted (empty for inline ones)."""
+        return {
+            name: dict(getattr(engine, "restart_reasons", {}))
+            for name, engine in self.engines.items()
+        }
+
+    async def lane_of(self, chat_id: int) -> str:
+        """The variant a chat's next turn goes to (its stored one, or the one its first turn
+        will get): the inbox worker's lane for the chat."""
+        stored = await self.store.variant_of(chat_id)
+        return stored if stored in self.engines else self._choose(chat_id)
+
+    def lane_ready(self, name: str) -> bool:
+        """Whether the variant's engine takes turns now (a stalled or restarting worker
+        does not: its chats wait, or go to a replica whose worker is up)."""
+        engine = self.engines.get(name)
+        return engine is None or bool(getattr(engine, "alive", True))
+
+    @property
+    def lanes(self) -> int:
+        """How many variants share the concurrency slots."""
+        return len(self.engines)
+
     async def worker_stats(self) -> dict[str, dict[str, Any]]:
         """Per variant: pid, restarts and (for workers) cache and memory figures."""
         from bot.inference.workers import WorkerHandle

@@ -20,7 +20,7 @@ from tests.integration.test_variants_service import write_variants
 from tests.support.botprocess import free_port
 from tests.support.fakebotapi import FakeBotAPI, Fault
 from tests.support.fixtures import StartService
-from tests.support.ops import readyz, value, wait_readyz, wait_scraped
+from tests.support.ops import readyz, scrape, value, wait_readyz, wait_scraped
 from tests.support.service_harness import EchoResponder, make_settings, rows
 
 
@@ -207,9 +207,13 @@ async def test_per_variant_figures_and_the_clone_cache_on_the_tiny_model(
     _, body = await wait_readyz(port, 503)
     assert body["checks"]["model"] == {
         "ok": False,
-        "detail": "worker down (restarting) for variant(s) b",
+        "detail": "variant b: worker down; restarting",
     }
     assert body["checks"]["database"]["ok"] is True
     _, body = await wait_readyz(port, 200, timeout_s=90)
     assert body["checks"]["model"] == {"ok": True, "detail": "2 variant(s) loaded"}
     assert engine.pid != pid
+    samples = await scrape(port)
+    assert value(samples, "bot_worker_restarts_total", variant="b", reason="exited") == 1
+    assert value(samples, "bot_worker_restarts_total", variant="b", reason="stalled") == 0
+    assert value(samples, "bot_worker_restarts_total", variant="a", reason="exited") == 0
