@@ -41,6 +41,9 @@ DEFAULT_DAYS = 14
 VARIANTS_TTL_S = 30.0
 PAST_DAYS_TTL_S = 300.0
 MAX_DAYS = 90
+# What a chat or session id can be (BIGINT on PostgreSQL, INTEGER on SQLite): a larger number
+# would be the driver's OverflowError, a 500.
+BIGINT = range(-(2**63), 2**63)
 PUBLIC_PATHS = ("/login",)
 # No script runs on any page, whatever a message contains: there is none of ours, and the
 # policy forbids any other. Styles only from our own stylesheet.
@@ -363,6 +366,20 @@ async def overview(request: web.Request) -> web.StreamResponse:
     )
 
 
+def _page_link(link: str) -> tuple[datetime, int]:
+    """A page link's (updated_at in UTC, session id); ValueError if the query could not use it."""
+    at, _, sid = link.rpartition("|")
+    stamp, session_id = datetime.fromisoformat(at), int(sid)
+    if session_id not in BIGINT:
+        raise ValueError("session id out of range")
+    try:
+        # to UTC here: a stamp that has no UTC time (9999-12-31T23:00-05:00) fails now, not in
+        # the driver
+        return stamp.replace(tzinfo=stamp.tzinfo or UTC).astimezone(UTC), session_id
+    except OverflowError as err:
+        raise ValueError("timestamp out of range") from err
+
+
 def _filter(request: web.Request) -> tuple[queries.ConversationFilter, list[str], str | None]:
     """The search form's filter, the fields it could not read, and a notice."""
     q = request.query
@@ -376,16 +393,20 @@ def _filter(request: web.Request) -> tuple[queries.ConversationFilter, list[str]
             chat_id = int(q["chat_id"].strip())
         except ValueError:
             errors.append("The chat id must be a whole number.")
+        else:
+            if chat_id not in BIGINT:
+                errors.append("The chat id is out of range.")
     if q.get("on", "").strip():
         try:
             on = date.fromisoformat(q["on"].strip())
         except ValueError:
             errors.append("The date must be YYYY-MM-DD.")
+        else:
+            if on == date.max:  # the search runs to the next day's midnight
+                errors.append("The date is out of range.")
     if q.get("before"):
         try:
-            at, _, sid = q["before"].rpartition("|")
-            stamp = datetime.fromisoformat(at)
-            before = (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC), int(sid))
+            before = _page_link(q["before"])
         except ValueError:
             notice = "That page link is broken; this is the first page."
     persona = q.get("persona", "").strip()[:200]
@@ -415,6 +436,7 @@ async def conversation_list(request: web.Request) -> web.StreamResponse:
     return _render(
         request,
         "conversations.html",
+        status=400 if errors or notice else 200,
         page=page,
         search=search,
         errors=errors,
