@@ -30,6 +30,7 @@ from bot.admin.sql import SqlRefused, readonly_engine
 from bot.config import Settings
 from bot.dashboard import charts, queries
 from bot.dashboard.auth import COOKIE, LoginLimiter, Password, Sessions
+from bot.dashboard.server import is_loopback
 from bot.db.engine import make_sessionmaker, safe_url
 from bot.db.models import utcnow
 from bot.variants.config import Experiment
@@ -60,6 +61,7 @@ class Dashboard:
     url: str
     engine: AsyncEngine | None
     sessionmaker: async_sessionmaker[AsyncSession] | None
+    hosts: frozenset[str]  # the Host names it answers to, besides loopback's
     password: Password
     sessions: Sessions
     limiter: LoginLimiter
@@ -183,6 +185,24 @@ async def _security_headers(request: web.Request, handler: Handler) -> web.Strea
     return response
 
 
+def _known_host(request: web.Request) -> bool:
+    try:
+        name = urlsplit("//" + request.headers.get("Host", "")).hostname
+    except ValueError:  # "[::1" and the like
+        return False
+    return name is not None and (is_loopback(name) or name in request.app[DASHBOARD].hosts)
+
+
+async def _allowed_hosts(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Only the dashboard's own Host names: DNS rebinding (evil.example made to resolve to
+    this address) makes another site's page same-origin, Origin header and all."""
+    if not _known_host(request):
+        raise web.HTTPMisdirectedRequest(
+            text="not a host name of this dashboard (DASHBOARD_ALLOWED_HOSTS)"
+        )
+    return await handler(request)
+
+
 def _same_origin(request: web.Request) -> bool:
     origin = request.headers.get("Origin")
     if origin is None:
@@ -225,6 +245,7 @@ async def _database_errors(request: web.Request, handler: Handler) -> web.Stream
 
 # aiohttp's own decorator, applied here: aiohttp is untyped for mypy (follow_imports = skip).
 security_headers = web.middleware(_security_headers)
+allowed_hosts = web.middleware(_allowed_hosts)
 require_login = web.middleware(_require_login)
 database_errors = web.middleware(_database_errors)
 
@@ -506,18 +527,20 @@ async def _close(app: web.Application) -> None:
 
 
 def build_app(
-    settings: Settings, *, url: str, password: str, experiment: Experiment
+    settings: Settings, *, url: str, password: str, experiment: Experiment, listen: str
 ) -> web.Application:
-    """The dashboard for the database at `url` (read-only; see bot.admin.sql.readonly_engine)."""
+    """The dashboard for the database at `url` (read-only; see bot.admin.sql.readonly_engine),
+    served on the address `listen`."""
     pw = Password(password)
     app = web.Application(
-        middlewares=[security_headers, require_login, database_errors],
+        middlewares=[security_headers, allowed_hosts, require_login, database_errors],
         client_max_size=64 * 1024,
     )
     app[DASHBOARD] = Dashboard(
         url=url,
         engine=None,
         sessionmaker=None,
+        hosts=frozenset([listen.strip().strip("[]").lower(), *settings.dashboard_allowed_hosts]),
         password=pw,
         sessions=Sessions(pw),
         limiter=LoginLimiter(),

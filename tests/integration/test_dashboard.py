@@ -92,6 +92,7 @@ async def dash(db_url: str, readonly_url: str, tmp_path: Path) -> AsyncIterator[
         url=admin_sql_url(settings),
         password=PASSWORD,
         experiment=load_experiment(settings),
+        listen=settings.dashboard_listen,
     )
     routes = [(r.method, r.resource.canonical) for r in app.router.routes() if r.resource]
     async with TestClient(TestServer(app)) as client:
@@ -199,6 +200,57 @@ def test_the_limit_is_per_address() -> None:
     assert limiter.check("10.0.0.2") is None
     limiter.succeeded("10.0.0.1")
     assert limiter.check("10.0.0.1") is None
+
+
+async def test_only_its_own_host_names_are_answered(
+    dash: Dash, db_url: str, readonly_url: str, tmp_path: Path
+) -> None:
+    """Regression (DNS rebinding: evil.example made to resolve to 127.0.0.1 is same-origin to
+    the browser, Origin check included): a login posted with Host: evil.example got a session."""
+    r = await dash.client.post(
+        "/login",
+        data={"password": PASSWORD, "next": "/"},
+        headers={"Host": "evil.example", "Origin": "http://evil.example"},
+        allow_redirects=False,
+    )
+    assert r.status == 421 and COOKIE not in r.cookies
+    assert r.headers["X-Frame-Options"] == "DENY"  # refused with the usual headers
+    for host in ("evil.example:8090", "127.0.0.1.evil.example", "localhost.evil.example", ""):
+        r = await dash.client.get("/login", headers={"Host": host})
+        assert r.status == 421, host
+    # loopback names (ssh -L, a proxy on this machine), with any port
+    for host in ("127.0.0.1:8090", "localhost", "LOCALHOST:1234", "[::1]:8090", "127.0.0.7"):
+        assert (await dash.client.get("/login", headers={"Host": host})).status == 200, host
+
+    # the listen address and DASHBOARD_ALLOWED_HOSTS (what a TLS proxy passes on)
+    settings = dashboard_settings(
+        tmp_path, db_url, readonly_url, dashboard_allowed_hosts="Dash.Example.org, [fd00::1]"
+    )
+    assert settings.dashboard_allowed_hosts == ["dash.example.org", "fd00::1"]
+    app = build_app(
+        settings,
+        url=admin_sql_url(settings),
+        password=PASSWORD,
+        experiment=load_experiment(settings),
+        listen="10.1.2.3",
+    )
+    async with TestClient(TestServer(app)) as client:
+        for host in ("dash.example.org", "DASH.example.ORG:443", "[fd00::1]:8090", "10.1.2.3:80"):
+            r = await client.post(
+                "/login",
+                data={"password": PASSWORD, "next": "/"},
+                headers={"Host": host},
+                allow_redirects=False,
+            )
+            assert r.status == 303 and COOKIE in r.cookies, host
+        for host in ("evil.example", "example.org", "10.1.2.4"):
+            assert (await client.get("/login", headers={"Host": host})).status == 421, host
+
+
+def test_allowed_hosts_are_bare_host_names() -> None:
+    for bad in ("dash.example.org:443", "https://dash.example.org", "a/b", "x y"):
+        with pytest.raises(ValueError, match="DASHBOARD_ALLOWED_HOSTS"):
+            Settings(_env_file=None, dashboard_allowed_hosts=bad)  # type: ignore[call-arg]
 
 
 async def test_login_redirects_only_within_the_site(dash: Dash) -> None:
@@ -528,7 +580,13 @@ async def test_each_read_only_layer_of_the_sqlite_engine_holds_alone(sqlite_url:
 async def test_a_missing_database_is_a_503_page_that_says_why(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'nowhere.sqlite3'}"
     settings = dashboard_settings(tmp_path, url, url)
-    app = build_app(settings, url=url, password=PASSWORD, experiment=load_experiment(settings))
+    app = build_app(
+        settings,
+        url=url,
+        password=PASSWORD,
+        experiment=load_experiment(settings),
+        listen=settings.dashboard_listen,
+    )
     async with TestClient(TestServer(app)) as client:
         await login(client)
         for path in ("/", "/conversations", "/variants", "/health"):
