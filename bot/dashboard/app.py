@@ -278,12 +278,13 @@ async def login_page(request: web.Request) -> web.StreamResponse:
 
 
 async def login(request: web.Request) -> web.StreamResponse:
-    """Check the password (rate-limited per client address) and start a session."""
+    """Check the password (failed logins slow down the next ones: LoginLimiter) and start a
+    session."""
     dash = request.app[DASHBOARD]
     address = request.remote or "unknown"
     form = await request.post()
     target = _next(str(form.get("next", "/")))
-    throttled = dash.limiter.check(address)
+    throttled = dash.limiter.check()
     if throttled is not None:
         response = _render(
             request,
@@ -296,12 +297,11 @@ async def login(request: web.Request) -> web.StreamResponse:
         response.headers["Retry-After"] = str(throttled.retry_after_s)
         return response
     if not dash.password.matches(str(form.get("password", ""))):
-        dash.limiter.failed(address)
+        dash.limiter.failed()
         log.warning("dashboard: failed login from %s", address)
         return _render(
             request, "login.html", status=401, logged_in=False, next=target, error="Wrong password."
         )
-    dash.limiter.succeeded(address)
     response = web.HTTPSeeOther(target)
     response.set_cookie(
         COOKIE,
