@@ -18,6 +18,11 @@ SHIPPED_MODEL_FILE = Path(__file__).resolve().parents[1] / "models" / "chitchat"
 # all that tells Telegram's posts from forged ones, and a short one would shred the logs, where
 # every occurrence of it is redacted.
 WEBHOOK_SECRET_RE = re.compile(r"[A-Za-z0-9_-]{16,256}")
+# The fewest characters of a secret that the logs mask wherever it appears (bot.logs): a
+# shorter one turns up inside ordinary words, and masked there it gives itself away
+# (`d[REDACTED]shbo[REDACTED]rd` for `a`). DASHBOARD_PASSWORD must be at least this long (it is
+# all that guards the dashboard, too); a shorter database password is masked in URLs only.
+SECRET_MIN_CHARS = 12
 # A DNS name or an IPv4 address, as a Host header carries it (less the port).
 HOST_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
 
@@ -193,6 +198,19 @@ class Settings(BaseSettings):
                 f"(this one has {len(secret)} characters"
                 + ("" if re.fullmatch(r"[A-Za-z0-9_-]*", secret) else ", some of them others")
                 + "); e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return value
+
+    @field_validator("dashboard_password")
+    @classmethod
+    def _check_dashboard_password(cls, value: SecretStr | None) -> SecretStr | None:
+        secret = value.get_secret_value().strip() if value is not None else ""
+        if secret and len(secret) < SECRET_MIN_CHARS:
+            # ConfigError, as for WEBHOOK_SECRET: the message, not a traceback. Never the value.
+            raise ConfigError(
+                f"DASHBOARD_PASSWORD must have at least {SECRET_MIN_CHARS} characters (not "
+                "counting spaces at either end): a passphrase of a few words, or e.g. "
+                "python -c 'import secrets; print(secrets.token_urlsafe(16))'"
             )
         return value
 

@@ -523,8 +523,12 @@ def test_settings_decide_whether_there_is_a_dashboard(tmp_path: Path) -> None:
         check_settings(bare, listen="0.0.0.0", required=False)
     with pytest.raises(ConfigError, match="needs DASHBOARD_PASSWORD"):
         check_settings(bare, listen="127.0.0.1", required=True)
-    secured = Settings(_env_file=None, data_dir=tmp_path, dashboard_password="x")  # type: ignore[call-arg]
+    secured = Settings(_env_file=None, data_dir=tmp_path, dashboard_password="x" * 12)  # type: ignore[call-arg]
     assert check_settings(secured, listen="0.0.0.0", required=True) is True
+    for short in ("Xq", "eleven-char", "   padd3d   "):
+        with pytest.raises(ConfigError, match="DASHBOARD_PASSWORD must have at least 12") as err:
+            Settings(_env_file=None, dashboard_password=short)  # type: ignore[call-arg]
+        assert short not in str(err.value)
 
 
 def _cli(tmp_path: Path, env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
@@ -550,6 +554,20 @@ def test_a_public_address_without_a_password_is_refused_at_start(tmp_path: Path)
     proc = _cli(tmp_path, {}, "dashboard")
     assert proc.returncode == 2 and "needs DASHBOARD_PASSWORD" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_short_dashboard_password_is_refused_at_start(tmp_path: Path) -> None:
+    """Regression: DASHBOARD_PASSWORD=a was accepted, on 0.0.0.0 too."""
+    for argv, env in (
+        (["dashboard"], {}),
+        (["run"], {"TELEGRAM_BOT_TOKEN": "123:abc", "DASHBOARD_PORT": "8099"}),
+    ):
+        proc = _cli(
+            tmp_path, {**env, "DASHBOARD_PASSWORD": "a", "DASHBOARD_LISTEN": "0.0.0.0"}, *argv
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "DASHBOARD_PASSWORD must have at least 12 characters" in proc.stderr
+        assert "Traceback" not in proc.stderr
 
 
 async def test_daily_series_counts_and_ranks_per_utc_day(dash: Dash) -> None:
