@@ -110,8 +110,8 @@ class Throttled:
 
 
 class LoginLimiter:
-    """Failed logins, from every address together: after `free_failures` within `window_s`,
-    one attempt per `delay_s` (counted from the last failure) until the window is quiet.
+    """Failed logins, from every address together: while the latest `free_failures` of them
+    fall within `window_s`, one attempt per `delay_s` (counted from the last failure).
 
     Not per address: behind `ssh -L` or a TLS proxy every client is 127.0.0.1, so locking an
     address out would lock the operator out with the guesser, and from this machine any of
