@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -17,6 +18,24 @@ SHIPPED_MODEL_FILE = Path(__file__).resolve().parents[1] / "models" / "chitchat"
 # all that tells Telegram's posts from forged ones, and a short one would shred the logs, where
 # every occurrence of it is redacted.
 WEBHOOK_SECRET_RE = re.compile(r"[A-Za-z0-9_-]{16,256}")
+# The fewest characters of a secret that the logs mask wherever it appears (bot.logs): a
+# shorter one turns up inside ordinary words, and masked there it gives itself away
+# (`d[REDACTED]shbo[REDACTED]rd` for `a`). DASHBOARD_PASSWORD must be at least this long (it is
+# all that guards the dashboard, too); a shorter database password is masked in URLs only.
+SECRET_MIN_CHARS = 12
+# A DNS name or an IPv4 address, as a Host header carries it (less the port).
+HOST_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
+
+
+def _host_name(text: str) -> str:
+    """`text` as the dashboard compares a Host header's name: lower case, an IPv6 address
+    without brackets. ValueError for anything else (a port, a scheme, a path)."""
+    name = text.lower().removeprefix("[").removesuffix("]")
+    if ":" in name:
+        ipaddress.IPv6Address(name)  # else it was a port
+    elif not HOST_NAME_RE.fullmatch(name):
+        raise ValueError(text)
+    return name
 
 
 class ConfigError(Exception):
@@ -119,6 +138,9 @@ class Settings(BaseSettings):
     dashboard_listen: str = "127.0.0.1"
     dashboard_port: int | None = Field(default=None, ge=1, le=65535)
     dashboard_password: SecretStr | None = None
+    # Host names it answers to besides DASHBOARD_LISTEN and loopback's (a TLS proxy's public
+    # name); a request for any other (DNS rebinding) is refused.
+    dashboard_allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     # --- limits ---------------------------------------------------------------------------
     persona_max_chars: int = Field(default=1000, ge=1)
@@ -157,6 +179,19 @@ class Settings(BaseSettings):
             return [value]
         return value
 
+    @field_validator("dashboard_allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        try:
+            return [_host_name(p) for p in (p.strip() for p in value.split(",")) if p]
+        except ValueError as err:
+            raise ValueError(
+                "DASHBOARD_ALLOWED_HOSTS must be host names or addresses separated by commas, "
+                "without scheme or port (e.g. dash.example.org)"
+            ) from err
+
     @field_validator("webhook_secret")
     @classmethod
     def _check_webhook_secret(cls, value: SecretStr | None) -> SecretStr | None:
@@ -169,6 +204,19 @@ class Settings(BaseSettings):
                 f"(this one has {len(secret)} characters"
                 + ("" if re.fullmatch(r"[A-Za-z0-9_-]*", secret) else ", some of them others")
                 + "); e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return value
+
+    @field_validator("dashboard_password")
+    @classmethod
+    def _check_dashboard_password(cls, value: SecretStr | None) -> SecretStr | None:
+        secret = value.get_secret_value().strip() if value is not None else ""
+        if secret and len(secret) < SECRET_MIN_CHARS:
+            # ConfigError, as for WEBHOOK_SECRET: the message, not a traceback. Never the value.
+            raise ConfigError(
+                f"DASHBOARD_PASSWORD must have at least {SECRET_MIN_CHARS} characters (not "
+                "counting spaces at either end): a passphrase of a few words, or e.g. "
+                "python -c 'import secrets; print(secrets.token_urlsafe(16))'"
             )
         return value
 

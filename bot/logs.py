@@ -16,22 +16,27 @@ from pythonjsonlogger.json import JsonFormatter
 
 # `bot<digits>:<secret>` in URLs (httpx logs every request URL) and bare tokens.
 _TOKEN_RE = re.compile(r"(bot)?\d{5,}:[A-Za-z0-9_-]{20,}")
+# The password in any URL (scheme://user:password@host), read as SQLAlchemy's make_url reads
+# it: up to the `@`, in the form the URL carries it (percent-encoded or not). Masked as
+# safe_url() masks it, however short, and only there.
+_URL_PASSWORD_RE = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://[^\s:/]*:)[^\s@]*@")
 
 
 class RedactingFilter(logging.Filter):
-    """Replace bot tokens and registered secret values in every record with `[REDACTED]`."""
+    """Replace bot tokens and registered secret values in every record with `[REDACTED]`, and
+    the password of every URL with `***`."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         super().__init__()
-        # Every registered secret, however short: a short one is still a secret (Settings
-        # refuses a WEBHOOK_SECRET under 16 characters, so log lines are not shredded by it).
+        # Every registered secret, however short: a short one is still a secret (settings_secrets
+        # registers none under SECRET_MIN_CHARS, so log lines are not shredded by it).
         self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
 
     def redact(self, text: str) -> str:
         """The text with every secret masked."""
         for secret in self.secrets:
             text = text.replace(secret, "[REDACTED]")
-        return _TOKEN_RE.sub("[REDACTED]", text)
+        return _URL_PASSWORD_RE.sub(r"\1***@", _TOKEN_RE.sub("[REDACTED]", text))
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -182,10 +187,15 @@ def set_level(level: str) -> None:
 
 
 def settings_secrets(settings: object) -> list[str]:
-    """Secret values of the settings that must never appear in logs."""
+    """Secret values of the settings that must never appear in logs, masked wherever they
+    appear: those of at least SECRET_MIN_CHARS characters. (A shorter one can only be a
+    database password, as Settings refuses the others; it is masked in its URL, like every URL's
+    password.)"""
     from urllib.parse import quote
 
     from sqlalchemy.engine import make_url
+
+    from bot.config import SECRET_MIN_CHARS
 
     out: list[str] = []
     for name in ("telegram_bot_token", "webhook_secret", "dashboard_password"):
@@ -205,9 +215,6 @@ def settings_secrets(settings: object) -> list[str]:
             password = None
         if password:
             out.append(str(password))
-            # The URL itself carries it percent-encoded (a password with @, / or %), and a
-            # logged URL shows that form.
-            encoded = quote(str(password), safe="")
-            if encoded != password:
-                out.append(encoded)
-    return out
+            # as a URL carries it (a password with @, / or %), for where it is logged alone
+            out.append(quote(str(password), safe=""))
+    return [s for s in dict.fromkeys(out) if len(s) >= SECRET_MIN_CHARS]

@@ -30,6 +30,7 @@ from bot.admin.sql import SqlRefused, readonly_engine
 from bot.config import Settings
 from bot.dashboard import charts, queries
 from bot.dashboard.auth import COOKIE, LoginLimiter, Password, Sessions
+from bot.dashboard.server import is_loopback
 from bot.db.engine import make_sessionmaker, safe_url
 from bot.db.models import utcnow
 from bot.variants.config import Experiment
@@ -41,6 +42,9 @@ DEFAULT_DAYS = 14
 VARIANTS_TTL_S = 30.0
 PAST_DAYS_TTL_S = 300.0
 MAX_DAYS = 90
+# What a chat or session id can be (BIGINT on PostgreSQL, INTEGER on SQLite): a larger number
+# would be the driver's OverflowError, a 500.
+BIGINT = range(-(2**63), 2**63)
 PUBLIC_PATHS = ("/login",)
 # No script runs on any page, whatever a message contains: there is none of ours, and the
 # policy forbids any other. Styles only from our own stylesheet.
@@ -57,6 +61,7 @@ class Dashboard:
     url: str
     engine: AsyncEngine | None
     sessionmaker: async_sessionmaker[AsyncSession] | None
+    hosts: frozenset[str]  # the Host names it answers to, besides loopback's
     password: Password
     sessions: Sessions
     limiter: LoginLimiter
@@ -180,6 +185,24 @@ async def _security_headers(request: web.Request, handler: Handler) -> web.Strea
     return response
 
 
+def _known_host(request: web.Request) -> bool:
+    try:
+        name = urlsplit("//" + request.headers.get("Host", "")).hostname
+    except ValueError:  # "[::1" and the like
+        return False
+    return name is not None and (is_loopback(name) or name in request.app[DASHBOARD].hosts)
+
+
+async def _allowed_hosts(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Only the dashboard's own Host names: DNS rebinding (evil.example made to resolve to
+    this address) makes another site's page same-origin, Origin header and all."""
+    if not _known_host(request):
+        raise web.HTTPMisdirectedRequest(
+            text="not a host name of this dashboard (DASHBOARD_ALLOWED_HOSTS)"
+        )
+    return await handler(request)
+
+
 def _same_origin(request: web.Request) -> bool:
     origin = request.headers.get("Origin")
     if origin is None:
@@ -222,6 +245,7 @@ async def _database_errors(request: web.Request, handler: Handler) -> web.Stream
 
 # aiohttp's own decorator, applied here: aiohttp is untyped for mypy (follow_imports = skip).
 security_headers = web.middleware(_security_headers)
+allowed_hosts = web.middleware(_allowed_hosts)
 require_login = web.middleware(_require_login)
 database_errors = web.middleware(_database_errors)
 
@@ -254,12 +278,13 @@ async def login_page(request: web.Request) -> web.StreamResponse:
 
 
 async def login(request: web.Request) -> web.StreamResponse:
-    """Check the password (rate-limited per client address) and start a session."""
+    """Check the password (failed logins slow down the next ones: LoginLimiter) and start a
+    session."""
     dash = request.app[DASHBOARD]
     address = request.remote or "unknown"
     form = await request.post()
     target = _next(str(form.get("next", "/")))
-    throttled = dash.limiter.check(address)
+    throttled = dash.limiter.check()
     if throttled is not None:
         response = _render(
             request,
@@ -272,12 +297,11 @@ async def login(request: web.Request) -> web.StreamResponse:
         response.headers["Retry-After"] = str(throttled.retry_after_s)
         return response
     if not dash.password.matches(str(form.get("password", ""))):
-        dash.limiter.failed(address)
+        dash.limiter.failed()
         log.warning("dashboard: failed login from %s", address)
         return _render(
             request, "login.html", status=401, logged_in=False, next=target, error="Wrong password."
         )
-    dash.limiter.succeeded(address)
     response = web.HTTPSeeOther(target)
     response.set_cookie(
         COOKIE,
@@ -363,6 +387,20 @@ async def overview(request: web.Request) -> web.StreamResponse:
     )
 
 
+def _page_link(link: str) -> tuple[datetime, int]:
+    """A page link's (updated_at in UTC, session id); ValueError if the query could not use it."""
+    at, _, sid = link.rpartition("|")
+    stamp, session_id = datetime.fromisoformat(at), int(sid)
+    if session_id not in BIGINT:
+        raise ValueError("session id out of range")
+    try:
+        # to UTC here: a stamp that has no UTC time (9999-12-31T23:00-05:00) fails now, not in
+        # the driver
+        return stamp.replace(tzinfo=stamp.tzinfo or UTC).astimezone(UTC), session_id
+    except OverflowError as err:
+        raise ValueError("timestamp out of range") from err
+
+
 def _filter(request: web.Request) -> tuple[queries.ConversationFilter, list[str], str | None]:
     """The search form's filter, the fields it could not read, and a notice."""
     q = request.query
@@ -376,16 +414,20 @@ def _filter(request: web.Request) -> tuple[queries.ConversationFilter, list[str]
             chat_id = int(q["chat_id"].strip())
         except ValueError:
             errors.append("The chat id must be a whole number.")
+        else:
+            if chat_id not in BIGINT:
+                errors.append("The chat id is out of range.")
     if q.get("on", "").strip():
         try:
             on = date.fromisoformat(q["on"].strip())
         except ValueError:
             errors.append("The date must be YYYY-MM-DD.")
+        else:
+            if on == date.max:  # the search runs to the next day's midnight
+                errors.append("The date is out of range.")
     if q.get("before"):
         try:
-            at, _, sid = q["before"].rpartition("|")
-            stamp = datetime.fromisoformat(at)
-            before = (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC), int(sid))
+            before = _page_link(q["before"])
         except ValueError:
             notice = "That page link is broken; this is the first page."
     persona = q.get("persona", "").strip()[:200]
@@ -415,6 +457,7 @@ async def conversation_list(request: web.Request) -> web.StreamResponse:
     return _render(
         request,
         "conversations.html",
+        status=400 if errors or notice else 200,
         page=page,
         search=search,
         errors=errors,
@@ -484,18 +527,20 @@ async def _close(app: web.Application) -> None:
 
 
 def build_app(
-    settings: Settings, *, url: str, password: str, experiment: Experiment
+    settings: Settings, *, url: str, password: str, experiment: Experiment, listen: str
 ) -> web.Application:
-    """The dashboard for the database at `url` (read-only; see bot.admin.sql.readonly_engine)."""
+    """The dashboard for the database at `url` (read-only; see bot.admin.sql.readonly_engine),
+    served on the address `listen`."""
     pw = Password(password)
     app = web.Application(
-        middlewares=[security_headers, require_login, database_errors],
+        middlewares=[security_headers, allowed_hosts, require_login, database_errors],
         client_max_size=64 * 1024,
     )
     app[DASHBOARD] = Dashboard(
         url=url,
         engine=None,
         sessionmaker=None,
+        hosts=frozenset([listen.strip().strip("[]").lower(), *settings.dashboard_allowed_hosts]),
         password=pw,
         sessions=Sessions(pw),
         limiter=LoginLimiter(),

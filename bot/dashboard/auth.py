@@ -12,26 +12,28 @@
   neither read it nor make the browser send it, so a forged cross-site POST to /logout or
   /login arrives without a session. POSTs whose Origin header names another site are refused
   as well.
-- Failed logins are limited per client address (the peer address: X-Forwarded-For is not
-  trusted, anyone could set it).
+- Failed logins are limited for all clients together (LoginLimiter): a client's address
+  tells nothing behind `ssh -L` or a proxy, and X-Forwarded-For is anyone's to set.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
 import time
-from collections import OrderedDict, deque
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
 COOKIE = "dashboard_session"
 SESSION_MAX_AGE_S = 12 * 3600
-LOGIN_MAX_FAILURES = 5
+LOGIN_FREE_FAILURES = 5
 LOGIN_WINDOW_S = 300.0
-MAX_TRACKED_ADDRESSES = 10_000
+LOGIN_DELAY_S = 1.0
 
 
 def _digest(text: str) -> bytes:
@@ -108,43 +110,39 @@ class Throttled:
 
 
 class LoginLimiter:
-    """At most LOGIN_MAX_FAILURES failed logins per address in LOGIN_WINDOW_S seconds."""
+    """Failed logins, from every address together: while the latest `free_failures` of them
+    fall within `window_s`, one attempt per `delay_s` (counted from the last failure).
+
+    Not per address: behind `ssh -L` or a TLS proxy every client is 127.0.0.1, so locking an
+    address out would lock the operator out with the guesser, and from this machine any of
+    127.0.0.0/8 will do as a new address. So guessing gets about one try a second, from
+    wherever it comes, and the right password waits at most `delay_s` after a wrong one.
+    The app checks and counts with no await in between: concurrent posts cannot slip past.
+    """
 
     def __init__(
-        self, *, max_failures: int = LOGIN_MAX_FAILURES, window_s: float = LOGIN_WINDOW_S
+        self,
+        *,
+        free_failures: int = LOGIN_FREE_FAILURES,
+        window_s: float = LOGIN_WINDOW_S,
+        delay_s: float = LOGIN_DELAY_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.max_failures = max_failures
+        self.free_failures = free_failures
         self.window_s = window_s
-        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+        self.delay_s = delay_s
+        self._clock = clock
+        self._failures: deque[float] = deque(maxlen=free_failures)  # the latest ones
 
-    def _recent(self, address: str, now: float) -> deque[float]:
-        failures = self._failures.get(address)
-        if failures is None:
-            return deque()
-        while failures and failures[0] <= now - self.window_s:
-            failures.popleft()
-        if not failures:
-            del self._failures[address]
-        return failures
-
-    def check(self, address: str) -> Throttled | None:
-        """None if `address` may try to log in now, else how long it must wait."""
-        now = time.monotonic()
-        failures = self._recent(address, now)
-        if len(failures) < self.max_failures:
+    def check(self) -> Throttled | None:
+        """None if a login may be tried now, else how long to wait."""
+        now = self._clock()
+        failures = self._failures
+        if len(failures) < self.free_failures or failures[0] <= now - self.window_s:
             return None
-        return Throttled(max(1, int(failures[0] + self.window_s - now + 0.999)))
+        wait_s = failures[-1] + self.delay_s - now
+        return Throttled(math.ceil(wait_s)) if wait_s > 0 else None
 
-    def failed(self, address: str) -> None:
-        """Count a failed login of `address`."""
-        now = time.monotonic()
-        failures = self._failures.setdefault(address, deque())
-        failures.append(now)
-        self._failures.move_to_end(address)
-        # Bounded memory under a flood of addresses: forget the least recently failing.
-        while len(self._failures) > MAX_TRACKED_ADDRESSES:
-            self._failures.popitem(last=False)
-
-    def succeeded(self, address: str) -> None:
-        """A correct password clears the address's failures."""
-        self._failures.pop(address, None)
+    def failed(self) -> None:
+        """Count a failed login."""
+        self._failures.append(self._clock())

@@ -95,7 +95,11 @@ async def start_dashboard(settings: Settings, *, listen: str, port: int) -> Runn
 
     url = admin_sql_url(settings)
     app = build_app(
-        settings, url=url, password=_password(settings), experiment=load_experiment(settings)
+        settings,
+        url=url,
+        password=_password(settings),
+        experiment=load_experiment(settings),
+        listen=listen,
     )
     app.on_startup.append(_check_database)
     # No access log: request lines would carry search terms (persona text) into the log.

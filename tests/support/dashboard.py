@@ -119,8 +119,11 @@ async def _replicas(store: ConversationStore, now: datetime) -> None:
             )
 
 
-def dashboard_settings(tmp_path: Path, db_url: str, readonly_url: str) -> Settings:
-    """Settings for a dashboard over `db_url`, reading through `readonly_url`."""
+def dashboard_settings(
+    tmp_path: Path, db_url: str, readonly_url: str, **overrides: object
+) -> Settings:
+    """Settings for a dashboard over `db_url`, reading through `readonly_url` (and any other
+    settings given by field name)."""
     variants = tmp_path / "variants.toml"
     variants.write_text(VARIANTS_TOML, encoding="utf-8")
     return Settings(  # type: ignore[call-arg]
@@ -132,6 +135,7 @@ def dashboard_settings(tmp_path: Path, db_url: str, readonly_url: str) -> Settin
         dashboard_password=SecretStr(PASSWORD),
         dashboard_listen="127.0.0.1",
         dashboard_port=free_port(),
+        **overrides,
     )
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import logging
+from collections.abc import Iterator
 
 import pytest
 from pydantic import SecretStr
 
 from bot.config import Settings
-from bot.logs import RedactingFilter, settings_secrets
+from bot.db.engine import safe_url
+from bot.logs import RedactingFilter, settings_secrets, setup_logging
 
 TOKEN = "1234567890:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw1"
 
@@ -60,11 +63,60 @@ def test_a_percent_encoded_database_password_is_redacted_in_both_forms(
 ) -> None:
     # Found in review: make_url() decodes the password, while a logged URL shows it encoded.
     settings = Settings(  # type: ignore[call-arg]
-        _env_file=None, database_url=SecretStr("postgresql+asyncpg://bot:p%40ss%2Fw0rd@db/bot")
+        _env_file=None,
+        database_url=SecretStr("postgresql+asyncpg://bot:p%40ss%2Fw0rd-2024%21@db/bot"),
     )
     logger = logging.getLogger("test.redact.encoded")
     logger.addFilter(RedactingFilter(settings_secrets(settings)))
     with caplog.at_level(logging.DEBUG, logger="test.redact.encoded"):
-        logger.debug("url %s, password %s", "postgresql://bot:p%40ss%2Fw0rd@db/bot", "p@ss/w0rd")
+        logger.debug("encoded %s, decoded %s", "p%40ss%2Fw0rd-2024%21", "p@ss/w0rd-2024!")
     line = caplog.records[0].getMessage()
-    assert "p%40ss%2Fw0rd" not in line and "p@ss/w0rd" not in line
+    assert "p%40ss%2Fw0rd-2024%21" not in line and "p@ss/w0rd-2024!" not in line
+
+
+@pytest.fixture
+def text_root() -> Iterator[io.StringIO]:
+    """The root logger set up as `python -m bot` does (text lines), writing to the stream
+    yielded; restored after."""
+    root = logging.getLogger()
+    saved, level = list(root.handlers), root.level
+    settings = Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        telegram_bot_token=SecretStr(TOKEN),
+        database_url=SecretStr("postgresql+asyncpg://bot:a@db/bot"),
+        admin_database_url=SecretStr("postgresql+asyncpg://bot_ro:ro@db/bot"),
+        dashboard_password=SecretStr("a long dashboard passphrase"),
+    )
+    setup_logging("DEBUG", settings_secrets(settings))
+    out = io.StringIO()
+    (handler,) = root.handlers
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(out)
+    try:
+        yield out
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in saved:
+            root.addHandler(handler)
+        root.setLevel(level)
+
+
+def test_a_short_database_password_is_masked_in_its_url_only(text_root: io.StringIO) -> None:
+    """Regression: a password of one letter was masked wherever the letter was, which shredded
+    every line and told the password: `d[REDACTED]shbo[REDACTED]rd [REDACTED]t ...`."""
+    log = logging.getLogger("bot.dashboard.server")
+    url = "postgresql+asyncpg://bot_ro:ro@db/bot"
+    log.info("dashboard at %s (database %s, read-only)", "http://127.0.0.1:8090/", safe_url(url))
+    log.warning("cannot reach %s: %s", url, "connection refused")
+    # any URL's password, in the form the URL carries it, whatever the scheme
+    log.warning("retrying postgresql://bot:a@db:5432/bot and redis://:p%40ss@cache/0")
+    log.info("login with %s", "a long dashboard passphrase")
+    lines = [line.split(": ", 1)[1] for line in text_root.getvalue().splitlines()]
+    assert lines == [
+        "dashboard at http://127.0.0.1:8090/ (database postgresql+asyncpg://bot_ro:***@db/bot, "
+        "read-only)",
+        "cannot reach postgresql+asyncpg://bot_ro:***@db/bot: connection refused",
+        "retrying postgresql://bot:***@db:5432/bot and redis://:***@cache/0",
+        "login with [REDACTED]",  # a long secret is masked wherever it is
+    ]

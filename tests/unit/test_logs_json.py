@@ -92,6 +92,6 @@ def test_no_path_around_the_redaction(json_root: io.StringIO) -> None:
     exc = str(lines[1]["exception"])
     assert "RuntimeError: connect failed: password=[REDACTED]" in exc
     assert "Traceback" in exc
-    assert lines[2]["url"] == "postgresql://bot:[REDACTED]@db"
+    assert lines[2]["url"] == "postgresql://bot:***@db"  # as safe_url() masks it
     assert lines[2]["obj"] == "holder of [REDACTED]"
     assert lines[3]["ctx"] == {"headers": ["[REDACTED]"], "[REDACTED]": 1}
