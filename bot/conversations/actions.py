@@ -410,8 +410,8 @@ class ChatActions:
         update_id: int | None = None,
     ) -> None:
         """The user edited a message: if it is the one the bot answered last, answer the new
-        text instead (the old reply is edited in place, the history keeps only the edited
-        turn); any other edit gets a short notice."""
+        text instead, whether the old reply is out yet or not (ConversationStore.replace_turn:
+        the history keeps only the edited turn); any other edit gets a short notice."""
         target = await self.store.edit_target(chat_id, telegram_message_id)
         text = clean_text(text)
         if target is None or not text:
