@@ -3,8 +3,9 @@
 Lines starting with `/` are commands (/persona, /done, /forget, /help, /quit, and the feedback
 that Telegram gives as buttons: /good and /bad on the last reply, /rate N on the conversation
 /done ended); anything else is a turn. Replies go through the outbox like on Telegram, so the
-database ends up the same. With STREAM_REPLIES=on the reply grows on one line while it
-generates (the drafts a private Telegram chat gets), then the stored reply replaces it.
+database ends up the same. With STREAM_REPLIES=on and a terminal for output, the reply grows on
+one line while it generates (the drafts a private Telegram chat gets), then the stored reply
+replaces it; output to a file or a pipe gets only the stored reply, without escape sequences.
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ async def run_terminal(
     chat = ChatActions(store, responder, settings, experiment=responder.experiment)
     await chat.safety.warm_up()
     interactive = stdin.isatty()
-    drafts = GrowingLine(stdout) if settings.stream_replies else None
+    # Redrawing a line needs a terminal: in a file the escape sequences would be litter.
+    drafts = GrowingLine(stdout) if settings.stream_replies and stdout.isatty() else None
     try:
         if interactive:
             stdout.write(f"Chat {chat_id}. Commands: /persona, /done, /forget, /help, /quit.\n")

@@ -112,6 +112,14 @@ def flooding(max_messages: int, window_s: float) -> str:
     )
 
 
+def pressing_too_fast(max_presses: int, window_s: float) -> str:
+    """The answer (a toast, at most 200 characters) to the first button press over the limit."""
+    return (
+        f"Too many presses: I take at most {max_presses} every {window_s:g} seconds. "
+        "That one didn't count; press it again in a moment."
+    )
+
+
 # --- Telegram's other updates ----------------------------------------------------------------
 
 NOT_TEXT = "I only understand text messages. Write to me in words and I'll answer."

@@ -57,7 +57,10 @@ class GenerationError(Exception):
 class DuelResponder(Protocol):
     """A responder with variants that can answer one message twice (/arena)."""
 
-    engines: dict[str, object]
+    @property
+    def duelists(self) -> list[str]:
+        """The variants a duel is drawn from (the drained ones are not)."""
+        ...
 
     async def duel(self, session: SessionRow, user_text: str) -> tuple[Reply, Reply]:
         """Two variants' replies, in random order."""
@@ -410,8 +413,8 @@ class ChatActions:
         update_id: int | None = None,
     ) -> None:
         """The user edited a message: if it is the one the bot answered last, answer the new
-        text instead (the old reply is edited in place, the history keeps only the edited
-        turn); any other edit gets a short notice."""
+        text instead, whether the old reply is out yet or not (ConversationStore.replace_turn:
+        the history keeps only the edited turn); any other edit gets a short notice."""
         target = await self.store.edit_target(chat_id, telegram_message_id)
         text = clean_text(text)
         if target is None or not text:
@@ -522,10 +525,10 @@ class ChatActions:
     # --- arena ---------------------------------------------------------------------------
 
     def _duel_responder(self) -> DuelResponder | None:
-        engines = getattr(self.responder, "engines", None)
-        if not self.settings.arena or not hasattr(self.responder, "duel") or not engines:
+        duelists = getattr(self.responder, "duelists", None)
+        if not self.settings.arena or not hasattr(self.responder, "duel") or not duelists:
             return None
-        if len(engines) < 2:
+        if len(duelists) < 2:
             return None
         return self.responder  # type: ignore[return-value]
 

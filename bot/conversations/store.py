@@ -31,9 +31,9 @@ class EditTarget:
 
     session: SessionRow
     user_message_id: int
+    # The edited message's Telegram id (the regenerated reply answers it).
+    user_telegram_message_id: int
     bot_message_id: int
-    # The old reply's Telegram message (only delivered replies are regenerated in place).
-    bot_telegram_message_id: int
     # The conversation's newest message before this turn (None: the turn was the first).
     previous_message_id: int | None
 
@@ -353,7 +353,8 @@ class ConversationStore:
 
     async def edit_target(self, chat_id: int, telegram_message_id: int) -> EditTarget | None:
         """The chat's last turn if the user's message `telegram_message_id` started it: that
-        message, then the bot's reply, the two newest messages of the active conversation."""
+        message, then the bot's reply, the two newest messages of the active conversation,
+        whether the reply was delivered yet or not (replace_turn sees to either)."""
         async with self.sessionmaker() as db:
             session = await conversations.get_active_session(db, chat_id)
             if session is None:
@@ -366,12 +367,8 @@ class ConversationStore:
                 return None
             if user.telegram_message_id != telegram_message_id:
                 return None
-            if bot.telegram_message_id is None:
-                # The reply is still on its way (or half sent): regenerating now could leave
-                # both on the screen. The edit gets the notice instead.
-                return None
             previous = rows[2].id if len(rows) > 2 else None
-            return EditTarget(session, user.id, bot.id, bot.telegram_message_id, previous)
+            return EditTarget(session, user.id, telegram_message_id, bot.id, previous)
 
     async def replace_turn(
         self,
@@ -388,10 +385,14 @@ class ConversationStore:
     ) -> StoredTurn:
         """The edited message and its regenerated reply in place of the old turn: the user's
         message keeps its id with the new text, the old reply (and its votes) goes, the new
-        one is queued as an edit of the old reply's Telegram message (or sent, if the old one
-        never went out). One transaction, closing the edit's update."""
+        one is queued as an edit of the old reply's Telegram message, or sent if the old one
+        has not gone out (then it never will; one on its way is edited once it is out, see
+        outbox.withdrawn_reply_went_out). One transaction, closing the edit's update."""
         session = target.session
         async with self.sessionmaker.begin() as db:
+            # Withdrawn first, so that a delivery just committing it as sent is read below.
+            to_edit = await outbox.withdraw(db, target.bot_message_id)
+            shown = await conversations.telegram_message_id(db, target.bot_message_id)
             await conversations.set_message_text(db, target.user_message_id, user_text)
             await conversations.delete_message(db, target.bot_message_id)
             bot_id, outbox_id = await _bot_reply(
@@ -400,7 +401,8 @@ class ConversationStore:
                 session.chat_id,
                 reply,
                 update_id,
-                edit_message_id=target.bot_telegram_message_id,
+                reply_to_message_id=target.user_telegram_message_id,
+                edit_message_id=shown if shown is not None else to_edit,
                 latency_ms=latency_ms,
                 variant=variant,
                 model_ms=model_ms,

@@ -224,6 +224,11 @@ async def newest_messages(db: AsyncSession, session_id: int, limit: int) -> list
     return [NewestMessage(r.id, r.role, r.telegram_message_id) for r in rows]
 
 
+async def telegram_message_id(db: AsyncSession, message_id: int) -> int | None:
+    """The Telegram message of a bot reply, once it was delivered."""
+    return await db.scalar(select(Message.telegram_message_id).where(Message.id == message_id))
+
+
 async def set_message_text(db: AsyncSession, message_id: int, text: str) -> None:
     """Replace a message's text (the user edited it)."""
     await db.execute(update(Message).where(Message.id == message_id).values(text=text))

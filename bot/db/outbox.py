@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.models import Message, Outbox, OutboxKind, utcnow
@@ -108,17 +108,65 @@ async def part_sent(db: AsyncSession, outbox_id: int, parts_sent: int) -> None:
     await db.execute(update(Outbox).where(Outbox.id == outbox_id).values(parts_sent=parts_sent))
 
 
-async def sent(db: AsyncSession, outbox_id: int, telegram_message_id: int | None = None) -> None:
-    """Mark a text sent, and its bot message delivered."""
+async def sent(db: AsyncSession, outbox_id: int, telegram_message_id: int | None = None) -> bool:
+    """Mark a text sent, and its bot message delivered; False when the row is gone (deleted
+    by a /forget, or withdrawn by an edit, while it was on its way)."""
     now = utcnow()
-    await db.execute(update(Outbox).where(Outbox.id == outbox_id).values(sent_at=now))
-    message_id = await db.scalar(select(Outbox.message_id).where(Outbox.id == outbox_id))
-    if message_id is not None:
+    row = (
+        await db.execute(
+            update(Outbox)
+            .where(Outbox.id == outbox_id)
+            .values(sent_at=now)
+            .returning(Outbox.message_id)
+        )
+    ).first()
+    if row is None:
+        return False
+    if row.message_id is not None:
         await db.execute(
             update(Message)
-            .where(Message.id == message_id)
+            .where(Message.id == row.message_id)
             .values(delivered_at=now, telegram_message_id=telegram_message_id)
         )
+    return True
+
+
+async def withdraw(db: AsyncSession, message_id: int) -> int | None:
+    """Take back a reply that has not gone out: the user edited the message it answers.
+    Returns the Telegram message the withdrawn reply was to edit (a regenerated reply itself).
+
+    Call it before reading whether the reply was delivered: on PostgreSQL it waits for a
+    delivery that is committing the reply as sent, and then leaves that row alone.
+    """
+    rows = await db.execute(
+        delete(Outbox)
+        .where(Outbox.message_id == message_id, *_WAITING)
+        .returning(Outbox.edit_message_id)
+    )
+    return next((edit for (edit,) in rows if edit is not None), None)
+
+
+async def withdrawn_reply_went_out(
+    db: AsyncSession, row: OutboxRow, telegram_message_id: int
+) -> None:
+    """A reply withdrawn by an edit while its request was on its way went out after all: the
+    reply that replaces it (a later reply to the same user message) edits that message
+    instead of appearing beside it."""
+    if row.kind != OutboxKind.REPLY or row.reply_to_message_id is None:
+        return
+    await db.execute(
+        update(Outbox)
+        .where(
+            Outbox.chat_id == row.chat_id,
+            Outbox.kind == OutboxKind.REPLY,
+            Outbox.reply_to_message_id == row.reply_to_message_id,
+            Outbox.id > row.id,
+            Outbox.parts_sent == 0,
+            Outbox.edit_message_id.is_(None),
+            *_WAITING,
+        )
+        .values(edit_message_id=telegram_message_id)
+    )
 
 
 async def attempt_failed(

@@ -241,7 +241,8 @@ class Delivery:
             if sent < len(parts):
                 await self._write(outbox.part_sent, row.id, sent)
             else:
-                await self._write(outbox.sent, row.id, message.message_id)
+                if not await self._write(outbox.sent, row.id, message.message_id):
+                    await self._write(outbox.withdrawn_reply_went_out, row, message.message_id)
                 return True
 
     async def _still_ours(self, chat_id: int) -> bool:

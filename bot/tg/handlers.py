@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from telegram import Bot, BotCommand, Message, MessageEntity, Update
+from telegram import Bot, BotCommand, CallbackQuery, Message, MessageEntity, Update
 from telegram.constants import ChatAction, ChatType
 from telegram.error import Forbidden, TelegramError
 from telegram.ext import (
@@ -129,6 +129,9 @@ class Handlers:
         self.settings = settings
         self.sessionmaker = sessionmaker
         self.flood = FloodGate(settings.flood_max_messages, settings.flood_window_s)
+        # Button presses have a window of their own (the same limits): each costs two Bot API
+        # calls (the answer and the buttons' edit), but must not use up the messages' budget.
+        self.press_flood = FloodGate(settings.flood_max_messages, settings.flood_window_s)
         self.admin_ids = frozenset(settings.admin_user_ids)
         self.drafts: DraftSender | None = None  # made at the first streamed turn
 
@@ -169,8 +172,14 @@ class Handlers:
         """Stop updates that are not for us (channel posts, group traffic per policy), and
         commands and edits over the chat's flood limit."""
         await self._for_us(update, context)
-        if update.callback_query is not None or update.message_reaction is not None:
-            return  # feedback sends no chat message: nothing for the flood limit to count
+        if update.callback_query is not None:
+            await self._press_gate(update.callback_query, _chat_id(update), update.update_id)
+            return
+        if update.message_reaction is not None:
+            # A reaction makes no Bot API call, and storing its vote is the one transaction
+            # that closing it unanswered would be; dropping it would leave the stored vote
+            # different from what the chat shows.
+            return
         message = update.message or update.edited_message
         assert message is not None
         command = _command_name(message)
@@ -188,6 +197,22 @@ class Handlers:
             await self.chat.notice(
                 _chat_id(update), self.flood.notice(), update_id=update.update_id
             )
+        note_turn(FLOODED)
+        raise ApplicationHandlerStop
+
+    async def _press_gate(self, query: CallbackQuery, chat_id: int, update_id: int) -> None:
+        """Stop a button press over the chat's limit: it is not applied, the first one in the
+        window is answered that it did not count, later ones make no Bot API call at all."""
+        # A press carries no date of its own (its message's is when the bot sent it).
+        verdict = self.press_flood.check(chat_id, time.time(), update_id)
+        if verdict is Flood.OK:
+            return
+        if verdict is Flood.NOTICE:
+            limit, window = self.press_flood.max_messages, self.press_flood.window_s
+            try:
+                await query.answer(texts.pressing_too_fast(limit, window))
+            except TelegramError as err:
+                log.debug("answering a button press in chat %s failed: %s", chat_id, err)
         note_turn(FLOODED)
         raise ApplicationHandlerStop
 

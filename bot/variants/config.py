@@ -22,6 +22,7 @@ settings (INFERENCE, BEAM_SIZE, ...): a single model is simply one variant.
 from __future__ import annotations
 
 import math
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -35,17 +36,22 @@ DEFAULT_VARIANT = "default"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 INFERENCE = ("beam", "greedy", "topk", "nucleus", "delayedbeam")
 
-# Settings a variant may override: key -> (type, check, what a valid value is).
+# Every number of the file is bounded: a value far out (threads = 100000) is refused at start
+# instead of exhausting the host (each bound is far beyond any useful value).
+# Whole-number keys: key -> (lowest, highest).
 _INT_KEYS = {
-    "beam_size": 1,
-    "beam_min_length": 0,
-    "beam_block_ngram": -1,
-    "beam_context_block_ngram": -1,
-    "topk": 1,
-    "beam_delay": 1,
-    "threads": 1,
+    "beam_size": (1, 100),
+    "beam_min_length": (0, 1000),
+    "beam_block_ngram": (-1, 100),
+    "beam_context_block_ngram": (-1, 100),
+    "topk": (1, 1000),
+    "beam_delay": (1, 1000),
+    "threads": (1, os.cpu_count() or 1),  # more than the cores only slows the workers down
 }
-_FLOAT_KEYS = {"temperature": 0.0, "topp": 0.0}  # values must be above these
+# Number keys: key -> (values must be above, and at most).
+_FLOAT_KEYS = {"temperature": (0.0, 100.0), "topp": (0.0, 1.0)}
+# Weights are shares of new chats: only their ratios matter.
+MAX_WEIGHT = 1_000_000
 KNOWN_KEYS = frozenset(
     {"name", "model", "weight", "control", "inference", *_INT_KEYS, *_FLOAT_KEYS}
 )
@@ -187,6 +193,10 @@ def _parse_variant(
         weight = 0
     elif weight < 0:
         problems.append(f"{label}: weight must not be negative (0 drains the variant)")
+    elif weight > MAX_WEIGHT:
+        problems.append(
+            f"{label}: weight must be at most {MAX_WEIGHT:,} (only the ratios of weights count)"
+        )
     control = table.get("control", False)
     if not isinstance(control, bool):
         problems.append(f"{label}: control must be true or false")
@@ -206,24 +216,25 @@ def _parse_variant(
             problems.append(f"{label}: inference must be one of {', '.join(INFERENCE)}")
         generation["inference"] = inference
     threads = None
-    for key, low in _INT_KEYS.items():
+    for key, (low, high) in _INT_KEYS.items():
         if key not in table:
             continue
         value = table[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            problems.append(f"{label}: {key} must be a whole number >= {low}")
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            cores = " (the cores of this machine)" if key == "threads" else ""
+            problems.append(f"{label}: {key} must be a whole number from {low} to {high}{cores}")
         elif key == "threads":
             threads = value
         else:
             generation[key] = value
-    for key, low_f in _FLOAT_KEYS.items():
+    for key, (above, most) in _FLOAT_KEYS.items():
         if key not in table:
             continue
         number = table[key]
-        if isinstance(number, bool) or not isinstance(number, int | float) or not number > low_f:
-            problems.append(f"{label}: {key} must be a number above {low_f:g}")
-        elif key == "topp" and number > 1:
-            problems.append(f"{label}: topp must be at most 1")
+        if isinstance(number, bool) or not isinstance(number, int | float) or not number > above:
+            problems.append(f"{label}: {key} must be a number above {above:g}")
+        elif number > most:
+            problems.append(f"{label}: {key} must be at most {most:g}")
         else:
             generation[key] = float(number)
     # ParlAI's greedy search refuses a beam size above 1, and the model file may carry one.

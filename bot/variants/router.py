@@ -162,12 +162,22 @@ class VariantResponder:
         self._hold(session.id, name)
         return await self.engines[name].inspect(session)
 
+    @property
+    def duelists(self) -> list[str]:
+        """The variants /arena pairs: those with a weight above 0 (a drained one is on its way
+        out, and its duels would still rank it)."""
+        return [v.name for v in self.experiment.variants if v.weight > 0 and v.name in self.engines]
+
     async def duel(self, session: SessionRow, user_text: str) -> tuple[Reply, Reply]:
         """Two variants' replies to one message (/arena), in random order: the chat's own
-        variant and another one. Neither clone keeps the turn: the user's pick is stored, and
-        the next turn rebuilds from the database."""
+        variant and another one (two others when its own is drained). Neither clone keeps the
+        turn: the user's pick is stored, and the next turn rebuilds from the database."""
         own = await self.variant_for(session)
-        pair = [own, random.choice([name for name in self.engines if name != own])]
+        duelists = self.duelists
+        if own in duelists:
+            pair = [own, random.choice([name for name in duelists if name != own])]
+        else:
+            pair = random.sample(duelists, 2)
         random.shuffle(pair)
         started = time.perf_counter()
         try:

@@ -96,6 +96,35 @@ async def test_run_refuses_a_bad_webhook_secret_before_loading_anything(tmp_path
         assert api.calls == []  # refused before it even asked Telegram who it is
 
 
+async def test_run_refuses_a_variants_file_beyond_the_machine_with_status_2(
+    tmp_path: Path,
+) -> None:
+    """Regression: `threads = 100000` started a worker that exhausted the host's threads and
+    crashed the service with a traceback."""
+    import asyncio
+
+    from tests.support.botprocess import TOKEN
+    from tests.support.fakebotapi import FakeBotAPI
+
+    variants = tmp_path / "variants.toml"
+    variants.write_text('[[variants]]\nname = "big"\nmodel = "zoo:x/model"\nthreads = 100000\n')
+    async with FakeBotAPI(TOKEN) as api:
+        env = _env(
+            tmp_path, PYTHONPATH=str(ROOT), TELEGRAM_BOT_TOKEN=TOKEN,
+            TELEGRAM_BASE_URL=api.base_url, VARIANTS_FILE=str(variants),
+            DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'bot.sqlite3'}",
+        )  # fmt: skip
+        proc = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "bot", "run"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    cores = os.cpu_count() or 1
+    assert f"variant 'big': threads must be a whole number from 1 to {cores}" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
 def test_invalid_settings_are_one_clean_line_each_without_their_values(tmp_path: Path) -> None:
     """Regression: WEBHOOK_PORT=abc printed pydantic's traceback (noticed with issue 11.8)."""
     env = _env(

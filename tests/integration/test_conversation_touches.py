@@ -3,6 +3,7 @@ the loopback Bot API."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,8 @@ import pytest
 from bot import texts
 from bot.config import ConfigError
 from bot.presets import load_presets
-from tests.support.fakebotapi import FakeBotAPI
+from bot.tg.app import Service
+from tests.support.fakebotapi import FakeBotAPI, Fault
 from tests.support.fixtures import StartService
 from tests.support.service_harness import EchoResponder, make_settings, rows
 
@@ -135,3 +137,126 @@ async def test_editing_the_last_message_regenerates_the_reply_in_place(
     sent = await api.wait_for_texts(chat, 3)
     assert sent[2] == texts.EDITED
     assert len(api.edits) == 1
+
+
+async def _edit_stored(service: Service, chat: int, text: str) -> None:
+    """Wait until the history's last turn is `text` and its regenerated reply."""
+    want = [("user", text), ("bot", f"echo {chat}: {text}")]
+    for _ in range(500):
+        last = await rows(
+            service,
+            "SELECT role, text FROM messages WHERE chat_id = :c ORDER BY id DESC LIMIT 2",
+            c=chat,
+        )
+        if last[::-1] == want:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the edit to {text!r} was not stored")
+
+
+async def test_an_edit_while_the_reply_is_generating_gets_the_only_answer(
+    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    """The typo fixed while the bot is thinking: the edit's update waits behind the
+    message's turn, and is answered, not refused with the notice for older messages."""
+    chat = 751
+    responder = EchoResponder(delay_s=lambda _chat, text: 1.0 if text == "how are yuo" else 0.0)
+    service = await start_service(make_settings(db_url, api, tmp_path), responder)
+    sent = api.user_message(chat, "how are yuo")
+    typo = next(u for u in api.history if u["update_id"] == sent)["message"]["message_id"]
+    await api.wait_for(lambda: responder.in_progress > 0, what="the reply generating")
+    api.user_message(chat, "how are you", kind="edited_message", message_id=typo)
+    await _edit_stored(service, chat, "how are you")
+    await api.wait_for(lambda: api.texts(chat) == [f"echo {chat}: how are you"], what="the reply")
+    await asyncio.sleep(0.3)
+    # One message on the screen (the old reply edited in place, if it was out already).
+    assert api.texts(chat) == [f"echo {chat}: how are you"]
+    assert responder.calls == [(chat, "how are yuo"), (chat, "how are you")]
+    assert await rows(service, "SELECT role, text FROM messages ORDER BY id") == [
+        ("user", "how are you"),
+        ("bot", f"echo {chat}: how are you"),
+    ]
+    assert await rows(service, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]
+
+
+async def test_an_edit_before_the_reply_went_out_withdraws_it(
+    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    """Generated but not sent (Telegram failing): the stale replies never go out, also when
+    the message is edited twice; only the reply to the last edit is sent."""
+    chat = 752
+    responder = EchoResponder()
+    service = await start_service(make_settings(db_url, api, tmp_path), responder)
+    outage = Fault("sendMessage", 500, times=10**9, chat_id=chat)
+    api.inject(outage)
+    sent = api.user_message(chat, "how are yuo")
+    typo = next(u for u in api.history if u["update_id"] == sent)["message"]["message_id"]
+    await api.wait_for(lambda: len(api.calls_to("sendMessage")) >= 2, what="a failed send")
+    api.user_message(chat, "how are yu", kind="edited_message", message_id=typo)
+    await _edit_stored(service, chat, "how are yu")
+    api.user_message(chat, "how are you", kind="edited_message", message_id=typo)
+    await _edit_stored(service, chat, "how are you")
+    outage.times = 0
+    await api.wait_for_texts(chat, 1)
+    await asyncio.sleep(0.3)
+    assert api.texts(chat) == [f"echo {chat}: how are you"]
+    assert api.edits == []
+    assert await rows(service, "SELECT role, text FROM messages ORDER BY id") == [
+        ("user", "how are you"),
+        ("bot", f"echo {chat}: how are you"),
+    ]
+    assert await rows(service, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]
+
+
+async def test_a_reply_on_its_way_when_the_edit_is_stored_is_edited_in_place(
+    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    """The stale reply's request was in flight when the edit was stored: it cannot be called
+    back, so the regenerated reply edits it instead of appearing beside it."""
+    chat = 753
+    responder = EchoResponder()
+    service = await start_service(make_settings(db_url, api, tmp_path), responder)
+    on_its_way = asyncio.Event()
+    api.inject(Fault("sendMessage", None, hold=on_its_way, chat_id=chat))
+    sent = api.user_message(chat, "how are yuo")
+    typo = next(u for u in api.history if u["update_id"] == sent)["message"]["message_id"]
+    await api.wait_for(lambda: bool(api.calls_to("sendMessage")), what="the reply on its way")
+    api.user_message(chat, "how are you", kind="edited_message", message_id=typo)
+    await _edit_stored(service, chat, "how are you")
+    on_its_way.set()
+    await api.wait_for(lambda: bool(api.edits), what="the reply edited in place")
+    await asyncio.sleep(0.3)
+    [stale] = api.sent
+    assert api.edits == [
+        (chat, stale.message_id, f"echo {chat}: how are yuo", f"echo {chat}: how are you")
+    ]
+    assert api.texts(chat) == [f"echo {chat}: how are you"]
+    assert await rows(service, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]
+    [(telegram_id,)] = await rows(
+        service, "SELECT telegram_message_id FROM messages WHERE role = 'bot'"
+    )
+    assert telegram_id == stale.message_id  # a further edit edits the same message
+
+
+async def test_a_second_edit_before_the_first_regenerated_reply_is_out(
+    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    """Delivered, then edited twice while editing the message fails: the reply to the last
+    edit still goes into the one message on the screen."""
+    chat = 754
+    responder = EchoResponder()
+    service = await start_service(make_settings(db_url, api, tmp_path), responder)
+    sent = api.user_message(chat, "how are yuo")
+    typo = next(u for u in api.history if u["update_id"] == sent)["message"]["message_id"]
+    await api.wait_for_texts(chat, 1)
+    outage = Fault("editMessageText", 500, times=10**9, chat_id=chat)
+    api.inject(outage)
+    api.user_message(chat, "how are yu", kind="edited_message", message_id=typo)
+    await _edit_stored(service, chat, "how are yu")
+    api.user_message(chat, "how are you", kind="edited_message", message_id=typo)
+    await _edit_stored(service, chat, "how are you")
+    outage.times = 0
+    await api.wait_for(lambda: bool(api.edits), what="the reply edited in place")
+    await asyncio.sleep(0.3)
+    assert api.texts(chat) == [f"echo {chat}: how are you"]
+    assert [new for *_, new in api.edits] == [f"echo {chat}: how are you"]

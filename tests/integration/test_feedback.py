@@ -180,3 +180,45 @@ async def test_feedback_buttons_off_sends_plain_replies(
     api.user_message(chat, "/done")
     assert await api.wait_for_texts(chat, 2) == ["echo 341: hello", texts.ENDED]
     assert all(s.reply_markup is None for s in api.sent)
+
+
+async def test_presses_over_the_flood_limit_are_not_applied_nor_answered(
+    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    """Regression: 300 presses from one chat made 600 Bot API calls (an answer and an edit of
+    the buttons each) and slowed every other chat's replies down."""
+    presser, calm = 341, 342
+    settings = make_settings(db_url, api, tmp_path, flood_max_messages=3, flood_window_s=60)
+    service = await start_service(settings, EchoResponder())
+    api.user_message(presser, "hello")
+    await api.wait_for_texts(presser, 1)
+    reply = api.last_sent(presser)
+    [(message_id,)] = await rows(service, "SELECT id FROM messages WHERE role = 'bot'")
+    values = [1, -1] * 5
+    queries = [api.press(presser, reply.message_id, f"v:{message_id}:{v}")[1] for v in values]
+
+    async def closed() -> list[tuple[object, ...]]:
+        return await rows(
+            service,
+            "SELECT count(*) FROM inbox WHERE kind = 'callback_query' AND status != 'pending'",
+        )
+
+    await _eventually(closed, [(len(values),)])
+    api.user_message(calm, "still there?")  # the presses' chat is the only one held back
+    assert await api.wait_for_texts(calm, 1) == [f"echo {calm}: still there?"]
+    assert [api.callback_answers.get(q) for q in queries] == [
+        texts.VOTED_UP,
+        texts.VOTED_DOWN,
+        texts.VOTED_UP,
+        texts.pressing_too_fast(3, 60),
+    ] + [None] * 6
+    assert len(api.calls_to("answerCallbackQuery")) == 4
+    assert len(api.calls_to("editMessageReplyMarkup")) == 3
+    assert await rows(service, "SELECT value FROM votes") == [(1,)]  # the third press
+    statuses = await rows(
+        service, "SELECT status FROM inbox WHERE kind = 'callback_query' ORDER BY update_id"
+    )
+    assert statuses == [("done",)] * 3 + [("ignored",)] * 7
+    # The text budget is not touched: the chat is still answered.
+    api.user_message(presser, "and now?")
+    assert (await api.wait_for_texts(presser, 2))[1] == f"echo {presser}: and now?"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pty
 import sqlite3
 import subprocess
 import sys
@@ -48,9 +49,8 @@ def test_terminal_chat_persists_everything(tmp_path: Path, tiny_model_file: str)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert out.count("bot> ") == 3, out
-    # STREAM_REPLIES=on: each reply first grew on its line, then the stored one replaced it
-    # (text mode reads the carriage returns as newlines)
-    assert out.count("\033[Kbot… ") >= 3 and out.count("\033[Kbot> ") == 3, repr(out)
+    # Not a terminal: no growing reply, no escape sequences (STREAM_REPLIES=on regardless).
+    assert "\033" not in out and "bot… " not in out, repr(out)
     assert "From now on: My name is Sarah. I love hiking." in out
     assert "My persona: My name is Sarah. I love hiking." in out
     assert "Conversation ended" in out
@@ -87,3 +87,42 @@ def test_terminal_chat_persists_everything(tmp_path: Path, tiny_model_file: str)
         ).fetchone()[0]
         assert undelivered == 0
         assert conn.execute("SELECT count(*) FROM outbox WHERE sent_at IS NULL").fetchone()[0] == 0
+
+
+def test_on_a_terminal_the_reply_grows_on_its_line(tmp_path: Path, tiny_model_file: str) -> None:
+    """STREAM_REPLIES=on with a terminal for output: the reply grows on one line while it
+    generates, then the stored one replaces it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEGRAM_", "DATABASE_"))}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        BOT_MODEL=tiny_model_file,
+        DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'chat.sqlite3'}",
+        DATA_DIR=str(tmp_path / "data"),
+    )
+    controller, terminal = pty.openpty()
+    with (tmp_path / "stderr.log").open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bot", "chat", "--chat-id", "43"],
+            stdin=subprocess.PIPE,
+            stdout=terminal,
+            stderr=stderr,
+            env=env,
+            cwd=tmp_path,
+        )
+    os.close(terminal)
+    assert proc.stdin is not None
+    proc.stdin.write(b"hello how are you\n")
+    proc.stdin.close()
+    out = b""
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # the terminal's other end closed: the chat exited
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(controller)
+    assert proc.wait(timeout=180) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
+    text = out.decode()
+    assert text.count("\033[Kbot… ") >= 1 and text.count("\033[Kbot> ") == 1, repr(text)

@@ -232,6 +232,32 @@ async def test_arena_shows_two_variants_and_keeps_the_pick(
         assert ranks[vb].strength > ranks[va].strength
 
 
+async def test_a_drained_variant_takes_no_part_in_duels(
+    db_url: str, tmp_path: Path, api: FakeBotAPI, tiny_model_file: str
+) -> None:
+    """Regression: a variant at weight 0 was still drawn into /arena duels (and ranked)."""
+    from bot.db.models import AssignmentSource
+
+    vf = write_variants(tmp_path / "v.toml", tiny_model_file, {"a": 1, "b": 0})
+    settings = make_settings(
+        db_url, api, tmp_path, variants_file=vf, model_workers="inline", arena=True
+    )
+    async with running_service(settings, None):
+        api.user_message(471, "/arena")  # one variant left to duel: no arena
+        assert await api.wait_for_texts(471, 1, timeout_s=30) == [texts.ARENA_OFF]
+
+    write_variants(vf, tiny_model_file, {"a": 1, "b": 1, "c": 0})
+    async with running_service(settings, None) as service:
+        chat = 472  # a chat that stays on the drained variant
+        await service.store.set_variant(chat, "default", "c", AssignmentSource.ADMIN)
+        api.user_message(chat, "/arena")
+        api.user_message(chat, "hello there")
+        sent = await api.wait_for_texts(chat, 2, timeout_s=30)
+        assert sent[0] == texts.ARENA_READY
+        pairs = await rows(service, "SELECT variant_a, variant_b FROM arena_matches")
+        assert [set(pair) for pair in pairs] == [{"a", "b"}]
+
+
 def _broken_variants(tmp_path: Path, model: str) -> tuple[Path, Path]:
     broken = tmp_path / "broken"
     Path(str(broken) + ".opt").write_text("{not json")

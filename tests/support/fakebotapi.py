@@ -59,8 +59,9 @@ class Fault:
     """One injected fault, matched by method (case-insensitive) and optionally chat id.
 
     `status` None only delays, then the call proceeds normally; a status answers that error
-    (after the delay, if any). `times` counts how many calls it hits, after `skip` matching
-    calls went through unharmed.
+    (after the delay, if any). `hold` keeps the call waiting until the test sets it (a request
+    on its way, for as long as the test needs). `times` counts how many calls it hits, after
+    `skip` matching calls went through unharmed.
     """
 
     method: str
@@ -71,6 +72,7 @@ class Fault:
     times: int = 1
     chat_id: int | None = None
     skip: int = 0  # let this many matching calls through first
+    hold: asyncio.Event | None = None
 
     def matches(self, method: str, chat_id: int | None) -> bool:
         """Whether this fault applies to a call."""
@@ -445,6 +447,8 @@ class FakeBotAPI:
                     fault.times -= 1
                     if fault.delay:
                         await asyncio.sleep(fault.delay)
+                    if fault.hold is not None:
+                        await fault.hold.wait()
                     error = fault.error()
                     if error is not None:
                         raise error

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,49 @@ def test_refused_files(tmp_path: Path, body: str, message: str) -> None:
     settings = _settings(tmp_path, body, bot_model="zoo:x/model")
     with pytest.raises(ConfigError, match=message):
         load_experiment(settings)
+
+
+def test_every_number_is_bounded(tmp_path: Path) -> None:
+    """Regression: `threads = 100000` passed, and its worker exhausted the host's threads."""
+    body = """
+[[variants]]
+name = "a"
+control = true
+threads = 100000
+weight = 1e300
+beam_size = 100000
+beam_min_length = 100000
+beam_block_ngram = 1000
+beam_context_block_ngram = 1000
+topk = 100000
+beam_delay = 100000
+temperature = 1e9
+[[variants]]
+name = "b"
+threads = 0
+topp = inf
+"""
+    with pytest.raises(ConfigError) as caught:
+        load_experiment(_settings(tmp_path, body, bot_model="zoo:x/model"))
+    cores = os.cpu_count() or 1
+    assert [line.strip() for line in str(caught.value).splitlines()[1:]] == [
+        "variant 'a': weight must be at most 1,000,000 (only the ratios of weights count)",
+        "variant 'a': beam_size must be a whole number from 1 to 100",
+        "variant 'a': beam_min_length must be a whole number from 0 to 1000",
+        "variant 'a': beam_block_ngram must be a whole number from -1 to 100",
+        "variant 'a': beam_context_block_ngram must be a whole number from -1 to 100",
+        "variant 'a': topk must be a whole number from 1 to 1000",
+        "variant 'a': beam_delay must be a whole number from 1 to 1000",
+        f"variant 'a': threads must be a whole number from 1 to {cores} (the cores of this "
+        "machine)",
+        "variant 'a': temperature must be at most 100",
+        f"variant 'b': threads must be a whole number from 1 to {cores} (the cores of this "
+        "machine)",
+        "variant 'b': topp must be at most 1",
+    ]
+    # The bounds themselves are accepted.
+    ok = f'[[variants]]\nname = "a"\nthreads = {cores}\nweight = 1000000\nbeam_size = 100\n'
+    assert load_experiment(_settings(tmp_path, ok, bot_model="zoo:x/model")).names == ["a"]
 
 
 def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
