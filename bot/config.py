@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -36,6 +37,11 @@ def _host_name(text: str) -> str:
     elif not HOST_NAME_RE.fullmatch(name):
         raise ValueError(text)
     return name
+
+
+# More torch threads than cores only slows a process down, and thousands of them have taken a
+# host down: every thread count is bounded by the machine's cores.
+CORES = os.cpu_count() or 1
 
 
 class ConfigError(Exception):
@@ -73,10 +79,10 @@ class Settings(BaseSettings):
     # --- model and engine -----------------------------------------------------------------
     bot_model: str | None = None
     model_device: Literal["auto", "cpu", "cuda"] = "auto"
-    torch_threads: int | None = Field(default=None, ge=1)
-    agent_cache_size: int = Field(default=1000, ge=1)
-    batch_max_size: int = Field(default=16, ge=1)
-    batch_max_wait_ms: int = Field(default=20, ge=0)
+    torch_threads: int | None = Field(default=None, ge=1, le=CORES)
+    agent_cache_size: int = Field(default=1000, ge=1, le=1_000_000)
+    batch_max_size: int = Field(default=16, ge=1, le=1024)
+    batch_max_wait_ms: int = Field(default=20, ge=0, le=10_000)
     # "continuous": chats join and leave the running generation at every decoding step
     # (bot/inference/scheduler.py; greedy, beam and delayed beam on the stock transformer);
     # "batch": the micro-batcher, each batch_act runs to its longest reply. Other searches
@@ -103,7 +109,7 @@ class Settings(BaseSettings):
     # "process": every variant in a worker process of its own; "inline": in this process.
     model_workers: Literal["process", "inline"] = "process"
     # Torch threads per worker process (a variant's `threads` wins); None: TORCH_THREADS.
-    worker_threads: int | None = Field(default=None, ge=1)
+    worker_threads: int | None = Field(default=None, ge=1, le=CORES)
     # A worker that answers no ping, or makes no decoding step while it has work, for this
     # long is killed and restarted; its turns are retried on the new one (bot/inference/workers.py).
     worker_stall_s: float = Field(default=10.0, ge=2.0, le=600.0)
@@ -147,7 +153,7 @@ class Settings(BaseSettings):
     message_max_chars: int = Field(default=2000, ge=1)
     flood_max_messages: int = Field(default=12, ge=1)
     flood_window_s: float = Field(default=10.0, gt=0)
-    max_concurrent_chats: int = Field(default=64, ge=1)
+    max_concurrent_chats: int = Field(default=64, ge=1, le=10_000)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     # Replicas on one database: a replica whose heartbeat is this old is dead and its chats are
     # taken over (it fences itself at 60% of it); it beats five times in this time.

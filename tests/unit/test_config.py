@@ -85,3 +85,29 @@ def test_a_copy_of_env_example_is_valid_settings() -> None:
     example = Path(__file__).resolve().parents[2] / ".env.example"
     s = Settings(_env_file=example)  # type: ignore[call-arg]
     assert s.torch_threads is None and s.beam_size is None and s.variants_file is None
+
+
+@pytest.mark.parametrize(
+    "name", ["TORCH_THREADS", "WORKER_THREADS", "AGENT_CACHE_SIZE", "MAX_CONCURRENT_CHATS"]
+)
+def test_counts_that_could_exhaust_the_host_are_bounded(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """`WORKER_THREADS=100000` would start that many threads per worker (issue: it took the
+    host down through the variants file): refused, naming the setting, never the value."""
+    from pydantic import ValidationError
+
+    from bot.config import describe_invalid_settings
+
+    monkeypatch.setenv(name, "100000000")
+    with pytest.raises(ValidationError) as err:
+        Settings(_env_file=None)  # type: ignore[call-arg]
+    assert f"{name}: Input should be less than or equal to" in describe_invalid_settings(err.value)
+
+
+def test_worker_liveness_settings_have_sane_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert (s.worker_stall_s, s.generation_timeout_s) == (10.0, 120.0)
+    monkeypatch.setenv("WORKER_STALL_S", "0.5")  # would kill healthy workers between pings
+    with pytest.raises(ValueError, match="worker_stall_s"):
+        Settings(_env_file=None)  # type: ignore[call-arg]
