@@ -1,4 +1,5 @@
-"""The README's layout section lists exactly the modules under bot/, so it cannot drift.
+"""The layout section of docs/architecture.md lists exactly the modules under bot/, so it cannot
+drift.
 
 The section is the code block between `<!-- layout:start -->` and `<!-- layout:end -->`. Each
 line that starts with `bot/` names one path, then says what it holds:
@@ -9,7 +10,7 @@ line that starts with `bot/` names one path, then says what it holds:
 
 The tree is what git knows under bot/ (`git ls-files bot`) plus new files git does not ignore yet,
 less files deleted from the work tree: on a clean checkout that is exactly `git ls-files bot`, and
-while editing, a module added or removed fails this test until the README says so too.
+while editing, a module added or removed fails this test until docs/architecture.md says so too.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 START, END = "<!-- layout:start -->", "<!-- layout:end -->"
+LAYOUT = ROOT / "docs" / "architecture.md"
 
 
 def layout_paths() -> list[str]:
-    """The `bot/...` paths named by the README's layout block, in order (duplicates kept)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert text.count(START) == 1 and text.count(END) == 1, "layout markers missing in README"
+    """The `bot/...` paths named by the layout block, in order (duplicates kept)."""
+    text = LAYOUT.read_text(encoding="utf-8")
+    assert text.count(START) == 1 and text.count(END) == 1, f"layout markers missing in {LAYOUT}"
     section = text[text.index(START) + len(START) : text.index(END)]
     block = re.search(r"^```\n(.*?)^```$", section, re.M | re.S)
     assert block, "no code block between the layout markers"
@@ -68,11 +70,11 @@ def expected_lines(files: set[str]) -> set[str]:
 def test_layout_lists_exactly_the_modules_and_packages_of_bot() -> None:
     listed = layout_paths()
     duplicates = sorted({p for p in listed if listed.count(p) > 1})
-    assert not duplicates, f"listed twice in the README layout: {duplicates}"
+    assert not duplicates, f"listed twice in the layout of docs/architecture.md: {duplicates}"
     want = expected_lines(tree_python_files())
     missing = sorted(want - set(listed))
     stale = sorted(set(listed) - want)
-    assert not missing and not stale, f"README layout is out of date: add {missing}, remove {stale}"
+    assert not missing and not stale, f"docs/architecture.md layout is out of date: add {missing}, remove {stale}"
 
 
 def test_every_module_line_sits_under_its_package_line() -> None:
