@@ -3,29 +3,13 @@
 Started by bot.inference.workers with multiprocessing's `spawn`, so it shares nothing with the
 service but the pipe it is given. The service sends turns (the session row, the user text, and
 the conversation's context when this worker asked for it) and gets replies back; everything
-that touches Telegram or the database stays in the service.
-
-Messages, parent -> worker:
-    ("turn", req_id, SessionRow, text, stream, ConversationContext | None)
-                                           stream: bool, whether to report drafts
-    ("evict", session_id)                  drop a cached clone
-    ("stored", session_id, last_message_id) the turn is committed up to this message
-    ("inspect", req_id, SessionRow, ConversationContext | None)   what the model reads now
-    ("stats", req_id)                      cache, batch and memory figures
-    ("ping", 0)                            once a second: are you there?
-    ("stop",)
-worker -> parent:
-    ("ready", info) or ("failed", reason)   once, after loading the model
-    ("reply", req_id, Generated)            (also the ModelView of an inspect)
-    ("context", req_id, tail)               a cache miss: send the turn again with its context
-    ("draft", req_id, text)                 (a streamed turn) the best hypothesis so far,
-                                            cleaned like the reply, whole words only; the
-                                            first as soon as there is one, then at most one a
-                                            second (continuous scheduler only)
-    ("error", req_id, message)              generation failed (safe to log)
-    ("stats", req_id, dict)
-    ("pong", 0, stuck_s)                    the answer to a ping: seconds the inference
-                                            thread has had work but made no decoding step
+that touches Telegram or the database stays in the service. The messages are the typed ones
+of bot/engine/pipe.py (Turn, Inspect, Evict, Stored, StatsRequest, Ping, Stop one way; Ready
+or Failed once, then Reply, NeedContext, Draft, Error, Stats, Pong the other). Drafts of a
+streamed turn are the best hypothesis so far, cleaned like the reply, whole words only: the
+first as soon as there is one, then at most one a second (continuous scheduler only). A Ping
+is answered on this process's event loop, with how long the inference thread has had work
+without a decoding step.
 """
 
 from __future__ import annotations
@@ -43,6 +27,7 @@ from typing import Any, Literal
 from bot.config import ConfigError, Settings
 from bot.conversations.actions import GenerationError
 from bot.conversations.store import ConversationContext
+from bot.engine import pipe
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +104,7 @@ def main(conn: Connection, spec: WorkerSpec) -> None:
             else (f"loading {spec.settings.model_file} failed: {type(err).__name__}: {err}")
         )
         with contextlib.suppress(OSError):
-            conn.send(("failed", reason))
+            conn.send(pipe.Failed(reason))
         return
     info = {
         "pid": os.getpid(),
@@ -128,7 +113,7 @@ def main(conn: Connection, spec: WorkerSpec) -> None:
         "beam_size": agent.opt.get("beam_size"),
         "threads": spec.threads,
     }
-    conn.send(("ready", info))
+    conn.send(pipe.Ready(info))
     log.info("variant %s: worker %d ready (%s)", spec.variant, os.getpid(), info["model"])
     asyncio.run(_serve(conn, agent, spec))
 
@@ -140,97 +125,93 @@ async def _serve(conn: Connection, agent: Any, spec: WorkerSpec) -> None:
     responder = Responder(agent, _Given(None), spec.settings)
     await responder.batcher.start()
     loop = asyncio.get_running_loop()
-    inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+    inbox: asyncio.Queue[pipe.Message] = asyncio.Queue()
 
     def read() -> None:
         while True:
             try:
                 message = conn.recv()
             except (EOFError, OSError):
-                message = ("stop",)  # the service is gone: nobody is waiting for replies
+                message = pipe.Stop()  # the service is gone: nobody is waiting for replies
             loop.call_soon_threadsafe(inbox.put_nowait, message)
-            if message[0] == "stop":
+            if isinstance(message, pipe.Stop):
                 return
 
     threading.Thread(target=read, name="worker-pipe", daemon=True).start()
 
-    def send(message: tuple[Any, ...]) -> None:
+    def send(message: pipe.Message) -> None:
         with contextlib.suppress(OSError):  # the service is gone; the reader stops us
             conn.send(message)
 
-    async def turn(
-        req_id: int, session: Any, text: str, stream: bool, context: ConversationContext | None
-    ) -> None:
-        with log_context(chat_id=session.chat_id):
-            await _turn(req_id, session, text, stream, context)
+    def need_context(req_id: int) -> None:
+        send(pipe.NeedContext(req_id, responder.cache.tail_limit))
 
-    async def _turn(
-        req_id: int, session: Any, text: str, stream: bool, context: ConversationContext | None
-    ) -> None:
+    async def turn(request: pipe.Turn) -> None:
+        req_id, session, context = request.req_id, request.session, request.context
         if context is None and not responder.has_fresh(session):
-            send(("context", req_id, responder.cache.tail_limit))
+            need_context(req_id)
             return
+        on_draft = (lambda draft: send(pipe.Draft(req_id, draft))) if request.stream else None
         try:
-            on_draft = (lambda draft: send(("draft", req_id, draft))) if stream else None
-            result = await responder.generate(session, text, _Given(context), on_draft)
+            result = await responder.generate(session, request.text, _Given(context), on_draft)
         except NeedContext:
-            send(("context", req_id, responder.cache.tail_limit))
+            need_context(req_id)
         except GenerationError as err:
-            send(("error", req_id, str(err)))
+            send(pipe.Error(req_id, str(err)))
         except Exception as err:
             log.exception("variant %s: turn of session %s failed", spec.variant, session.id)
             responder.evict(session.id)
-            send(("error", req_id, f"{type(err).__name__}: {err}"))
+            send(pipe.Error(req_id, f"{type(err).__name__}: {err}"))
         else:
-            send(("reply", req_id, result))
+            send(pipe.Reply(req_id, result))
 
-    async def inspect(req_id: int, session: Any, context: ConversationContext | None) -> None:
+    async def inspect(request: pipe.Inspect) -> None:
+        req_id, session, context = request.req_id, request.session, request.context
         if context is None and not responder.has_fresh(session):
-            send(("context", req_id, responder.cache.tail_limit))
+            need_context(req_id)
             return
         try:
             view = await responder.inspect(session, _Given(context))
         except Exception as err:
             log.exception("variant %s: inspecting session %s failed", spec.variant, session.id)
-            send(("error", req_id, f"{type(err).__name__}: {err}"))
+            send(pipe.Error(req_id, f"{type(err).__name__}: {err}"))
         else:
-            send(("reply", req_id, view))
+            send(pipe.Reply(req_id, view))
+
+    async def logged(request: pipe.Turn | pipe.Inspect) -> None:
+        with log_context(chat_id=request.session.chat_id):
+            await (turn(request) if isinstance(request, pipe.Turn) else inspect(request))
+
+    def stats() -> dict[str, Any]:
+        cache = responder.cache
+        return {
+            "cached": len(cache),
+            "hits": cache.stats.hits,
+            "misses": cache.stats.misses,
+            "evictions": cache.stats.evictions,
+            "batches": responder.batcher.stats.batches,
+            "requests": responder.batcher.stats.requests,
+            **rss_bytes(),
+        }
 
     running: set[asyncio.Task[None]] = set()
-    while True:
-        message = await inbox.get()
-        kind = message[0]
-        if kind in ("turn", "inspect"):
-            work = turn(*message[1:]) if kind == "turn" else inspect(*message[1:])
-            task = asyncio.create_task(work)
-            running.add(task)
-            task.add_done_callback(running.discard)
-        elif kind == "ping":
-            # Answered here, on the event loop; the inference thread's progress goes with it.
-            send(("pong", 0, responder.batcher.liveness.stuck_s()))
-        elif kind == "evict":
-            responder.evict(message[1])
-        elif kind == "stored":
-            responder.turn_stored(message[1], message[2])
-        elif kind == "stats":
-            cache = responder.cache
-            send(
-                (
-                    "stats",
-                    message[1],
-                    {
-                        "cached": len(cache),
-                        "hits": cache.stats.hits,
-                        "misses": cache.stats.misses,
-                        "evictions": cache.stats.evictions,
-                        "batches": responder.batcher.stats.batches,
-                        "requests": responder.batcher.stats.requests,
-                        **rss_bytes(),
-                    },
-                )
-            )
-        elif kind == "stop":
-            break
+    while not isinstance(message := await inbox.get(), pipe.Stop):
+        match message:
+            case pipe.Turn() | pipe.Inspect():
+                task = asyncio.create_task(logged(message))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            case pipe.Ping():
+                # Answered here, on the event loop; the inference thread's progress goes with it.
+                send(pipe.Pong(responder.batcher.liveness.stuck_s()))
+            case pipe.Evict(session_id=session_id):
+                responder.evict(session_id)
+            case pipe.Stored(session_id=session_id, last_message_id=last):
+                responder.turn_stored(session_id, last)
+            case pipe.StatsRequest(req_id=req_id):
+                send(pipe.Stats(req_id, stats()))
+            case _:
+                log.error("variant %s: unexpected message: %r", spec.variant, message)
     for task in list(running):
         task.cancel()
     await asyncio.gather(*running, return_exceptions=True)

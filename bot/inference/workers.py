@@ -27,20 +27,32 @@ import multiprocessing
 import queue
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bot.config import Settings
 from bot.conversations.actions import GenerationError
 from bot.conversations.drafts import DraftSink
 from bot.db.conversations import SessionRow
+from bot.engine import pipe
 from bot.inference.batcher import Generated, ModelView
 from bot.inference.worker import WorkerSpec
 from bot.tg.backoff import Backoff
 
 if TYPE_CHECKING:  # the service process never imports torch or ParlAI: the workers do
+    from bot.conversations.store import ConversationContext
     from bot.inference.responder import ContextSource
+
+
+class _Build(Protocol):
+    """A request about a session, made once its req_id and context (None: not asked for yet)
+    are known."""
+
+    def __call__(self, req_id: int, *, context: ConversationContext | None) -> pipe.Request: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +80,6 @@ class WorkerLost(Exception):
     """The worker process died, or was killed for hanging, while a request was in flight."""
 
 
-class _NeedContext:
-    def __init__(self, tail: int | None) -> None:
-        self.tail = tail
-
-
 class WorkerHandle:
     """One variant's worker process, as the service sees it (the engine interface of
     bot.variants.router: generate, evict, turn_stored, set_persona, close)."""
@@ -97,7 +104,7 @@ class WorkerHandle:
         self._drafts: dict[int, DraftSink] = {}  # req_id -> where its drafts go
         self._conn: Connection | None = None
         self._proc: BaseProcess | None = None
-        self._sending: queue.Queue[tuple[Any, ...] | None] | None = None
+        self._sending: queue.Queue[pipe.Message | None] | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         # Liveness: when the worker last answered a ping, and how long its inference thread
@@ -143,7 +150,7 @@ class WorkerHandle:
         answering = self._ready.is_set() and self._quiet_s() < 3 * PING_INTERVAL_S
         self._ready.clear()
         with contextlib.suppress(WorkerLost):
-            self._send(("stop",))
+            self._send(pipe.Stop())
         if proc is not None:
             await asyncio.to_thread(proc.join, STOP_TIMEOUT_S if answering else 0.0)
             if proc.is_alive():
@@ -164,26 +171,31 @@ class WorkerHandle:
     ) -> Generated:
         """One turn on this variant; a lost worker's turn is sent again once it is back. The
         worker streams drafts of the reply to `on_draft` when one is given."""
+        stream = on_draft is not None
         result = await self._with_context(
-            "turn", session, user_text, on_draft is not None, on_draft=on_draft
+            lambda req_id, *, context: pipe.Turn(req_id, session, user_text, stream, context),
+            session,
+            on_draft,
         )
         assert isinstance(result, Generated)
         return result
 
     async def inspect(self, session: SessionRow) -> ModelView:
         """What this variant's model reads now for the conversation."""
-        result = await self._with_context("inspect", session)
+        result = await self._with_context(
+            lambda req_id, *, context: pipe.Inspect(req_id, session, context), session
+        )
         assert isinstance(result, ModelView)
         return result
 
     async def _with_context(
-        self, kind: str, session: SessionRow, *args: Any, on_draft: DraftSink | None = None
-    ) -> Any:
+        self, request: _Build, session: SessionRow, on_draft: DraftSink | None = None
+    ) -> Generated | ModelView:
         """A request about a session, with its context sent when the worker asks for it, within
         the turn's deadline (waiting for a restarted worker included)."""
         try:
             async with asyncio.timeout(self.turn_timeout_s):
-                return await self._context_round_trips(kind, session, *args, on_draft=on_draft)
+                return await self._context_round_trips(request, session, on_draft)
         except TimeoutError:
             self.evict(session.id)  # whatever the worker still does with it, it is not stored
             raise GenerationError(
@@ -192,14 +204,14 @@ class WorkerHandle:
             ) from None
 
     async def _context_round_trips(
-        self, kind: str, session: SessionRow, *args: Any, on_draft: DraftSink | None = None
-    ) -> Any:
-        context = None
+        self, request: _Build, session: SessionRow, on_draft: DraftSink | None
+    ) -> Generated | ModelView:
+        context: ConversationContext | None = None
         lost = 0
         while True:
             await self._ready.wait()
             try:
-                result = await self._request((kind, session, *args, context), on_draft)
+                answer = await self._request(partial(request, context=context), on_draft)
             except WorkerLost:
                 lost += 1
                 if lost >= MAX_LOST:
@@ -208,12 +220,13 @@ class WorkerHandle:
                     ) from None
                 context = None  # the new worker has an empty cache: it will ask
                 continue
-            if isinstance(result, _NeedContext):
+            if isinstance(answer, pipe.NeedContext):
                 context = await self.store.load_context(
-                    session.id, result.tail, session.last_message_id or 0
+                    session.id, answer.tail, session.last_message_id or 0
                 )
                 continue
-            return result
+            assert isinstance(answer, pipe.Reply)
+            return answer.result
 
     async def stats(self) -> dict[str, Any]:
         """The worker's cache, batch and memory figures ({} while it is down or does not answer
@@ -222,29 +235,30 @@ class WorkerHandle:
             return {}
         try:
             async with asyncio.timeout(STATS_TIMEOUT_S):
-                result: dict[str, Any] = await self._request(("stats",))
+                answer = await self._request(pipe.StatsRequest)
         except (TimeoutError, WorkerLost):
             return {}
-        return result
+        assert isinstance(answer, pipe.Stats)
+        return answer.figures
 
     def evict(self, session_id: int) -> None:
         """Drop a conversation's clone in the worker (a restarted one has none anyway)."""
-        self._tell(("evict", session_id))
+        self._tell(pipe.Evict(session_id))
 
     def turn_stored(self, session_id: int, last_message_id: int) -> None:
         """The worker's clone is in step with the database up to `last_message_id`."""
-        self._tell(("stored", session_id, last_message_id))
+        self._tell(pipe.Stored(session_id, last_message_id))
 
     def set_persona(self, session_id: int, persona: str) -> None:
         """Nothing to do: every turn carries the session's persona, and the worker follows."""
 
-    def _tell(self, message: tuple[Any, ...]) -> None:
+    def _tell(self, message: pipe.Message) -> None:
         if not self._ready.is_set():
             return
         with contextlib.suppress(WorkerLost):  # a hung worker: the watcher restarts it
             self._send(message)
 
-    def _send(self, message: tuple[Any, ...]) -> None:
+    def _send(self, message: pipe.Message) -> None:
         """Queue a message for the writer thread, never blocking; WorkerLost when the worker
         is down, or has stopped reading (its pipe and the queue are full: it is restarted)."""
         sending = self._sending
@@ -256,42 +270,44 @@ class WorkerHandle:
             self._stall(PIPE_FULL, f"{sending.maxsize} messages waiting: it stopped reading")
             raise WorkerLost from None
 
-    async def _request(self, message: tuple[Any, ...], on_draft: DraftSink | None = None) -> Any:
+    async def _request(
+        self, build: Callable[[int], pipe.Request], on_draft: DraftSink | None = None
+    ) -> pipe.Request:
+        """Send the request `build(req_id)` makes; its answer (Reply, NeedContext, Stats)."""
         req_id = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[pipe.Request] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = future
         if on_draft is not None:
             self._drafts[req_id] = on_draft
         try:
-            self._send((message[0], req_id, *message[1:]))
+            self._send(build(req_id))
             return await future
         finally:
             self._pending.pop(req_id, None)
             self._drafts.pop(req_id, None)
 
-    def _on_message(self, message: tuple[Any, ...]) -> None:
-        kind, req_id = message[0], message[1]
-        if kind == "pong":
-            self._heard_at = time.monotonic()
-            self._stuck_s = float(message[2])
-            return
-        if kind == "draft":
-            sink = self._drafts.get(req_id)
-            if sink is not None:
-                try:
-                    sink(message[2])
-                except Exception:
-                    log.exception("variant %s: a draft could not be handed on", self.name)
-            return
-        future = self._pending.get(req_id)
-        if future is None or future.done():
-            return  # its caller gave up (cancelled): the answer is dropped
-        if kind == "reply" or kind == "stats":
-            future.set_result(message[2])
-        elif kind == "context":
-            future.set_result(_NeedContext(message[2]))
-        elif kind == "error":
-            future.set_exception(GenerationError(f"variant {self.name}: {message[2]}"))
+    def _on_message(self, message: pipe.Message) -> None:
+        match message:
+            case pipe.Pong(stuck_s=stuck_s):
+                self._heard_at = time.monotonic()
+                self._stuck_s = stuck_s
+            case pipe.Draft(req_id=req_id, text=text):
+                sink = self._drafts.get(req_id)
+                if sink is not None:
+                    try:
+                        sink(text)
+                    except Exception:
+                        log.exception("variant %s: a draft could not be handed on", self.name)
+            case pipe.Reply() | pipe.NeedContext() | pipe.Stats() | pipe.Error():
+                future = self._pending.get(message.req_id)
+                if future is None or future.done():
+                    return  # its caller gave up (cancelled): the answer is dropped
+                if isinstance(message, pipe.Error):
+                    future.set_exception(GenerationError(f"variant {self.name}: {message.message}"))
+                else:
+                    future.set_result(message)
+            case _:
+                log.error("variant %s: unexpected message from the worker: %r", self.name, message)
 
     def _on_lost(self, conn: Connection) -> None:
         if conn is not self._conn:
@@ -321,7 +337,7 @@ class WorkerHandle:
                 self._stall(STALLED, f"no decoding step for {self._stuck_s:.1f} s")
             else:
                 with contextlib.suppress(WorkerLost):
-                    self._send(("ping", 0))
+                    self._send(pipe.Ping())
 
     def _stall(self, reason: str, detail: str) -> None:
         """The worker hangs: take no more turns and kill it; the reader thread then sees the
@@ -366,14 +382,14 @@ class WorkerHandle:
             proc.kill()
             parent.close()
             raise
-        if first[0] != "ready":
+        if not isinstance(first, pipe.Ready):
             await asyncio.to_thread(proc.join, STOP_TIMEOUT_S)
             if proc.is_alive():
                 proc.kill()
                 await asyncio.to_thread(proc.join, STOP_TIMEOUT_S)
             parent.close()
-            raise WorkerStartError(str(first[1]))
-        self.info = dict(first[1])
+            raise WorkerStartError(first.reason)
+        self.info = dict(first.info)
         self._conn, self._proc = parent, proc
         self._sending = queue.Queue(self.send_queue_size)
         self._heard_at, self._stuck_s, self._down = time.monotonic(), 0.0, None
@@ -427,19 +443,27 @@ class WorkerHandle:
                 break
 
 
-def _first_message(conn: Connection, proc: BaseProcess) -> tuple[Any, ...]:
-    """The worker's ready/failed message, or why there is none."""
+def _first_message(conn: Connection, proc: BaseProcess) -> pipe.Ready | pipe.Failed:
+    """The worker's Ready or Failed, or why there is none (a worker that speaks another
+    protocol version is refused: it is not the code this service runs)."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         try:
             if conn.poll(0.2):
-                message: tuple[Any, ...] = conn.recv()
+                message = conn.recv()
+                if not isinstance(message, pipe.Ready | pipe.Failed):
+                    return pipe.Failed(f"the worker's first message was {message!r}")
+                if message.version != pipe.PROTOCOL_VERSION:
+                    return pipe.Failed(
+                        f"the worker speaks pipe protocol {message.version}, this service "
+                        f"{pipe.PROTOCOL_VERSION}: reinstall (make install) and restart"
+                    )
                 return message
         except (EOFError, OSError):
             time.sleep(0.05)  # it died, or the start was cancelled (pipe closed): see below
         if not proc.is_alive():
-            return ("failed", f"the worker process exited with code {proc.exitcode} while loading")
-    return ("failed", f"the model did not load within {START_TIMEOUT_S:.0f} s")
+            return pipe.Failed(f"the worker process exited with code {proc.exitcode} while loading")
+    return pipe.Failed(f"the model did not load within {START_TIMEOUT_S:.0f} s")
 
 
 def _read(conn: Connection, loop: asyncio.AbstractEventLoop, handle: WorkerHandle) -> None:
@@ -457,7 +481,7 @@ def _read(conn: Connection, loop: asyncio.AbstractEventLoop, handle: WorkerHandl
             loop.call_soon_threadsafe(handle._on_message, message)
 
 
-def _write(conn: Connection, sending: queue.Queue[tuple[Any, ...] | None], name: str) -> None:
+def _write(conn: Connection, sending: queue.Queue[pipe.Message | None], name: str) -> None:
     """The pipe's writer thread: the only place that may block on a worker (its pipe full);
     ends at None, or when the pipe breaks (the reader sees the worker gone and reports it)."""
     while (message := sending.get()) is not None:
