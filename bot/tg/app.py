@@ -141,6 +141,7 @@ class Service:
             owner,
             dead_after_s=settings.takeover_after_s,
             info=self.status,
+            on_alive=budget.share,  # the bot's send budget is split between the live replicas
         )
         took_over = self.metrics.lease_taken_over  # bot_lease_takeovers_total{kind}
         self.leases = (
