@@ -137,13 +137,13 @@ class Heartbeat:
             if not await replicas.beat(db, self.owner, info):
                 # Pruned by a peer while we were away far too long: write it again.
                 await replicas.register(db, self.owner, HOST, os.getpid(), info or "{}")
+            alive = await replicas.alive(db, self.dead_after_s) if self.on_alive else None
         self._last_ok = started
         if self._fenced:
             self._fenced = False
             log.warning("heartbeats reach the database again: back to work")
-        if self.on_alive is not None:
-            async with self.sessionmaker() as db:
-                self.on_alive(await replicas.alive(db, self.dead_after_s))
+        if self.on_alive is not None and alive is not None:
+            self.on_alive(alive)
 
     async def prune(self) -> None:
         """Delete rows of replicas silent for PRUNE_AFTER_S."""
