@@ -15,7 +15,11 @@ model: this measures the service around it, not generation.
 
 Ends with `RESULT sent=N answered=N lost=0 duplicated=0 order_violations=0 takeover_s=...`:
 takeover_s is the longest a chat whose lease the killed replica held waited for its answer,
-counted from the kill (or from its message, if that came later). `--mode polling` runs the
+counted from the kill (or from its message, if that came later); `others_s` is the same for
+the chats the survivors held, the wait that is not the takeover's (a saturated machine's queue),
+and `fences` counts the times a replica fenced itself (its heartbeats did not land for
+0.6 x TAKEOVER_AFTER_S). `--background-load N` keeps N busy processes at normal priority
+running all along, as other jobs on the same cores would. `--mode polling` runs the
 same kill test without nginx: every replica polls for the lease of getUpdates, and the elected
 poller is the one killed (`poll_gap_s`: from the kill to the next getUpdates by a survivor).
 Exits 1 when anything was lost, duplicated or out of order.
@@ -336,6 +340,10 @@ class Run:
             if self.think:
                 await asyncio.sleep(rng.uniform(1.0, 3.0))
 
+    def waited_outside(self, chats: set[int], since: float) -> float:
+        """The same as waited_after for every chat not in `chats`: what the kill did not cause."""
+        return self.waited_after(set(self.books.sent) - chats, since)
+
     def replies(self) -> int:
         return len(self.api.sent)
 
@@ -502,6 +510,12 @@ class Run:
                 problems.append(f"replica {replica.index}: a traceback in its log")
         for name, (chats, since) in self.windows.items():
             results[name] = round(self.waited_after(chats, since), 2)
+        if "takeover_s" in self.windows:
+            results["others_s"] = round(self.waited_outside(*self.windows["takeover_s"]), 2)
+        results["fences"] = sum(
+            r.log.read_text(errors="replace").count("stopping work on every chat")
+            for r in self.replicas
+        )
         results.update(
             sent=sent,
             answered=answered,
@@ -511,7 +525,7 @@ class Run:
         )
         print_table(
             f"Throughput by replica count ({self.args.mode}, {self.args.chats} chats, "
-            f"{os.cpu_count()} cores)",
+            f"{os.cpu_count()} cores, background load {self.args.background_load})",
             ["replicas", "replies/s"],
             [(n, f"{r:.1f}") for n, r in rates.items()],
         )
@@ -521,7 +535,15 @@ class Run:
         for problem in problems:
             print(f"PROBLEM: {problem}")
         write_json(f"scaleout-{self.args.mode}", {"args": vars(self.args), "results": results})
-        head = ["sent", "answered", "lost", "duplicated", "order_violations", "takeover_s"]
+        head = [
+            "sent",
+            "answered",
+            "lost",
+            "duplicated",
+            "order_violations",
+            "takeover_s",
+            "others_s",
+        ]
         line = " ".join(f"{k}={results[k]:g}" for k in head if k in results)
         print(f"RESULT {line}", flush=True)
         emit_results({k: v for k, v in results.items() if k not in head})
@@ -540,6 +562,12 @@ class Run:
         return 0
 
 
+def background_load(count: int) -> list[subprocess.Popen[bytes]]:
+    """`count` processes that only burn CPU, at the priority everything else has."""
+    spin = "while True: pass"
+    return [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(count)]
+
+
 def main() -> int:
     """Parse arguments, set everything up, run; the exit status is the verdict."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
@@ -552,6 +580,13 @@ def main() -> int:
     )
     parser.add_argument("--drain-s", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument(
+        "--background-load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N busy processes at normal priority all along (other jobs on the same cores)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the logs folder")
     args = parser.parse_args()
     os.chdir(ROOT)
@@ -562,9 +597,13 @@ def main() -> int:
     shown = make_url(db_url).render_as_string(hide_password=True)
     print(f"database {shown}; mode {args.mode}", flush=True)
     status = 1
+    load = background_load(args.background_load)
     try:
         status = asyncio.run(Run(args, workdir, model, db_url).run())
     finally:
+        for proc in load:
+            proc.kill()
+            proc.wait()
         asyncio.run(drop_database(db_url))
         if status == 0 and not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

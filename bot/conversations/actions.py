@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bot import texts
 from bot.config import Settings
+from bot.conversations.drafts import end_drafts
 from bot.conversations.store import ConversationStore, StoredTurn
 from bot.db.conversations import SessionRow
 from bot.db.feedback import Outcome
@@ -127,6 +128,7 @@ class ChatActions:
 
     async def notice(self, chat_id: int, text: str, *, update_id: int | None = None) -> None:
         """Send a short message that is not part of the conversation, and close the update."""
+        await end_drafts()
         await self.store.notice(chat_id, text, update_id=update_id)
 
     async def help(
@@ -292,6 +294,7 @@ class ChatActions:
         telegram_message_id: int | None = None,
     ) -> None:
         """Keep a user message without a model reply (flood limit); it joins the next turn."""
+        await end_drafts()
         text = storable(text)
         session = await self.store.active_session(chat_id, user_id)
         await self.store.record_user_message(
@@ -393,6 +396,7 @@ class ChatActions:
                 "safety": verdict.mark,
                 "unsafe_text": verdict.unsafe_text,
             }
+            await end_drafts()
             stored = await store(verdict, fields)
         except BaseException:
             # The clone already heard this turn but the database did not keep it.
@@ -570,6 +574,7 @@ class ChatActions:
             return
         shown_a = (await self.safety.reply(a.text, a.candidates)).text
         shown_b = (await self.safety.reply(b.text, b.candidates)).text
+        await end_drafts()
         await self.store.record_duel(
             session.id,
             session.chat_id,

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import ColumnElement, func, literal, type_coerce
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bot.db.models import Base
+from bot.db.models import Base, UtcDateTime
 
 
 async def insert_unless_present(
@@ -19,3 +21,18 @@ async def insert_unless_present(
     ins = pg_insert(table) if dialect == "postgresql" else sqlite_insert(table)
     result = await db.execute(ins.values(**values).on_conflict_do_nothing(index_elements=key))
     return bool(getattr(result, "rowcount", 0))
+
+
+def db_now(db: AsyncSession, offset_s: float = 0.0) -> ColumnElement[datetime]:
+    """The database server's clock (plus `offset_s`), for times that several machines compare:
+    PostgreSQL's now() (the transaction's start), SQLite's 'now' in UTC, written the way
+    SQLAlchemy writes SQLite timestamps (microseconds: six digits) so that they compare as text.
+    """
+    if db.get_bind().dialect.name == "postgresql":
+        now: ColumnElement[Any] = func.now()
+        if offset_s:
+            now = now + literal(timedelta(seconds=offset_s))
+    else:
+        shift = f"{offset_s:+.6f} seconds"
+        now = func.strftime("%Y-%m-%d %H:%M:%f", "now", shift).concat("000")
+    return type_coerce(now, UtcDateTime)

@@ -9,7 +9,7 @@ from datetime import datetime
 from sqlalchemy import ColumnElement, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bot.db.dialect import insert_unless_present
+from bot.db.dialect import db_now, insert_unless_present
 from bot.db.models import ChatLease
 
 # The owner whose inbox lease a turn is being made under (set by the inbox worker around each
@@ -27,23 +27,32 @@ def _of(chat_id: int, kind: str) -> ColumnElement[bool]:
 
 
 async def take(
-    db: AsyncSession, chat_id: int, kind: str, owner: str, now: datetime, until: datetime
-) -> bool:
-    """Take the lease if it is free, ours, or expired; True if `owner` holds it now.
+    db: AsyncSession, chat_id: int, kind: str, owner: str, ttl_s: float
+) -> datetime | None:
+    """Take the lease for `ttl_s` if it is free, ours, or expired; the `lease_until` written if
+    `owner` holds it now, else None. Expiry is the database's clock, like the heartbeats.
 
     One conditional UPDATE (or an INSERT when there is no row) whose row count says who won:
     SQLite serialises writers and PostgreSQL's row lock re-checks the WHERE, so both decide
     atomically.
     """
+    until = db_now(db, ttl_s)
     taken = await db.execute(
         update(ChatLease)
-        .where(_of(chat_id, kind), (ChatLease.owner == owner) | (ChatLease.lease_until < now))
+        .where(
+            _of(chat_id, kind), (ChatLease.owner == owner) | (ChatLease.lease_until < db_now(db))
+        )
         .values(owner=owner, lease_until=until)
+        .returning(ChatLease.lease_until)
+        .execution_options(synchronize_session=False)
     )
-    if getattr(taken, "rowcount", 0) == 1:
-        return True
+    written = taken.scalar_one_or_none()
+    if written is not None:
+        return written
     values = {"chat_id": chat_id, "kind": kind, "owner": owner, "lease_until": until}
-    return await insert_unless_present(db, ChatLease, values, ["chat_id", "kind"])
+    if not await insert_unless_present(db, ChatLease, values, ["chat_id", "kind"]):
+        return None
+    return await db.scalar(select(ChatLease.lease_until).where(_of(chat_id, kind)))
 
 
 async def holder(db: AsyncSession, chat_id: int, kind: str) -> str | None:
@@ -52,15 +61,18 @@ async def holder(db: AsyncSession, chat_id: int, kind: str) -> str | None:
 
 
 async def take_from(
-    db: AsyncSession, chat_id: int, kind: str, owner: str, previous: str, until: datetime
-) -> bool:
-    """Take the lease from `previous` (known to have exited) unless someone else came first."""
+    db: AsyncSession, chat_id: int, kind: str, owner: str, previous: str, ttl_s: float
+) -> datetime | None:
+    """Take the lease from `previous` (known to have exited) unless someone else came first;
+    the `lease_until` written, or None."""
     taken = await db.execute(
         update(ChatLease)
         .where(_of(chat_id, kind), ChatLease.owner == previous)
-        .values(owner=owner, lease_until=until)
+        .values(owner=owner, lease_until=db_now(db, ttl_s))
+        .returning(ChatLease.lease_until)
+        .execution_options(synchronize_session=False)
     )
-    return getattr(taken, "rowcount", 0) == 1
+    return taken.scalar_one_or_none()
 
 
 async def give_back(
@@ -75,13 +87,17 @@ async def give_back(
 
 
 async def renew(
-    db: AsyncSession, chat_ids: list[int], kind: str, owner: str, until: datetime
-) -> set[int]:
-    """Push back the expiry of every lease `owner` still holds among `chat_ids`; returns the
-    chats it still held (a lease taken over by another process is not renewed)."""
+    db: AsyncSession, chat_ids: list[int], kind: str, owner: str, ttl_s: float
+) -> dict[int, datetime]:
+    """Push back the expiry of every lease `owner` still holds among `chat_ids` to `ttl_s`
+    from now; returns the chats it still held, with their new `lease_until` (a lease taken
+    over by another process is not renewed)."""
     mine = (ChatLease.kind == kind, ChatLease.owner == owner, ChatLease.chat_id.in_(chat_ids))
-    await db.execute(update(ChatLease).where(*mine).values(lease_until=until))
-    renewed = await db.scalars(
-        select(ChatLease.chat_id).where(*mine, ChatLease.lease_until == until)
+    renewed = await db.execute(
+        update(ChatLease)
+        .where(*mine)
+        .values(lease_until=db_now(db, ttl_s))
+        .returning(ChatLease.chat_id, ChatLease.lease_until)
+        .execution_options(synchronize_session=False)
     )
-    return set(renewed)
+    return {chat_id: until for chat_id, until in renewed.all()}

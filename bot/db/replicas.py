@@ -1,5 +1,8 @@
 """Replica heartbeat queries (the `replicas` table). Functions take an AsyncSession and never
-commit; bot/tg/replicas.py decides when to call them."""
+commit; bot/tg/replicas.py decides when to call them.
+
+Heartbeats are written with the database's clock and judged against it, in the same query:
+replicas on machines whose clocks disagree still agree on who is alive."""
 
 from __future__ import annotations
 
@@ -8,17 +11,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, delete, select, update
+from sqlalchemy import ColumnElement, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bot.db.dialect import insert_unless_present
+from bot.db.dialect import db_now, insert_unless_present
 from bot.db.models import Replica
 
 
-async def register(
-    db: AsyncSession, owner: str, host: str, pid: int, now: datetime, info: str
-) -> None:
+async def register(db: AsyncSession, owner: str, host: str, pid: int, info: str) -> None:
     """Write this replica's row (again, if a peer pruned it while we were unreachable)."""
+    now = db_now(db)
     values = {
         "owner": owner,
         "host": host,
@@ -28,12 +30,12 @@ async def register(
         "info": info,
     }
     if not await insert_unless_present(db, Replica, values, ["owner"]):
-        await beat(db, owner, now, info)
+        await beat(db, owner, info)
 
 
-async def beat(db: AsyncSession, owner: str, now: datetime, info: str | None = None) -> bool:
-    """Push this replica's heartbeat to `now`; False if its row is gone."""
-    values: dict[str, object] = {"heartbeat_at": now}
+async def beat(db: AsyncSession, owner: str, info: str | None = None) -> bool:
+    """Push this replica's heartbeat to the database's now; False if its row is gone."""
+    values: dict[str, object] = {"heartbeat_at": db_now(db)}
     if info is not None:
         values["info"] = info
     result = await db.execute(update(Replica).where(Replica.owner == owner).values(**values))
@@ -45,24 +47,31 @@ async def remove(db: AsyncSession, owner: str) -> None:
     await db.execute(delete(Replica).where(Replica.owner == owner))
 
 
-def stale(before: datetime) -> ColumnElement[bool]:
-    """Replicas whose last heartbeat is older than `before`: dead, or cut off and fenced."""
-    return Replica.heartbeat_at < before
+def stale(db: AsyncSession, after_s: float) -> ColumnElement[bool]:
+    """Replicas silent for over `after_s` by the database's clock: dead, or cut off and
+    fenced."""
+    return Replica.heartbeat_at < db_now(db, -after_s)
 
 
-async def is_dead(db: AsyncSession, owner: str, before: datetime) -> bool:
-    """Whether `owner` has a replica row whose heartbeat is older than `before`.
+async def is_dead(db: AsyncSession, owner: str, after_s: float) -> bool:
+    """Whether `owner` has a replica row whose heartbeat is over `after_s` old.
 
     An owner without a row (a process of an older version, or a test's bare Leases) is judged
     by its lease's expiry alone: every replica writes its row before it takes any lease.
     """
-    found = await db.scalar(select(Replica.owner).where(Replica.owner == owner, stale(before)))
+    found = await db.scalar(select(Replica.owner).where(Replica.owner == owner, stale(db, after_s)))
     return found is not None
 
 
-async def prune(db: AsyncSession, before: datetime) -> int:
-    """Forget replicas silent since before `before` (long dead); returns how many."""
-    result = await db.execute(delete(Replica).where(stale(before)))
+async def alive(db: AsyncSession, after_s: float) -> int:
+    """How many replicas beat within the last `after_s` seconds."""
+    count = await db.scalar(select(func.count()).select_from(Replica).where(~stale(db, after_s)))
+    return int(count or 0)
+
+
+async def prune(db: AsyncSession, after_s: float) -> int:
+    """Forget replicas silent for over `after_s` (long dead); returns how many."""
+    result = await db.execute(delete(Replica).where(stale(db, after_s)))
     return int(getattr(result, "rowcount", 0) or 0)
 
 

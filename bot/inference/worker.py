@@ -31,6 +31,11 @@ from bot.engine import pipe
 
 log = logging.getLogger(__name__)
 
+# Workers run this much nicer than the service: when the cores are short, the service's event
+# loop (heartbeats, leases, delivery) comes first, and a long generation waits instead. Measured
+# in docs/benchmarks.md ("Scale-out"): a starved loop misses heartbeats and fences itself.
+WORKER_NICE = 5
+
 
 @dataclass(frozen=True)
 class WorkerSpec:
@@ -89,6 +94,7 @@ def main(conn: Connection, spec: WorkerSpec) -> None:
 
     # Ctrl-C reaches the whole process group; the service stops its workers in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.nice(WORKER_NICE)
     setup_logging(spec.log_level, spec.secrets, spec.log_format)
     compat.apply()
     set_torch_threads(spec.threads)

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from telegram.error import InvalidToken, NetworkError
-from telegram.ext import AIORateLimiter, ApplicationBuilder
+from telegram.ext import ApplicationBuilder
 
 from bot.config import ConfigError, Settings
 from bot.conversations.actions import ChatActions, ResponderProtocol
@@ -28,6 +28,7 @@ from bot.logs import settings_secrets
 from bot.metrics import Metrics
 from bot.ops import Health, OpsServer
 from bot.tg.backoff import Backoff, Interrupted, retry
+from bot.tg.budget import BudgetedRateLimiter, SendBudget
 from bot.tg.delivery import Delivery
 from bot.tg.handlers import COMMANDS, App, Handlers, UpdateRunner
 from bot.tg.inbox_worker import InboxWorker
@@ -63,9 +64,14 @@ async def _load_responder(settings: Settings, store: ConversationStore) -> Servi
 
 
 def build_application(
-    settings: Settings, *, timeout_s: float = 15.0, metrics: Metrics | None = None
+    settings: Settings,
+    budget: SendBudget,
+    *,
+    timeout_s: float = 15.0,
+    metrics: Metrics | None = None,
 ) -> App:
-    """The PTB application: our base URL, a rate limiter with retries, and no Updater.
+    """The PTB application: our base URL, a rate limiter with retries drawing on the bot's
+    send budget (which the drafts share), and no Updater.
 
     `timeout_s` bounds each Bot API request (getUpdates adds its long-poll time to it). The
     HTTP clients are PTB's own, with PTB's pool sizes, reading answers with a depth bound.
@@ -86,7 +92,7 @@ def build_application(
         .token(settings.require_token())
         .base_url(settings.telegram_base_url)
         .updater(None)
-        .rate_limiter(AIORateLimiter(max_retries=RATE_LIMIT_RETRIES))
+        .rate_limiter(BudgetedRateLimiter(budget, max_retries=RATE_LIMIT_RETRIES))
         .request(request(256))
         .get_updates_request(request(1))
         .build()
@@ -103,11 +109,13 @@ class Service:
         sessionmaker: async_sessionmaker[AsyncSession],
         responder: ServingResponder,
         application: App,
+        budget: SendBudget,
         *,
         backoff: Backoff | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
+        self.budget = budget  # the application's rate limiter draws on it, and the drafts
         self.metrics = metrics or Metrics()  # one registry per service (bot/metrics.py)
         self.db_engine = db_engine
         self.sessionmaker = sessionmaker
@@ -120,7 +128,7 @@ class Service:
         restarts = getattr(responder, "restart_reasons", None)
         if restarts is not None:  # bot_worker_restarts_total{variant,reason}
             self.metrics.watch_worker_restarts(restarts)
-        self.handlers = Handlers(self.chat, settings, sessionmaker)
+        self.handlers = Handlers(self.chat, settings, sessionmaker, budget)
         self.handlers.register(application)
         bot = application.bot
         # Another process may use the same database (a second instance, or replicas): chat
@@ -136,6 +144,7 @@ class Service:
             owner,
             dead_after_s=settings.takeover_after_s,
             info=self.status,
+            on_alive=budget.share,  # the bot's send budget is split between the live replicas
         )
         took_over = self.metrics.lease_taken_over  # bot_lease_takeovers_total{kind}
         self.leases = (
@@ -237,7 +246,8 @@ class Service:
         db_engine = make_engine(settings.db_url)
         sessionmaker = make_sessionmaker(db_engine)
         metrics = Metrics()
-        application = build_application(settings, timeout_s=timeout_s, metrics=metrics)
+        budget = SendBudget()
+        application = build_application(settings, budget, timeout_s=timeout_s, metrics=metrics)
         try:
             await _initialize(application, backoff or Backoff(), stop)
             log.info("connected to the Bot API as @%s", application.bot.username)
@@ -255,6 +265,7 @@ class Service:
             sessionmaker,
             responder,
             application,
+            budget,
             backoff=backoff,
             metrics=metrics,
         )

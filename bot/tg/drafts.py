@@ -8,75 +8,60 @@ a draft is only a preview.
 
 Every draft is fire-and-forget: its own task, a short timeout, no retries, errors logged at
 DEBUG and dropped. A draft that fails (a 400 from an older client or a group, a 429, a timeout)
-therefore never delays or loses the final reply: nothing waits for it. Drafts go through a Bot
-client of their own (`DraftSender`), not the application's: PTB's AIORateLimiter would count
-them against the replies' budget, retry them after a 429 (a stale preview, seconds later) and
-hold its other requests during that wait, which is right for replies and wrong for previews.
-A 429 on a draft pauses drafts only, for its retry_after. While
-one draft is in flight the next is dropped (the one after it brings newer text anyway), and all
-drafts of the service share one rate gate well under Telegram's 30 requests/s, so that replies
-keep the room. With the safety gate on, a draft the classifier flags is not shown, nor anything
-after it in that turn (the final reply passes the gate as always).
+therefore never loses the final reply, and delays it at most by the timeout of the one draft in
+flight. Drafts go through a Bot client of their own (`DraftSender`), not the application's:
+PTB's AIORateLimiter would retry them after a 429 (a stale preview, seconds later) and hold its
+other requests during that wait, which is right for replies and wrong for previews. They draw
+on the bot's one send budget all the same (bot/tg/budget.py): only what the replies leave,
+nothing while a reply waits for its turn or a reply's 429 is waited out. A 429 on a draft
+pauses drafts only, for its retry_after. While one draft is in flight the next is dropped (the
+one after it brings newer text anyway).
+
+Order: a draft must never reach the chat after its turn's reply (it would show a stale preview
+under the answer). Before the turn writes its reply to the outbox, `DraftStream.done()` closes
+the stream and waits for the draft in flight, which holds the stream's lock for its HTTP call
+and checks the stream right before it under that lock; the outbox row, which any replica may
+send, exists only after that. With the safety gate on, a draft the classifier flags is not
+shown, nor anything after it in that turn (the final reply passes the gate as always).
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import random
 import time
-import warnings
 from collections.abc import Awaitable, Callable, Sequence
 
 from telegram import Bot
 from telegram.error import RetryAfter
 from telegram.request import HTTPXRequest
 
+from bot.tg.backoff import retry_after_s
+from bot.tg.budget import SendBudget
+
 log = logging.getLogger(__name__)
 
 DRAFT_TIMEOUT_S = 2.0
-# Drafts per second for the whole service (Telegram: about 30 requests/s per bot in all).
-DRAFTS_PER_S = 15.0
 MAX_DRAFT_CHARS = 4096
 
 Check = Callable[[Sequence[str]], Awaitable[list[bool]]]
 
 
-class RateGate:
-    """A token bucket: `take()` is True while the rate allows one more."""
-
-    def __init__(self, rate: float, burst: float) -> None:
-        self.rate = rate
-        self.burst = burst
-        self._tokens = burst
-        self._at = time.monotonic()
-
-    def take(self) -> bool:
-        """Spend a token if there is one."""
-        now = time.monotonic()
-        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
-        self._at = now
-        if self._tokens < 1.0:
-            return False
-        self._tokens -= 1.0
-        return True
-
-
 class DraftSender:
-    """The service's drafts client: a Bot without a rate limiter, a small connection pool, one
-    rate gate, and a pause after a 429."""
+    """The service's drafts client: a Bot without PTB's rate limiter, a small connection pool,
+    turns from the bot's send budget, and a pause after a draft's 429."""
 
-    def __init__(self, token: str, base_url: str, *, rate: float = DRAFTS_PER_S) -> None:
+    def __init__(self, token: str, base_url: str, budget: SendBudget) -> None:
         self.request = HTTPXRequest(connection_pool_size=8)
         self.bot = Bot(token, base_url=base_url, request=self.request)
-        self.gate = RateGate(rate, rate)
+        self.budget = budget
         self.paused_until = 0.0
         self._ready = False
 
-    def allowed(self) -> bool:
-        """Whether one more draft may go now (not paused by a 429, within the rate)."""
-        return time.monotonic() >= self.paused_until and self.gate.take()
+    async def turn(self) -> bool:
+        """Whether one more draft may go now (not paused by a 429, and replies leave room)."""
+        return time.monotonic() >= self.paused_until and await self.budget.draft()
 
     async def send(self, chat_id: int, draft_id: int, text: str, timeout_s: float) -> None:
         """One sendMessageDraft, at most `timeout_s`; errors are the caller's to drop."""
@@ -97,11 +82,7 @@ class DraftSender:
                 timeout_s,
             )
         except RetryAfter as err:
-            with warnings.catch_warnings():  # PTB 22 warns that it becomes a timedelta
-                warnings.simplefilter("ignore")
-                wait = err.retry_after
-            seconds = wait.total_seconds() if isinstance(wait, dt.timedelta) else float(wait)
-            self.paused_until = time.monotonic() + seconds
+            self.paused_until = time.monotonic() + retry_after_s(err)
             raise
 
     async def close(self) -> None:
@@ -131,16 +112,15 @@ class DraftStream:
         self.sent = 0
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._lock = asyncio.Lock()  # held by a draft's HTTP call
 
     def start(self) -> None:
         """The empty draft: "Thinking…" at once."""
         self.send("")
 
     def send(self, text: str) -> None:
-        """Show `text` as the draft, unless one is still in flight or the rate is spent."""
+        """Show `text` as the draft, unless the turn is done or a draft is still in flight."""
         if self._closed or (self._task is not None and not self._task.done()):
-            return
-        if not self.sender.allowed():
             return
         self._task = asyncio.create_task(
             self._send(text[:MAX_DRAFT_CHARS]), name=f"draft:{self.chat_id}"
@@ -151,15 +131,23 @@ class DraftStream:
             if text and self.check is not None and (await self.check([text]))[0]:
                 self._closed = True  # flagged: no more previews in this turn
                 return
-            await self.sender.send(self.chat_id, self.draft_id, text, self.timeout_s)
+            async with self._lock:
+                # Right before the call, under the lock done() waits for: once done() has
+                # closed the stream, no draft of this turn starts any more.
+                if self._closed or not await self.sender.turn():
+                    return
+                await self.sender.send(self.chat_id, self.draft_id, text, self.timeout_s)
             self.sent += 1
         except asyncio.CancelledError:
             raise
         except Exception as err:  # noqa: BLE001 - a preview: whatever went wrong, drop it
             log.debug("draft for chat %s dropped: %s: %s", self.chat_id, type(err).__name__, err)
 
-    def close(self) -> None:
-        """No more drafts; one still in flight is abandoned (the final reply is on its way)."""
+    async def done(self) -> None:
+        """No more drafts in this turn, and none in flight (that one may take its timeout):
+        the turn's reply may be sent after this."""
         self._closed = True
+        async with self._lock:
+            pass
         if self._task is not None and not self._task.done():
-            self._task.cancel()
+            self._task.cancel()  # still in the safety check: it would not send anyway

@@ -53,6 +53,7 @@ from bot.metrics import (
 )
 from bot.stats import format_stats, stats
 from bot.tg import feedback
+from bot.tg.budget import SendBudget
 from bot.tg.drafts import DraftSender, DraftStream
 from bot.tg.flood import Flood, FloodGate
 
@@ -124,10 +125,12 @@ class Handlers:
         chat: ChatActions,
         settings: Settings,
         sessionmaker: async_sessionmaker[AsyncSession],
+        budget: SendBudget,
     ) -> None:
         self.chat = chat
         self.settings = settings
         self.sessionmaker = sessionmaker
+        self.budget = budget  # the bot's, shared with the replies: drafts take what they leave
         self.flood = FloodGate(settings.flood_max_messages, settings.flood_window_s)
         # Button presses have a window of their own (the same limits): each costs two Bot API
         # calls (the answer and the buttons' edit), but must not use up the messages' budget.
@@ -385,15 +388,16 @@ class Handlers:
             return
         if self.drafts is None:
             settings = self.settings
-            self.drafts = DraftSender(settings.require_token(), settings.telegram_base_url)
+            token, url = settings.require_token(), settings.telegram_base_url
+            self.drafts = DraftSender(token, url, self.budget)
         safety = self.chat.safety
         stream = DraftStream(self.drafts, chat_id, check=safety.offensive if safety.on else None)
         stream.start()
         try:
-            with streaming(stream.send):
+            with streaming(stream.send, stream.done):  # ChatActions awaits done() before the reply
                 yield
         finally:
-            stream.close()
+            await stream.done()
 
     async def edited(self, update: Update, context: Context) -> None:
         """An edit (private chats only; the gate drops group edits): an edit of the message the

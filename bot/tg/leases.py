@@ -13,8 +13,8 @@ holder's leases expire after `ttl_s`, are taken over as soon as its replica's he
 (bot/tg/replicas.py: a few seconds, wherever it ran), or at once when the owner is a process of
 this machine and PID namespace that no longer runs (a restart after kill -9 need not wait). A
 replica whose own heartbeats stop landing fences itself: its leases read as lost until they do
-again. Lease times come from each process's clock: replicas on several machines need
-synchronised clocks (NTP), as usual.
+again. Lease expiry, like the heartbeats, is the database's clock: the replicas' clocks need
+not agree. What this process remembers of its leases runs on its monotonic clock.
 """
 
 from __future__ import annotations
@@ -27,13 +27,12 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db import leases, replicas
-from bot.db.models import utcnow
 
 if TYPE_CHECKING:
     from bot.tg.replicas import Heartbeat
@@ -174,42 +173,42 @@ class Leases:
             return True
         started = time.monotonic()
         epoch = self._epoch
-        now = utcnow()
-        until = now + timedelta(seconds=self.ttl_s)
         async with self.sessionmaker.begin() as db:
-            won = await self._take(db, chat_id, now, until)
+            written = await self._take(db, chat_id)
         if not self._trusted() or self._epoch != epoch:
             return False  # fenced while we asked: what the database said may be stale already
-        if won:
+        if written is not None:
             self._held[chat_id] = started + self.ttl_s
-            self._written[chat_id] = until
+            self._written[chat_id] = written
         else:
             self._held.pop(chat_id, None)
             self._written.pop(chat_id, None)
-        return won
+        return written is not None
 
-    async def _take(self, db: AsyncSession, chat_id: int, now: datetime, until: datetime) -> bool:
-        if await leases.take(db, chat_id, self.kind, self.owner, now, until):
-            return True
+    async def _take(self, db: AsyncSession, chat_id: int) -> datetime | None:
+        """The lease_until we wrote, if the lease is ours now."""
+        written = await leases.take(db, chat_id, self.kind, self.owner, self.ttl_s)
+        if written is not None:
+            return written
         holder = await leases.holder(db, chat_id, self.kind)
         if holder is None:
-            return False
+            return None
         if _dead_here(holder):
             why = "exited"
         elif self.heartbeat is not None and await replicas.is_dead(
-            db, holder, self.heartbeat.dead_before()
+            db, holder, self.heartbeat.dead_after_s
         ):
             why = f"no heartbeat for {self.heartbeat.dead_after_s:.0f}s"
         else:
-            return False
-        if await leases.take_from(db, chat_id, self.kind, self.owner, holder, until):
+            return None
+        written = await leases.take_from(db, chat_id, self.kind, self.owner, holder, self.ttl_s)
+        if written is not None:
             log.info(
                 "took over the %s lease of chat %s from %s (%s)", self.kind, chat_id, holder, why
             )
             if self.on_takeover is not None:
                 self.on_takeover(self.kind)
-            return True
-        return False
+        return written
 
     async def release(self, chat_id: int) -> None:
         """The chat's work is done: give its lease back after `linger_s` unless taken again."""
@@ -246,10 +245,9 @@ class Leases:
         if not self._trusted():
             return
         started = time.monotonic()
-        until = utcnow() + timedelta(seconds=self.ttl_s)
         chats = list(self._held)
         async with self.sessionmaker.begin() as db:
-            renewed = await leases.renew(db, chats, self.kind, self.owner, until)
+            renewed = await leases.renew(db, chats, self.kind, self.owner, self.ttl_s)
         for chat_id in chats:
             if chat_id not in renewed:
                 # Taken over meanwhile (our lease had run out): the next acquire() must ask
@@ -262,11 +260,11 @@ class Leases:
                 self._written.pop(chat_id, None)
             elif chat_id in self._held:
                 self._held[chat_id] = started + self.ttl_s
-                self._written[chat_id] = until
+                self._written[chat_id] = renewed[chat_id]
             else:
                 # Released while this renewal ran: that release deleted nothing (the row's
                 # expiry had just changed), so give back the renewed row now.
-                await self._release_now(chat_id, until)
+                await self._release_now(chat_id, renewed[chat_id])
 
     def start(self) -> None:
         """Renew held leases in the background every quarter of the TTL."""

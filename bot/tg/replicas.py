@@ -6,13 +6,18 @@ heartbeat older than `dead_after_s` as a dead process, wherever it ran (kill -9,
 machine, a container restarted with the same host name and PID) and takes over its leases at
 once, instead of waiting for their TTL (bot/tg/leases.py).
 
+Heartbeats are written with the database's clock and their age is judged by it too
+(bot/db/replicas.py), so the replicas' own clocks never meet: a replica whose clock is off
+neither looks dead nor judges the others dead early.
+
 Fencing: a replica that has not written a heartbeat for `fence_after_s` (< `dead_after_s`)
 stops working on its chats: its leases read as lost (`alive` is False), so it takes no new row,
 sends nothing more, and asks the database again before it goes on. Others may only start after
-`dead_after_s`, so the two never overlap (given clocks within `dead_after_s - fence_after_s` of
-each other, NTP). On top of that, a turn's commit re-checks the inbox lease in its own
-transaction (bot/db/inbox.finish), so a replica that was paused (SIGSTOP, a long GC) cannot
-commit a turn for a chat that was taken over meanwhile.
+`dead_after_s`, by the database's clock from a heartbeat written after the moment our fence
+counts from, so the two never overlap (clocks may disagree; they only need to tick alike). On
+top of that, a turn's commit re-checks the inbox lease in its own transaction
+(bot/db/inbox.finish), so a replica that was paused (SIGSTOP, a long GC) cannot commit a turn
+for a chat that was taken over meanwhile.
 """
 
 from __future__ import annotations
@@ -24,13 +29,11 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db import replicas
-from bot.db.models import utcnow
 from bot.tg.leases import HOST
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,7 @@ DEFAULT_DEAD_AFTER_S = 5.0
 PRUNE_AFTER_S = 3600.0
 
 InfoSource = Callable[[], Awaitable[dict[str, Any]]]
+AliveSink = Callable[[int], None]
 
 
 class Heartbeat:
@@ -55,6 +59,7 @@ class Heartbeat:
         dead_after_s: float = DEFAULT_DEAD_AFTER_S,
         info: InfoSource | None = None,
         info_every_s: float = 5.0,
+        on_alive: AliveSink | None = None,
     ) -> None:
         self.sessionmaker = sessionmaker
         self.owner = owner
@@ -65,6 +70,8 @@ class Heartbeat:
         self._info_every_s = info_every_s
         self._info_text: str | None = None  # the newest status, until a heartbeat writes it
         self._info_task: asyncio.Task[None] | None = None
+        # Told the number of live replicas after every heartbeat (the send budget's share).
+        self.on_alive = on_alive
         self._last_ok: float | None = None  # monotonic start of the last heartbeat that landed
         self._fenced = False
         # Bumped at every fence: a lease won in an older epoch is not to be trusted any more
@@ -93,16 +100,12 @@ class Heartbeat:
             self.dead_after_s,
         )
 
-    def dead_before(self) -> datetime:
-        """Heartbeats older than this are dead replicas."""
-        return utcnow() - timedelta(seconds=self.dead_after_s)
-
     async def start(self) -> None:
         """Write this replica's row (retried by the caller's start-up if the database is down),
         then beat in the background."""
         started = time.monotonic()
         async with self.sessionmaker.begin() as db:
-            await replicas.register(db, self.owner, HOST, os.getpid(), utcnow(), "{}")
+            await replicas.register(db, self.owner, HOST, os.getpid(), "{}")
         self._last_ok = started
         self._task = asyncio.create_task(self._run(), name="heartbeat")
         if self._info_source is not None:
@@ -130,21 +133,22 @@ class Heartbeat:
             # paused VM, a long GC): the fence is due before this heartbeat may lift it.
             _ = self.alive
         info, self._info_text = self._info_text, None
-        now = utcnow()
         async with self.sessionmaker.begin() as db:
-            if not await replicas.beat(db, self.owner, now, info):
+            if not await replicas.beat(db, self.owner, info):
                 # Pruned by a peer while we were away far too long: write it again.
-                await replicas.register(db, self.owner, HOST, os.getpid(), now, info or "{}")
+                await replicas.register(db, self.owner, HOST, os.getpid(), info or "{}")
+            alive = await replicas.alive(db, self.dead_after_s) if self.on_alive else None
         self._last_ok = started
         if self._fenced:
             self._fenced = False
             log.warning("heartbeats reach the database again: back to work")
+        if self.on_alive is not None and alive is not None:
+            self.on_alive(alive)
 
     async def prune(self) -> None:
         """Delete rows of replicas silent for PRUNE_AFTER_S."""
-        cutoff = utcnow() - timedelta(seconds=PRUNE_AFTER_S)
         async with self.sessionmaker.begin() as db:
-            gone = await replicas.prune(db, cutoff)
+            gone = await replicas.prune(db, PRUNE_AFTER_S)
         if gone:
             log.info("forgot %d replicas silent for over %.0fs", gone, PRUNE_AFTER_S)
 

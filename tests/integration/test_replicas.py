@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -200,6 +201,60 @@ async def test_a_turn_cannot_commit_once_its_chat_was_taken_over(
         working_as.reset(fence)
     async with sessionmaker() as db:
         assert await inbox.status_of(db, 501) == InboxStatus.DONE
+
+
+def _skew_clock(monkeypatch: pytest.MonkeyPatch, minutes: float) -> None:
+    """This process's wall clock, as the bot's code reads it, `minutes` off."""
+
+    def skewed() -> datetime:
+        return datetime.now(UTC) + timedelta(minutes=minutes)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("bot.") and hasattr(module, "utcnow"):
+            monkeypatch.setattr(module, "utcnow", skewed)
+
+
+async def test_replicas_whose_clocks_disagree_go_by_the_databases_clock(
+    sessionmaker: async_sessionmaker[AsyncSession], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica whose clock is ten minutes slow beats and holds a lease; one whose clock is
+    ten minutes fast sees it alive and its lease running: heartbeats and lease expiry are
+    written and compared with the database's clock, the replicas' clocks never meet."""
+    _skew_clock(monkeypatch, -10)
+    slow_heartbeat, slow = await _replica(sessionmaker)
+    try:
+        assert await slow.acquire(7)
+        await slow_heartbeat.beat()
+        _skew_clock(monkeypatch, +10)
+        fast_heartbeat, fast = await _replica(sessionmaker)
+        try:
+            assert not await fast.acquire(7)
+            assert await _owner(sessionmaker) == slow.owner
+        finally:
+            await fast_heartbeat.stop()
+    finally:
+        await slow.stop()
+        await slow_heartbeat.stop()
+
+
+async def test_each_replica_learns_how_many_are_alive_at_every_heartbeat(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    """The send budget's share (bot/tg/budget.py): a stopped replica's row is gone, a dead
+    one's heartbeat goes stale; either way the others count one less."""
+    seen: list[int] = []
+    one = Heartbeat(sessionmaker, new_owner(), on_alive=seen.append)
+    two = Heartbeat(sessionmaker, new_owner())
+    await one.start()
+    await two.start()
+    try:
+        await one.beat()
+        assert seen[-1] == 2
+        await two.stop()
+        await one.beat()
+        assert seen[-1] == 1
+    finally:
+        await one.stop()
 
 
 async def test_a_clean_stop_removes_the_heartbeat_row(

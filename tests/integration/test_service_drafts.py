@@ -2,7 +2,8 @@
 
 A private chat sees "Thinking…" (an empty draft) at once, then the growing text; the final
 message is a sendMessage whose text is exactly the stored reply; groups keep the typing
-indicator; a draft method that fails or hangs never delays or loses the final reply.
+indicator; a draft method that fails or hangs never loses the final reply, and no draft
+reaches the chat after it.
 """
 
 from __future__ import annotations
@@ -88,16 +89,16 @@ async def test_a_failing_draft_method_loses_nothing(
     assert api.drafts == []
 
 
-async def test_a_hanging_draft_method_does_not_delay_the_reply(
+async def test_a_hanging_draft_delays_the_reply_by_its_timeout_only(
     sqlite_url: str,
     tmp_path: Path,
     api: FakeBotAPI,
     start_service: StartService,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Every draft hangs for a minute and the service would wait a minute for it: the reply
-    still arrives within wait_for_texts' few seconds, while the first draft is unanswered."""
-    monkeypatch.setattr(drafts, "DRAFT_TIMEOUT_S", 60.0)
+    """Every draft hangs for a minute: the reply waits for the draft in flight only as long as
+    the draft's own timeout (1 s here), then arrives while that draft is still unanswered."""
+    monkeypatch.setattr(drafts, "DRAFT_TIMEOUT_S", 1.0)
     api.fail_drafts(None, delay=60.0)
     service = await start_service(make_settings(sqlite_url, api, tmp_path), EchoResponder(0.2))
     api.user_message(505, "quick one")
@@ -105,6 +106,51 @@ async def test_a_hanging_draft_method_does_not_delay_the_reply(
     assert final == await _stored_reply(service, 505)
     [thinking] = api.calls_to("sendMessageDraft")  # the second was dropped: one in flight
     assert thinking.status is None  # still hanging when the reply was sent
+
+
+async def test_a_draft_in_flight_reaches_telegram_before_the_reply(
+    sqlite_url: str,
+    tmp_path: Path,
+    api: FakeBotAPI,
+    start_service: StartService,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The "echo" draft takes Telegram a second to answer, and the reply is ready long before:
+    the reply is sent only after that draft was answered, never before it."""
+    monkeypatch.setattr(drafts, "DRAFT_TIMEOUT_S", 30.0)
+    api.inject(Fault("sendMessageDraft", None, delay=1.0, skip=1))  # "Thinking…" goes through
+    service = await start_service(make_settings(sqlite_url, api, tmp_path), EchoResponder(0.4))
+    api.user_message(508, "in flight")
+    [final] = await api.wait_for_texts(508, 1, timeout_s=15.0)
+    assert final == await _stored_reply(service, 508)
+    assert api.drafts_to(508) == ["", "echo"]
+    assert max(d.at for d in api.drafts) <= api.last_sent(508).at
+
+
+async def test_drafts_wait_out_a_replys_429(
+    sqlite_url: str,
+    tmp_path: Path,
+    api: FakeBotAPI,
+    start_service: StartService,
+) -> None:
+    """One budget for replies and drafts: while the replies wait out Telegram's 429 (retry
+    after 2 s), no draft goes either, though another chat is generating meanwhile; its drafts
+    come after the wait."""
+    a, b = 509, 510
+    api.inject(Fault("sendMessage", 429, retry_after=2, chat_id=a))
+    responder = EchoResponder(lambda chat, _text: 5.0 if chat == b else 0.0)
+    await start_service(make_settings(sqlite_url, api, tmp_path), responder)
+    api.user_message(a, "a quick one")
+    await api.wait_for(
+        lambda: any(c.status == 429 for c in api.calls_to("sendMessage")), what="the 429"
+    )
+    [limited] = [c for c in api.calls_to("sendMessage") if c.status == 429]
+    api.user_message(b, "a slow one")
+    await api.wait_for_texts(a, 1, timeout_s=10.0)
+    await api.wait_for_texts(b, 1, timeout_s=15.0)
+    assert "echo" in api.drafts_to(b)
+    drafts_b = [c for c in api.calls_to("sendMessageDraft") if int(c.params["chat_id"]) == b]
+    assert all(c.at >= limited.at + 2 for c in drafts_b)
 
 
 async def test_a_429_on_one_chats_draft_holds_no_other_chats_reply(

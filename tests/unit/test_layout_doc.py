@@ -74,7 +74,7 @@ def test_layout_lists_exactly_the_modules_and_packages_of_bot() -> None:
     want = expected_lines(tree_python_files())
     missing = sorted(want - set(listed))
     stale = sorted(set(listed) - want)
-    assert not missing and not stale, f"docs/architecture.md layout is out of date: add {missing}, remove {stale}"
+    assert not missing and not stale, f"layout out of date: add {missing}, remove {stale}"
 
 
 def test_every_module_line_sits_under_its_package_line() -> None:
