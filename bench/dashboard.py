@@ -12,7 +12,7 @@ times `--requests` sequential GETs of each page (after three warm-up requests) f
 aiohttp client: the whole answer, database, rendering and HTTP. PostgreSQL reads through a
 role made by `db readonly-role`, as ADMIN_DATABASE_URL would.
 
-The old way, in the same run: `admin sessions --limit 50` (bot.admin.reports.list_sessions),
+The old way, in the same run: `admin sessions --limit 50` (bot.reports.admin.list_sessions),
 which counts the messages of every conversation to show fifty; the conversations page counts
 only the page's.
 
@@ -280,9 +280,9 @@ async def time_pages(base: str, paths: dict[str, str], requests: int) -> dict[st
 
 async def old_way(url: str, requests: int) -> list[float]:
     """`admin sessions --limit 50`: counts the messages of every conversation."""
-    from bot.admin import reports
     from bot.admin.sql import readonly_engine
     from bot.db.engine import make_sessionmaker
+    from bot.reports import admin as reports
 
     engine = readonly_engine(url)
     sm = make_sessionmaker(engine)

@@ -132,7 +132,7 @@ def missing_parts() -> str | None:
     if not (common.ROOT / "tests" / "support" / "fakebotapi.py").exists():
         return "tests/support/fakebotapi.py (the loopback Bot API server) does not exist yet"
     if not (common.ROOT / "bot" / "tg" / "app.py").exists():
-        return "bot/tg/app.py (`python -m bot run`) does not exist yet"
+        return "bot/app.py (`python -m bot run`) does not exist yet"
     return None
 
 

@@ -93,7 +93,7 @@ def _naive_replay(agent: Any, persona: str, messages: list[tuple[str, str]]) -> 
     """What a plain ParlAI agent does: persona lines in the first observation, then replay."""
     from parlai.core.message import Message
 
-    from bot.inference.persona import join_turns, persona_lines
+    from bot.persona import join_turns, persona_lines
 
     clone = agent.clone()
     head = "\n".join(persona_lines(persona))

@@ -2,7 +2,7 @@
 
     python -m bench.sharing [--conversations 1000] [--quick]
 
-Every case starts its own model worker processes (bot.inference.workers.WorkerHandle, spawn,
+Every case starts its own model worker processes (bot.engine.client.WorkerHandle, spawn,
 exactly as the service does), on the BlenderBot-90M-architecture model
 (bench/common.build_bench_model), and answers one turn on each so that everything lazy is
 loaded. Cases:
@@ -35,10 +35,10 @@ from typing import Any
 
 from bench import common
 from bot.config import Settings
-from bot.conversations.store import ConversationContext
 from bot.db.conversations import MessageRow, SessionRow
+from bot.engine.client import WorkerHandle
+from bot.engine.protocol import ConversationContext
 from bot.inference.worker import WorkerSpec
-from bot.inference.workers import WorkerHandle
 
 MB = 2**20
 

@@ -70,7 +70,7 @@ def serve_one(agent: Any, user: int) -> str:
     """The naive way: reset, replay the user's history, reply to the new message."""
     from parlai.core.message import Message
 
-    from bot.inference.persona import join_turns, persona_lines
+    from bot.persona import join_turns, persona_lines
 
     agent.reset()
     head = "\n".join(persona_lines(common.persona(user)))
@@ -174,7 +174,7 @@ async def batched(
     """All users ask at once, round after round, until the budget is spent."""
     from bot.inference.batcher import Batcher
     from bot.inference.cache import AgentCache
-    from bot.inference.persona import join_turns
+    from bot.persona import join_turns
 
     cache = AgentCache(agent, capacity=users + 1)
     histories = [join_turns(common.conversation(u, HISTORY)) for u in range(users)]

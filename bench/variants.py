@@ -10,7 +10,7 @@ on the server -> the server receiving the bot's sendMessage).
 1. Interference. One bot serves a variants file with two variants, each in its own worker
    process (MODEL_WORKERS=process, WORKER_THREADS=1): A, the BlenderBot-90M-architecture model
    with its file's beam search (beam 10, 20-token replies), and B, the tests' tiny model. Chat
-   ids are picked with bot.variants.assign.choose, so each chat lands on the variant meant for
+   ids are picked with bot.engine.assign.choose, so each chat lands on the variant meant for
    it (every reply's stored variant is checked). Phase "B alone": B's users talk, closed loop
    (each message `--think-ms` after the previous reply), A idle. Phase "B while A saturated":
    more A users than a batch holds (BATCH_MAX_SIZE + 4) talk without pause, so A's worker always
@@ -203,7 +203,7 @@ def variants_file(path: Path, setup: Setup) -> dict[str, float]:
 
 def chats_for(variant: str, weights: Mapping[str, float], start: int) -> Iterator[int]:
     """Chat ids from `start` on that the router assigns to `variant`, in order."""
-    from bot.variants.assign import choose
+    from bot.engine.assign import choose
 
     chat = start
     while True:

@@ -174,7 +174,8 @@ def _ensure_model(settings: Settings, serving_level: str) -> None:
     Runs on the main thread, before any event loop: ParlAI's training loop installs a SIGINT
     handler, which Python allows only there.
     """
-    from bot.inference.model import ensure_model, route_parlai_logging
+    from bot.app import ensure_model
+    from bot.inference.model import route_parlai_logging
     from bot.logs import set_level
 
     ensure_model(settings)
@@ -213,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _set_up_logging(settings, settings.log_level)
             _set_up_model_process(settings)
             _ensure_model(settings, settings.log_level)
-            from bot.tg.app import run_service
+            from bot.app import run_service
 
             with beside_service(settings):  # DASHBOARD_PORT: the dashboard, in its own thread
                 return run_service(settings)

@@ -104,14 +104,14 @@ class Settings(BaseSettings):
     train_minutes: float = Field(default=12.0, gt=0, le=15)
 
     # --- variants and feedback ------------------------------------------------------------
-    # Named model variants served side by side (bot/variants/config.py); unset: BOT_MODEL only.
+    # Named model variants served side by side (bot/engine/variants.py); unset: BOT_MODEL only.
     variants_file: Path | None = None
     # "process": every variant in a worker process of its own; "inline": in this process.
     model_workers: Literal["process", "inline"] = "process"
     # Torch threads per worker process (a variant's `threads` wins); None: TORCH_THREADS.
     worker_threads: int | None = Field(default=None, ge=1, le=CORES)
     # A worker that answers no ping, or makes no decoding step while it has work, for this
-    # long is killed and restarted; its turns are retried on the new one (bot/inference/workers.py).
+    # long is killed and restarted; its turns are retried on the new one (bot/engine/client.py).
     worker_stall_s: float = Field(default=10.0, ge=2.0, le=600.0)
     # Every turn's deadline, waiting for a restarting worker included; then it fails (and is
     # retried, then apologised for, like any failed turn).
@@ -163,7 +163,7 @@ class Settings(BaseSettings):
     # text: one readable line per record; json: one JSON object per line (bot/logs.py).
     log_format: Literal["text", "json"] = "text"
 
-    # --- metrics and health (bot/ops.py) --------------------------------------------------
+    # --- metrics and health (bot/service/health.py) -----------------------------------------
     # /metrics (Prometheus), /healthz and /readyz on this port; unset: not served.
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_listen: str = "127.0.0.1"

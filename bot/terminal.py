@@ -117,8 +117,8 @@ async def run_terminal(
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
     from bot.db import migrate
+    from bot.engine.router import VariantResponder
     from bot.logs import settings_secrets
-    from bot.variants.router import VariantResponder
 
     await asyncio.to_thread(migrate.upgrade, settings.db_url)
     db = make_engine(settings.db_url)

@@ -23,15 +23,15 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bot import stats as service_stats
-from bot.admin import reports
 from bot.admin import sql as admin_sql
-from bot.admin.reports import AdminError
 from bot.config import Settings
 from bot.db import assignments
 from bot.db.engine import make_engine, make_sessionmaker, safe_url
 from bot.db.models import AssignmentSource, Role, SessionStatus
-from bot.variants.config import Experiment, load_experiment
+from bot.engine.variants import Experiment, load_experiment
+from bot.reports import admin as reports
+from bot.reports import stats as service_stats
+from bot.reports.admin import AdminError
 
 MAX_CELL = 60
 
@@ -268,7 +268,7 @@ async def _variants(
     engine: AsyncEngine, args: argparse.Namespace, out: TextIO, experiment: Experiment
 ) -> int:
     # numpy and scipy load here, not with every `python -m bot` command
-    from bot.variants import report as variant_report
+    from bot.reports import variants as variant_report
 
     report = await variant_report.variant_report(make_sessionmaker(engine), experiment)
     if args.plot:
@@ -365,7 +365,7 @@ async def admin(
     """Run a parsed `admin` subcommand against the database at `url`; returns the exit status.
 
     `admin sql` connects with `sql_url` (ADMIN_DATABASE_URL, the read-only role) when given;
-    `admin variants` and `admin assign` need the `experiment` (bot.variants.config).
+    `admin variants` and `admin assign` need the `experiment` (bot.engine.variants).
     """
     out = out or sys.stdout
     if args.admin_command == "sql":

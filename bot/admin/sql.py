@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bot.admin.reports import AdminError
+from bot.reports.admin import AdminError
 
 
 class SqlRefused(AdminError):

@@ -8,84 +8,28 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from bot import texts
 from bot.config import Settings
-from bot.conversations.drafts import end_drafts
+from bot.conversations.drafts import current_sink, end_drafts
+from bot.conversations.outcome import ARENA, FLOODED, NO_REPLY, REPLIED, note_turn
 from bot.conversations.store import ConversationStore, StoredTurn
 from bot.db.conversations import SessionRow
 from bot.db.feedback import Outcome
 from bot.db.models import AssignmentSource, VoteSource
-from bot.metrics import ARENA, FLOODED, NO_REPLY, REPLIED, note_turn
+from bot.engine.protocol import DuelResponder, GenerationError, Reply, ResponderProtocol
+from bot.persona import join_turns, persona_lines
 from bot.presets import deep_link_preset, load_presets
 from bot.safety import SafetyGate, SafetyMark, Verdict
 
 if TYPE_CHECKING:
-    from bot.variants.config import Experiment
+    from bot.engine.variants import Experiment
 
 log = logging.getLogger(__name__)
 
 PERSONA_CLEAR_WORDS = {"-", "clear", "none", "off", "reset"}
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """What the responder produced for one turn."""
-
-    text: str
-    latency_ms: float
-    # The model variant that produced it (None: no variants, e.g. a test responder).
-    variant: str | None = None
-    # Time inside the model (the batch that produced it), for the service-overhead figures.
-    model_ms: float | None = None
-    # The search's other hypotheses, best first, for the safety gate (bot.safety).
-    candidates: tuple[str, ...] = ()
-    # For the metrics (bot.metrics): the batch it was generated in, whether its clone was
-    # cached (None: not known), the rebuild's time on a miss, and the clones the worker's
-    # cache dropped since its previous reply.
-    batch_size: int | None = None
-    cache_hit: bool | None = None
-    rebuild_ms: float | None = None
-    cache_evictions: int = 0
-
-
-class GenerationError(Exception):
-    """Generation failed for this request; the message is safe to log."""
-
-
-class DuelResponder(Protocol):
-    """A responder with variants that can answer one message twice (/arena)."""
-
-    @property
-    def duelists(self) -> list[str]:
-        """The variants a duel is drawn from (the drained ones are not)."""
-        ...
-
-    async def duel(self, session: SessionRow, user_text: str) -> tuple[Reply, Reply]:
-        """Two variants' replies, in random order."""
-        ...
-
-
-class ResponderProtocol(Protocol):
-    """What the conversation layer needs from the model responder."""
-
-    async def respond(self, session: SessionRow, user_text: str) -> Reply:
-        """Generate the bot's reply to `user_text` in `session`'s context."""
-        ...
-
-    def set_persona(self, session_id: int, persona: str) -> None:
-        """Make a cached conversation use a new persona from its next turn."""
-        ...
-
-    def evict(self, session_id: int) -> None:
-        """Drop a conversation's cached agent (it is rebuilt from the database on demand)."""
-        ...
-
-    def turn_stored(self, session_id: int, last_message_id: int) -> None:
-        """The turn just generated for a conversation is committed up to `last_message_id`."""
-        ...
 
 
 def storable(text: str) -> str:
@@ -166,8 +110,6 @@ class ChatActions:
     async def context(self, chat_id: int, *, update_id: int | None = None) -> None:
         """/context: the persona lines and the turns the model reads now, and how many older
         ones were dropped to fit its input."""
-        from bot.inference.persona import join_turns, persona_lines  # imports ParlAI
-
         inspect = getattr(self.responder, "inspect", None)
         session = await self.store.active_session_row(chat_id)
         if session is None or session.last_message_id is None:
@@ -347,7 +289,7 @@ class ChatActions:
             )
             return
         try:
-            reply = await self.responder.respond(session, text)
+            reply = await self.responder.respond(session, text, on_draft=current_sink())
         except GenerationError as err:
             log.warning("generation failed for chat %s: %s", chat_id, err)
             self.responder.evict(session.id)
@@ -435,7 +377,7 @@ class ChatActions:
         before = replace(session, last_message_id=target.previous_message_id)
         self.responder.evict(session.id)
         try:
-            reply = await self.responder.respond(before, text)
+            reply = await self.responder.respond(before, text, on_draft=current_sink())
         except GenerationError as err:
             log.warning("regenerating after an edit failed for chat %s: %s", chat_id, err)
             self.responder.evict(session.id)

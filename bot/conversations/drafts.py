@@ -20,7 +20,8 @@ import contextlib
 import contextvars
 from collections.abc import Awaitable, Callable, Iterator
 
-DraftSink = Callable[[str], None]
+from bot.engine.protocol import DraftSink
+
 DraftsDone = Callable[[], Awaitable[None]]
 
 _Turn = tuple[DraftSink, DraftsDone | None]

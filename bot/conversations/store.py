@@ -10,19 +10,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db import arena, assignments, conversations, feedback, inbox, outbox
 from bot.db.arena import Decided
-from bot.db.conversations import MessageRow, SessionRow
+from bot.db.conversations import SessionRow
 from bot.db.feedback import Outcome
 from bot.db.models import AssignmentSource, InboxStatus, OutboxKind, Role, Session, VoteSource
-
-
-@dataclass(frozen=True, slots=True)
-class ConversationContext:
-    """What the engine needs to rebuild a conversation: persona and the tail of its messages."""
-
-    session_id: int
-    chat_id: int
-    persona: str
-    messages: list[MessageRow]
+from bot.engine.protocol import ConversationContext
 
 
 @dataclass(frozen=True, slots=True)

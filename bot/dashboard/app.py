@@ -24,16 +24,16 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from bot import stats as service_stats
-from bot.admin.reports import AdminError
 from bot.admin.sql import SqlRefused, readonly_engine
 from bot.config import Settings
-from bot.dashboard import charts, queries
-from bot.dashboard.auth import COOKIE, LoginLimiter, Password, Sessions
-from bot.dashboard.server import is_loopback
+from bot.dashboard import charts
+from bot.dashboard.auth import COOKIE, LoginLimiter, Password, Sessions, is_loopback
 from bot.db.engine import make_sessionmaker, safe_url
 from bot.db.models import utcnow
-from bot.variants.config import Experiment
+from bot.engine.variants import Experiment
+from bot.reports import dashboard as queries
+from bot.reports import stats as service_stats
+from bot.reports.admin import AdminError
 
 log = logging.getLogger(__name__)
 
@@ -480,8 +480,8 @@ async def conversation(request: web.Request) -> web.StreamResponse:
 async def variants(request: web.Request) -> web.StreamResponse:
     """`admin variants` in a page: the same report, with the interval chart."""
     # numpy and scipy load with the first variants page, as with `admin variants`
-    from bot.variants import report as variant_report
-    from bot.variants.stats import SRM_ALPHA
+    from bot.reports import variants as variant_report
+    from bot.reports.variant_stats import SRM_ALPHA
 
     dash: Dashboard = request.app[DASHBOARD]
     sm = _sessionmaker(request)

@@ -10,8 +10,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bot.dashboard.queries import DayPoint
-from bot.variants.report import VariantReport
+from bot.reports.dashboard import DayPoint
+from bot.reports.variants import VariantReport
 
 WIDTH = 720
 HEIGHT = 240

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import signal
 import threading
@@ -15,21 +14,12 @@ from aiohttp import web
 
 from bot.admin.cli import admin_sql_url
 from bot.config import ConfigError, Settings
+from bot.dashboard.auth import is_loopback
 from bot.db.engine import safe_url
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8090
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` only listens on this machine (127.0.0.0/8, ::1, localhost)."""
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name or 0.0.0.0: reachable from elsewhere
 
 
 def _password(settings: Settings) -> str:
@@ -91,7 +81,7 @@ async def _check_database(app: web.Application) -> None:
 async def start_dashboard(settings: Settings, *, listen: str, port: int) -> RunningDashboard:
     """Start the dashboard on listen:port (check_settings first); ConfigError if it cannot."""
     from bot.dashboard.app import build_app
-    from bot.variants.config import load_experiment
+    from bot.engine.variants import load_experiment
 
     url = admin_sql_url(settings)
     app = build_app(
@@ -122,7 +112,7 @@ class DashboardThread:
 
     Its own loop keeps page rendering (templates, the variants report's statistics) off the
     service's loop, which must never wait on anything but I/O (DESIGN.md invariant 7), and
-    leaves bot/tg/app.py as it is.
+    leaves bot/app.py as it is.
     """
 
     def __init__(self, settings: Settings) -> None:

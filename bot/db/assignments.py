@@ -1,4 +1,4 @@
-"""Variant assignments: which model variant answers a chat (bot.variants.assign)."""
+"""Variant assignments: which model variant answers a chat (bot.engine.assign)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Chat lease queries: which process works on a chat's inbox or outbox rows, until when.
-Functions take an AsyncSession and never commit; bot/tg/leases.py decides when to call them."""
+Functions take an AsyncSession and never commit; bot/service/leases.py decides when to call them."""
 
 from __future__ import annotations
 

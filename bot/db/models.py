@@ -269,7 +269,8 @@ class ChatLease(Base):
 class Replica(Base):
     """One running service process (a replica): its heartbeat, and what it reports about itself.
 
-    Written by the replica every second (bot/tg/replicas.py) and deleted when it stops cleanly.
+    Written by the replica every second (bot/service/heartbeat.py) and deleted when it stops
+    cleanly.
     Another replica treats a heartbeat older than a few seconds as a dead process and takes
     over its leases; the replica itself stops working on its chats before that moment
     (fencing). `info` is JSON for operators and the dashboard: mode, poller, readiness, model

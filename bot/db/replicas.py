@@ -1,5 +1,5 @@
 """Replica heartbeat queries (the `replicas` table). Functions take an AsyncSession and never
-commit; bot/tg/replicas.py decides when to call them.
+commit; bot/service/heartbeat.py decides when to call them.
 
 Heartbeats are written with the database's clock and judged against it, in the same query:
 replicas on machines whose clocks disagree still agree on who is alive."""

@@ -21,9 +21,8 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from bot.conversations.store import ConversationContext
     from bot.db.conversations import SessionRow
-    from bot.inference.batcher import Generated, ModelView
+    from bot.engine.protocol import ConversationContext, Generated, ModelView
 
 PROTOCOL_VERSION = 2  # 1: the positional tuples of waves 1-2
 

@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.engine.protocol import Generated
+
 log = logging.getLogger(__name__)
 
 
@@ -32,33 +34,6 @@ def chat_reply(text: str) -> str:
 
 
 @dataclass
-class Generated:
-    """One request's result."""
-
-    text: str
-    model_input: list[int]
-    batch_size: int
-    model_ms: float
-    # The search's other finished hypotheses, cleaned like `text`, best first (beam search
-    # only; the safety gate falls back on them).
-    candidates: tuple[str, ...] = ()
-    # Set by Responder.generate for the metrics: whether the conversation's clone was cached,
-    # the rebuild's time on a miss, the clones its cache dropped since its previous reply.
-    cache_hit: bool | None = None
-    rebuild_ms: float | None = None
-    cache_evictions: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ModelView:
-    """What the model reads now for a conversation (the /context command)."""
-
-    model_input: list[int]  # the token ids: persona lines, then the turns that fit
-    text: str  # the same ids as text
-    visible_turns: int  # how many of the newest turns reach the model
-
-
-@dataclass
 class _Job:
     clone: Any
     text: str
@@ -68,7 +43,7 @@ class _Job:
 class Liveness:
     """Whether the inference thread makes progress: the time of its last sign of it (a
     decoding step, a batch taken or finished) and whether it has work in hand. The worker
-    reports `stuck_s` in its answer to the service's pings (bot/inference/workers.py), so a
+    reports `stuck_s` in its answer to the service's pings (bot/engine/client.py), so a
     long generation is not a hang, and an idle thread is never stuck."""
 
     def __init__(self) -> None:

@@ -9,7 +9,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.inference.persona import PersonaHistory, join_turns
+from bot.inference.persona import PersonaHistory
+from bot.persona import join_turns
 
 
 @dataclass

@@ -162,26 +162,3 @@ def load_shared_agent(
         getattr(agent, "text_truncate", None),
     )
     return agent
-
-
-def ensure_model(settings: Settings) -> None:
-    """Train the default model once when BOT_MODEL is unset and none exists yet.
-
-    Imports the training pipeline only then: a normal start never loads it.
-    """
-    if settings.bot_model or Path(settings.model_file + ".opt").exists():
-        return  # BOT_MODEL, a model trained here, or the one shipped in models/chitchat/
-    from bot.training import TrainingError, train_cli
-
-    log.warning(
-        "BOT_MODEL is not set and no default model exists yet: training one now "
-        "(at most %.0f minutes; set BOT_MODEL to skip)",
-        settings.train_minutes,
-    )
-    try:
-        train_cli(settings, minutes=None, if_missing=True, out=None)
-    except TrainingError as err:
-        raise ConfigError(
-            f"{err}. Run `python -m bot train` to try again, or set BOT_MODEL to an existing "
-            "ParlAI model."
-        ) from err

@@ -8,33 +8,15 @@ neither observe() nor a rebuild grows with the length of the conversation.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from parlai.core.torch_agent import History
 
-PERSONA_PREFIX = "your persona: "
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-# Personas pasted from ConvAI2/BlenderBot data already carry the prefix.
-_GIVEN_PREFIX = re.compile(r"^(?:your persona\s*:\s*)+", re.IGNORECASE)
+from bot.persona import persona_lines
+
 # At most this share of the model's context goes to the persona, the rest to the dialogue.
 PERSONA_SHARE = 0.75
-
-
-def persona_lines(persona: str) -> list[str]:
-    """Split free text into `your persona: ...` lines, one per sentence or line.
-
-    A sentence that already starts with "your persona:" (pasted from ParlAI data) keeps one
-    prefix, not two.
-    """
-    lines: list[str] = []
-    for raw_line in persona.splitlines():
-        for sentence in _SENTENCE_END.split(raw_line.strip()):
-            sentence = _GIVEN_PREFIX.sub("", sentence.strip()).strip()
-            if sentence:
-                lines.append(PERSONA_PREFIX + sentence)
-    return lines
 
 
 class PersonaHistory(History):  # type: ignore[misc]
@@ -191,14 +173,3 @@ class PersonaHistory(History):  # type: ignore[misc]
         if self._global_end_token is not None:
             out.append(self._global_end_token)
         return out
-
-
-def join_turns(messages: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Merge consecutive messages of one role (the model cannot take two user turns in a row)."""
-    out: list[tuple[str, str]] = []
-    for role, text in messages:
-        if out and out[-1][0] == role:
-            out[-1] = (role, out[-1][1] + "\n" + text)
-        else:
-            out.append((role, text))
-    return out

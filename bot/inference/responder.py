@@ -9,29 +9,23 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 from bot.config import Settings
-from bot.conversations.actions import GenerationError, Reply
-from bot.conversations.store import ConversationContext
 from bot.db.conversations import SessionRow
-from bot.inference.batcher import Batcher, BatchError, Generated, Liveness, ModelView
+from bot.engine.protocol import (
+    ContextSource,
+    DraftSink,
+    Generated,
+    GenerationError,
+    ModelView,
+    Reply,
+)
+from bot.inference.batcher import Batcher, BatchError, Liveness
 from bot.inference.cache import AgentCache, Conversation
-from bot.inference.scheduler import DraftSink, Scheduler
+from bot.inference.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
-
-
-class ContextSource(Protocol):
-    """Where a conversation is rebuilt from on a cache miss: the ConversationStore in the
-    service, the context sent along with the turn in a model worker (bot.inference.worker)."""
-
-    async def load_context(
-        self, session_id: int, tail: int | None, upto: int | None = None
-    ) -> ConversationContext:
-        """A conversation's persona and its last `tail` messages (all if None), up to message
-        `upto` (0: none; None: the newest)."""
-        ...
 
 
 def _serves(entry: Conversation, session: SessionRow) -> bool:
@@ -156,12 +150,12 @@ class Responder:
             text = str(self.shared_agent.dict.vec2txt(vec)) if vec else ""
             return ModelView(list(vec), text, history.visible_turns())
 
-    async def respond(self, session: SessionRow, user_text: str) -> Reply:
+    async def respond(
+        self, session: SessionRow, user_text: str, *, on_draft: DraftSink | None = None
+    ) -> Reply:
         """The bot's reply to `user_text` in `session`'s context (drafts to the turn's sink)."""
-        from bot.conversations.drafts import current_sink
-
         started = time.perf_counter()
-        result = await self.generate(session, user_text, on_draft=current_sink())
+        result = await self.generate(session, user_text, on_draft=on_draft)
         latency_ms = (time.perf_counter() - started) * 1000.0
         return Reply(result.text, latency_ms, None, result.model_ms, result.candidates)
 

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bot.conversations.drafts import DraftSink
-from bot.inference.batcher import BatchError, BatchStats, Generated, Liveness, chat_reply
+from bot.engine.protocol import DraftSink, Generated
+from bot.inference.batcher import BatchError, BatchStats, Liveness, chat_reply
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A model worker process: one variant's shared agent, clone cache and batcher.
 
-Started by bot.inference.workers with multiprocessing's `spawn`, so it shares nothing with the
+Started by bot.engine.client with multiprocessing's `spawn`, so it shares nothing with the
 service but the pipe it is given. The service sends turns (the session row, the user text, and
 the conversation's context when this worker asked for it) and gets replies back; everything
 that touches Telegram or the database stays in the service. The messages are the typed ones
@@ -25,9 +25,8 @@ from multiprocessing.connection import Connection
 from typing import Any, Literal
 
 from bot.config import ConfigError, Settings
-from bot.conversations.actions import GenerationError
-from bot.conversations.store import ConversationContext
 from bot.engine import pipe
+from bot.engine.protocol import ConversationContext, GenerationError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ therefore never loses the final reply, and delays it at most by the timeout of t
 flight. Drafts go through a Bot client of their own (`DraftSender`), not the application's:
 PTB's AIORateLimiter would retry them after a 429 (a stale preview, seconds later) and hold its
 other requests during that wait, which is right for replies and wrong for previews. They draw
-on the bot's one send budget all the same (bot/tg/budget.py): only what the replies leave,
+on the bot's one send budget all the same (bot/service/budget.py): only what the replies leave,
 nothing while a reply waits for its turn or a reply's 429 is waited out. A 429 on a draft
 pauses drafts only, for its retry_after. While one draft is in flight the next is dropped (the
 one after it brings newer text anyway).
@@ -37,8 +37,8 @@ from telegram import Bot
 from telegram.error import RetryAfter
 from telegram.request import HTTPXRequest
 
-from bot.tg.backoff import retry_after_s
-from bot.tg.budget import SendBudget
+from bot.service.budget import SendBudget
+from bot.service.retry import retry_after_s
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from telegram import InlineKeyboardButton, InlineKeyboardMarkup
 
 from bot import texts
+from bot.db.models import OutboxKind
+from bot.db.outbox import OutboxRow
 
 _VOTE = re.compile(r"v:([0-9]{1,19}):(1|-1)")
 # 0: the tick shown once a conversation is rated (pressing it changes nothing)
@@ -127,3 +130,15 @@ def markup_from_json(text: str | None) -> InlineKeyboardMarkup | None:
     if not text:
         return None
     return InlineKeyboardMarkup.de_json(json.loads(text), None)
+
+
+def outbox_markup(vote_buttons: bool) -> Callable[[OutboxRow], InlineKeyboardMarkup | None]:
+    """What delivery puts under a text's last part: the 👍/👎 of a model reply (when
+    FEEDBACK_BUTTONS is on), or the notice's own keyboard (the rating at /done, a duel)."""
+
+    def markup(row: OutboxRow) -> InlineKeyboardMarkup | None:
+        if row.kind == OutboxKind.REPLY and row.message_id is not None:
+            return vote_keyboard(row.message_id) if vote_buttons else None
+        return markup_from_json(row.markup)
+
+    return markup

@@ -36,24 +36,24 @@ from bot import texts
 from bot.config import Settings
 from bot.conversations.actions import ChatActions, arena_answer, rating_answer
 from bot.conversations.drafts import streaming
-from bot.db import inbox
-from bot.db.feedback import Outcome
-from bot.db.inbox import InboxRow
-from bot.db.models import InboxStatus, VoteSource
-from bot.metrics import (
+from bot.conversations.outcome import (
     COMMAND,
     FEEDBACK,
     FLOODED,
     IGNORED,
     NOTICE,
-    Metrics,
     TurnNote,
     note_turn,
     turn_scope,
 )
-from bot.stats import format_stats, stats
+from bot.db import inbox
+from bot.db.feedback import Outcome
+from bot.db.inbox import InboxRow
+from bot.db.models import InboxStatus, VoteSource
+from bot.reports.stats import format_stats, stats
+from bot.service.budget import SendBudget
+from bot.service.metrics import Metrics
 from bot.tg import feedback
-from bot.tg.budget import SendBudget
 from bot.tg.drafts import DraftSender, DraftStream
 from bot.tg.flood import Flood, FloodGate
 

@@ -35,8 +35,8 @@ from telegram.warnings import PTBUserWarning
 
 from bot.conversations.store import ConversationStore
 from bot.db.models import InboxStatus
-from bot.metrics import Metrics
-from bot.tg.backoff import (
+from bot.service.metrics import Metrics
+from bot.service.retry import (
     Backoff,
     Interrupted,
     retry,
@@ -114,7 +114,7 @@ class BoundedJsonRequest(HTTPXRequest):
 
     A getUpdates answer too deeply nested for json.loads would otherwise raise RecursionError
     on every poll, and no update behind it could ever be fetched. `observe(method, result)`
-    hears of every request (bot.metrics: ok, 429, error), PTB's own 429 retries included.
+    hears of every request (bot.service.metrics: ok, 429, error), PTB's own 429 retries included.
     """
 
     def __init__(

@@ -3,7 +3,7 @@
 getUpdates allows one consumer per token (a second one gets 409 Conflict), so in polling mode
 every replica runs an election: the holder of the `poller` lease (chat_leases, chat_id 0)
 polls, and every replica processes the inbox. The lease follows the same rules as a chat's
-(bot/tg/leases.py): the holder renews it; when its heartbeat goes stale (kill -9, a lost
+(bot/service/leases.py): the holder renews it; when its heartbeat goes stale (kill -9, a lost
 machine) another replica takes it within `takeover_after_s` plus one election interval; a
 fenced holder stops polling before anyone else may start; SIGTERM gives it back at once.
 
@@ -20,9 +20,9 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from bot.tg.backoff import Interrupted, wait_event
+from bot.service.leases import Leases
+from bot.service.retry import Interrupted, wait_event
 from bot.tg.ingest import PollingIngest
-from bot.tg.leases import Leases
 
 log = logging.getLogger(__name__)
 

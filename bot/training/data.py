@@ -83,7 +83,7 @@ def make_examples(
     lines taken from the replying speaker's own first-person sentences elsewhere in the
     conversation (never from the label itself), the shape bot/inference/persona.py gives the input.
     """
-    from bot.inference.persona import PERSONA_PREFIX
+    from bot.persona import PERSONA_PREFIX
 
     texts = [_join(turn) for turn in turns]
     personas = [persona_candidates(turns, 0), persona_candidates(turns, 1)]

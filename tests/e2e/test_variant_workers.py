@@ -11,7 +11,7 @@ import signal
 import time
 from pathlib import Path
 
-from bot.variants.assign import choose
+from bot.engine.assign import choose
 from tests.support.botprocess import TOKEN, bot_env, bot_process, db_rows
 from tests.support.fakebotapi import FakeBotAPI
 

@@ -20,8 +20,6 @@ import pytest
 from pydantic import SecretStr
 from sqlalchemy import String, select, update
 
-from bot import stats as service_stats
-from bot.admin import reports
 from bot.admin import sql as admin_sql
 from bot.admin.cli import add_admin_parser, admin, run_admin
 from bot.config import Settings
@@ -29,6 +27,8 @@ from bot.conversations.store import ConversationStore
 from bot.db import outbox
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import Base, Message, Session, utcnow
+from bot.reports import admin as reports
+from bot.reports import stats as service_stats
 from tests.support.dbutil import drop_pg_role, make_readonly_role
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,12 +27,12 @@ import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
 
-from bot.admin import reports
 from bot.admin import sql as admin_sql
 from bot.admin.pgrole import RoleError, ensure_readonly_role, role_problems, scram_sha256_verifier
 from bot.conversations.store import ConversationStore
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker
+from bot.reports import admin as reports
 from tests.integration.test_admin import seed, snapshot
 from tests.support.dbutil import (
     create_pg_database,

@@ -26,21 +26,21 @@ from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot import stats as service_stats
 from bot.admin.cli import admin, run_admin
-from bot.admin.reports import AdminError
 from bot.admin.sql import readonly_sql
 from bot.config import ConfigError, Settings
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import Assignment, Message, Rating, Session, Vote
-from bot.variants.config import Experiment, Variant
-from bot.variants.report import (
+from bot.engine.variants import Experiment, Variant
+from bot.reports import stats as service_stats
+from bot.reports.admin import AdminError
+from bot.reports.variant_stats import FIXED_SAMPLE_NOTE
+from bot.reports.variants import (
     format_variant_report,
     plot_variants,
     report_json,
     variant_report,
 )
-from bot.variants.stats import FIXED_SAMPLE_NOTE
 from tests.integration.test_admin import parse_admin
 from tests.integration.test_admin import sql_url as sql_url  # the fixture: a read-only role
 from tests.integration.test_admin_docs import DocQuery

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from bot import texts
+from bot.app import Service
 from bot.config import ConfigError
 from bot.presets import load_presets
-from bot.tg.app import Service
 from tests.support.fakebotapi import FakeBotAPI, Fault
 from tests.support.fixtures import StartService
 from tests.support.service_harness import EchoResponder, make_settings, rows

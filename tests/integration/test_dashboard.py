@@ -36,10 +36,10 @@ from bot.conversations.store import ConversationStore
 from bot.dashboard import check_settings, start_dashboard
 from bot.dashboard.app import DASHBOARD, build_app
 from bot.dashboard.auth import COOKIE, LoginLimiter, Password, Sessions, Throttled
-from bot.dashboard.queries import ConversationFilter, conversations
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker
-from bot.variants.config import load_experiment
+from bot.engine.variants import load_experiment
+from bot.reports.dashboard import ConversationFilter, conversations
 from tests.integration.test_admin import run, snapshot
 from tests.support.dashboard import (
     HOSTILE_PERSONA,
@@ -431,7 +431,7 @@ async def test_transcript_shows_persona_votes_delivery_and_escapes_markup(dash: 
 async def test_variants_page_is_the_admin_variants_report(dash: Dash) -> None:
     await login(dash.client)
     body = await page(dash.client, "/variants")
-    from bot.variants.report import report_json, variant_report
+    from bot.reports.variants import report_json, variant_report
 
     engine = make_engine(dash.db_url)
     try:
@@ -580,8 +580,8 @@ async def test_daily_series_counts_and_ranks_per_utc_day(dash: Dash) -> None:
 
     from sqlalchemy import func, select
 
-    from bot.dashboard.queries import daily_series, first_day, nearest_rank
     from bot.db.models import Message
+    from bot.reports.dashboard import daily_series, first_day, nearest_rank
 
     now = datetime.now(UTC)
     engine = readonly_engine(admin_sql_url(dash.settings))
@@ -604,7 +604,7 @@ async def test_daily_series_counts_and_ranks_per_utc_day(dash: Dash) -> None:
     by_day = {p.day: p for p in points}
     today = now.date()
     # seeded replies: 100, 200, 300 ms three days ago; 1000 two days ago; today 400, 500, 600
-    # and the hostile chat's 321 (nearest rank, as bot.stats: p50 = 2nd of 4, p95 = 4th)
+    # and the hostile chat's 321 (nearest rank, as bot.reports.stats: p50 = 2nd of 4, p95 = 4th)
     assert (by_day[today].latency_samples, by_day[today].latency_p50_ms) == (4, 400.0)
     assert by_day[today].latency_p95_ms == 600.0
     three = by_day[today - timedelta(days=3)]

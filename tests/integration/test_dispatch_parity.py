@@ -12,8 +12,8 @@ from typing import Any
 from telegram import Update
 from telegram.ext import ApplicationHandlerStop, BaseHandler
 
-from bot.tg.app import build_application
-from bot.tg.budget import SendBudget
+from bot.app import build_application
+from bot.service.budget import SendBudget
 from bot.tg.handlers import Handlers, dispatch
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.service_harness import make_settings

@@ -16,7 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import ChatLease, utcnow
-from bot.tg.leases import HOST, PID_NAMESPACE, Leases
+from bot.service.heartbeat import HOST, PID_NAMESPACE
+from bot.service.leases import Leases
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,7 +95,7 @@ async def test_a_holder_that_cannot_be_checked_keeps_its_lease_until_it_expires(
 HOLDER = """
 import asyncio, os, sys
 from bot.db.engine import make_engine, make_sessionmaker
-from bot.tg.leases import Leases
+from bot.service.leases import Leases
 
 async def main() -> None:
     leases = Leases(make_sessionmaker(make_engine(sys.argv[1])), "inbox")

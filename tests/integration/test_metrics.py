@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from bot.db.models import ChatLease, utcnow
-from bot.tg.leases import HOST, PID_NAMESPACE
-from bot.variants.assign import choose
+from bot.engine.assign import choose
+from bot.service.heartbeat import HOST, PID_NAMESPACE
 from tests.integration.test_variants_service import write_variants
 from tests.support.botprocess import free_port
 from tests.support.fakebotapi import FakeBotAPI, Fault
@@ -113,9 +113,9 @@ async def test_queue_gauges_are_read_at_scrape_time(
     release = asyncio.Event()
 
     class Held(EchoResponder):
-        async def respond(self, session: Any, user_text: str) -> Any:
+        async def respond(self, session: Any, user_text: str, **kw: Any) -> Any:
             await release.wait()
-            return await super().respond(session, user_text)
+            return await super().respond(session, user_text, **kw)
 
     port = free_port()
     settings = make_settings(sqlite_url, api, tmp_path, metrics_port=port, log_level="INFO")

@@ -40,7 +40,7 @@ def test_a_failed_first_start_training_says_what_to_do(
 ) -> None:
     """ensure_model relies on TrainingError, not on a status train_cli never returned."""
     import bot.training
-    from bot.inference.model import ensure_model
+    from bot.app import ensure_model
 
     def failing(*_: object, **__: object) -> int:
         raise bot.training.TrainingError("training the model into /x failed: disk full")
@@ -57,9 +57,9 @@ def test_ensure_model_with_a_model_in_place_never_imports_training(tiny_model_fi
     """The normal start: the offline pipeline stays unloaded (fresh process, fresh modules)."""
     code = (
         "import sys\n"
-        "import bot.__main__, bot.tg.app, bot.terminal, bot.inference.responder\n"
+        "import bot.__main__, bot.app, bot.terminal, bot.inference.responder\n"
         "from bot.config import Settings\n"
-        "from bot.inference.model import ensure_model\n"
+        "from bot.app import ensure_model\n"
         f"ensure_model(Settings(_env_file=None, bot_model={tiny_model_file!r}))\n"
         "loaded = [m for m in sys.modules if m.startswith('bot.training')]\n"
         "assert not loaded, loaded\n"

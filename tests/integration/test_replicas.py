@@ -18,8 +18,8 @@ from bot.db import inbox, replicas
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.leases import LeaseLost, working_as
 from bot.db.models import ChatLease, Inbox, InboxStatus, Replica, utcnow
-from bot.tg.leases import HOST, PID_NAMESPACE, Leases, new_owner
-from bot.tg.replicas import Heartbeat
+from bot.service.heartbeat import HOST, PID_NAMESPACE, Heartbeat, new_owner
+from bot.service.leases import Leases
 from tests.support.fakebotapi import FakeBotAPI, Fault
 from tests.support.service_harness import TOKEN as IN_PROCESS_TOKEN
 from tests.support.service_harness import EchoResponder, make_settings, running_service
@@ -240,7 +240,7 @@ async def test_replicas_whose_clocks_disagree_go_by_the_databases_clock(
 async def test_each_replica_learns_how_many_are_alive_at_every_heartbeat(
     sessionmaker: async_sessionmaker[AsyncSession],
 ) -> None:
-    """The send budget's share (bot/tg/budget.py): a stopped replica's row is gone, a dead
+    """The send budget's share (bot/service/budget.py): a stopped replica's row is gone, a dead
     one's heartbeat goes stale; either way the others count one less."""
     seen: list[int] = []
     one = Heartbeat(sessionmaker, new_owner(), on_alive=seen.append)

@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 
 from bot.config import Settings
-from bot.conversations.actions import ChatActions, GenerationError
+from bot.conversations.actions import ChatActions
 from bot.conversations.store import ConversationStore
+from bot.engine.protocol import GenerationError
 from bot.inference.batcher import Batcher, BatchError
 from bot.inference.cache import AgentCache
 from bot.inference.model import load_shared_agent
-from bot.inference.persona import persona_lines
 from bot.inference.responder import Responder
+from bot.persona import persona_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 

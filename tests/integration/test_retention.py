@@ -17,8 +17,8 @@ from bot.db.models import (
     Session,
     Vote,
 )
-from bot.retention import BATCH, purge, totals
-from bot.stats import format_stats, stats
+from bot.reports.stats import format_stats, stats
+from bot.service.retention import BATCH, purge, totals
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 OLD = NOW - timedelta(days=31)

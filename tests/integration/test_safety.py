@@ -99,7 +99,7 @@ async def test_off_changes_nothing(
 async def test_stats_count_what_the_gate_did(
     db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
 ) -> None:
-    from bot.stats import format_stats, stats
+    from bot.reports.stats import format_stats, stats
 
     responder = _toxic(EchoResponder(), CLEAN)
     service = await start_service(make_settings(db_url, api, tmp_path), responder)

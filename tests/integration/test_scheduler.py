@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from bot.config import Settings
-from bot.inference.batcher import Batcher, Generated
+from bot.engine.protocol import Generated
+from bot.inference.batcher import Batcher
 from bot.inference.fastgen import continuous
 from bot.inference.model import load_shared_agent
 from bot.inference.responder import make_engine

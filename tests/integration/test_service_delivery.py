@@ -8,7 +8,7 @@ from pathlib import Path
 from bot.conversations.store import ConversationStore
 from bot.db import migrate, outbox
 from bot.db.engine import make_engine, make_sessionmaker
-from bot.tg.delivery import split_message
+from bot.service.delivery import split_message
 from tests.support.fakebotapi import FakeBotAPI, Fault
 from tests.support.fixtures import StartService
 from tests.support.service_harness import EchoResponder, make_settings, rows, running_service

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bot.tg.app import serve
+from bot.app import serve
 from tests.support.botprocess import free_port
 from tests.support.fakebotapi import SECRET_HEADER, FakeBotAPI
 from tests.support.fixtures import StartService

@@ -19,7 +19,8 @@ import pytest
 
 import bot.training as training
 from bot.config import Settings
-from bot.inference.batcher import Batcher, Generated
+from bot.engine.protocol import Generated
+from bot.inference.batcher import Batcher
 from bot.training import TrainingError, cli
 from tests.support.tinymodel import TINY_RECIPE as TINY
 

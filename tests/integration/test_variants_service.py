@@ -15,8 +15,8 @@ from bot.config import Settings
 from bot.conversations.store import ConversationStore
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker
-from bot.variants.assign import choose
-from bot.variants.router import VariantResponder
+from bot.engine.assign import choose
+from bot.engine.router import VariantResponder
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.service_harness import make_settings, rows, running_service
 
@@ -171,8 +171,8 @@ async def test_isolation_eviction_and_persona_hold_through_the_worker_boundary(
 async def test_arena_shows_two_variants_and_keeps_the_pick(
     db_url: str, tmp_path: Path, api: FakeBotAPI, tiny_model_file: str
 ) -> None:
-    from bot.variants.config import load_experiment
-    from bot.variants.report import variant_report
+    from bot.engine.variants import load_experiment
+    from bot.reports.variants import variant_report
 
     vf = write_variants(tmp_path / "v.toml", tiny_model_file, {"a": 1, "b": 1})
     off = make_settings(db_url, api, tmp_path, variants_file=vf, model_workers="inline")

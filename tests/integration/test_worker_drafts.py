@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bot.config import Settings
-from bot.conversations.store import ConversationContext
 from bot.db.conversations import SessionRow
-from bot.inference.workers import WorkerHandle, worker_spec
+from bot.engine.client import WorkerHandle, worker_spec
+from bot.engine.protocol import ConversationContext
 
 
 class NoHistory:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from bot.config import Settings
-from bot.conversations.actions import GenerationError
-from bot.inference.workers import PIPE_FULL, WorkerHandle, worker_spec
+from bot.engine.client import PIPE_FULL, WorkerHandle, worker_spec
+from bot.engine.protocol import GenerationError
 from tests.integration.test_worker_drafts import NoHistory, _session
 
 LONG = "tell me about the weather and your family and your work " * 30

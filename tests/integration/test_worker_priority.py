@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 from bot.config import Settings
+from bot.engine.client import WorkerHandle, worker_spec
 from bot.inference.worker import WORKER_NICE
-from bot.inference.workers import WorkerHandle, worker_spec
 from tests.integration.test_worker_drafts import NoHistory
 
 

@@ -12,7 +12,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bot.tg.app import Service
+from bot.app import Service
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.service_harness import EchoResponder, make_settings, rows, running_service
 

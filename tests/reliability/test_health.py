@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bot.app import Service
 from bot.db import migrate
-from bot.tg.app import Service
 from tests.support.botprocess import free_port
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.ops import get_json, readyz, scrape, value, wait_readyz
@@ -71,10 +71,10 @@ async def test_readyz_follows_the_inbox_lag_and_fails_while_stopping(
 
         started = 0
 
-        async def respond(self, session: Any, user_text: str) -> Any:
+        async def respond(self, session: Any, user_text: str, **kw: Any) -> Any:
             self.started += 1
             await release.wait()
-            return await super().respond(session, user_text)
+            return await super().respond(session, user_text, **kw)
 
     port = free_port()
     settings = make_settings(

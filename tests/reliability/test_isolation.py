@@ -18,7 +18,7 @@ import pytest
 from bot.conversations.store import ConversationStore
 from bot.db.conversations import SessionRow
 from bot.db.engine import make_engine, make_sessionmaker
-from bot.inference.batcher import Generated
+from bot.engine.protocol import Generated
 from bot.inference.responder import Responder
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.service_harness import TOKEN, make_settings, running_service

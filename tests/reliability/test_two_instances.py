@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.tg.app import Service
+from bot.app import Service
 from bot.tg.poller import ElectedPolling
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.procs import TOKEN, bot_env, check_database, start_bot

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Protocol
 import pytest
 
 if TYPE_CHECKING:
+    from bot.app import Service
     from bot.config import Settings
-    from bot.tg.app import Service
     from tests.support.fakebotapi import FakeBotAPI
     from tests.support.service_harness import EchoResponder
 

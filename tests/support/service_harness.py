@@ -17,13 +17,12 @@ from typing import Any
 
 from sqlalchemy import text
 
+from bot.app import Service
 from bot.config import Settings
-from bot.conversations.actions import Reply
-from bot.conversations.drafts import current_sink
 from bot.db import migrate
 from bot.db.conversations import SessionRow
-from bot.tg.app import Service
-from bot.tg.backoff import Backoff
+from bot.engine.protocol import DraftSink, Reply
+from bot.service.retry import Backoff
 from tests.support.fakebotapi import FakeBotAPI
 
 # The shape of a real token: bot id, colon, 35 characters.
@@ -48,7 +47,9 @@ class EchoResponder:
         self.closed = False
         self.drafted: list[int] = []  # chats whose turn had a draft sink
 
-    async def respond(self, session: SessionRow, user_text: str) -> Reply:
+    async def respond(
+        self, session: SessionRow, user_text: str, *, on_draft: DraftSink | None = None
+    ) -> Reply:
         """Echo, after the configured delay; where the turn streams, the reply's first word
         as a draft halfway through it."""
         self.calls.append((session.chat_id, user_text))
@@ -57,7 +58,7 @@ class EchoResponder:
             delay = (
                 self.delay_s(session.chat_id, user_text) if callable(self.delay_s) else self.delay_s
             )
-            sink = current_sink()
+            sink = on_draft
             if delay:
                 await asyncio.sleep(delay / 2)
             if sink is not None:

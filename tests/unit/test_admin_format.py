@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from bot import stats as service_stats
 from bot.admin.cli import format_table
+from bot.reports import stats as service_stats
 
 
 def test_format_stats_shows_every_number() -> None:

@@ -1,4 +1,4 @@
-"""The Telegram side's one retry policy (bot/tg/backoff.py): the delay sequence, its cap and
+"""The Telegram side's one retry policy (bot/service/retry.py): the delay sequence, its cap and
 jitter, Telegram's retry_after, and a stop that cuts every wait (and a call) short."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 from telegram.error import RetryAfter
 
-from bot.tg.backoff import (
+from bot.service.retry import (
     Backoff,
     Interrupted,
     pause,
@@ -155,7 +155,7 @@ async def test_retry_waits_the_backoff_delays(monkeypatch: pytest.MonkeyPatch) -
         waits.append(seconds)
         return True
 
-    monkeypatch.setattr("bot.tg.backoff.pause", no_sleep)
+    monkeypatch.setattr("bot.service.retry.pause", no_sleep)
     backoff = Backoff(initial_s=1.0, factor=3.0, cap_s=5.0, jitter=0.0)
     call = Flaky(*(OSError(str(n)) for n in range(4)))
     assert await retry(call, what="x", backoff=backoff) == "ok"
@@ -171,7 +171,7 @@ async def test_a_429_waits_what_telegram_asks_even_when_not_in_on(
         waits.append(seconds)
         return True
 
-    monkeypatch.setattr("bot.tg.backoff.pause", no_sleep)
+    monkeypatch.setattr("bot.service.retry.pause", no_sleep)
     call = Flaky(RetryAfter(7), RetryAfter(timedelta(seconds=2.5)))
     assert await retry(call, what="sendMessage", backoff=QUICK, on=(ValueError,)) == "ok"
     assert waits == [7.0, 2.5]

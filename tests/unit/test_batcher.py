@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from bot.inference.batcher import Batcher, Generated
+from bot.engine.protocol import Generated
+from bot.inference.batcher import Batcher
 from bot.inference.cache import new_clone
 
 

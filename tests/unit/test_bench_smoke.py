@@ -123,7 +123,7 @@ def test_summary_splits_the_overhead_at_the_engine() -> None:
 
 
 def test_variant_chats_are_the_ones_the_router_assigns() -> None:
-    from bot.variants.assign import choose
+    from bot.engine.assign import choose
 
     weights = {variants.A: 1.0, variants.B: 3.0}
     a = variants.take(variants.chats_for(variants.A, weights, 100), 5)

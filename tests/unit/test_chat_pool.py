@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from bot.tg.backoff import Backoff
-from bot.tg.chat_pool import ChatPool
+from bot.service.chat_pool import ChatPool
+from bot.service.retry import Backoff
 
 
 class Rows:

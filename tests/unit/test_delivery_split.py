@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.tg.delivery import MAX_MESSAGE_UTF16, split_message, utf16_len
+from bot.service.delivery import MAX_MESSAGE_UTF16, split_message, utf16_len
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ drift.
 The section is the code block between `<!-- layout:start -->` and `<!-- layout:end -->`. Each
 line that starts with `bot/` names one path, then says what it holds:
 
-- `bot/tg/inbox_worker.py  ...`: a module, one line for every `*.py` file except `__init__.py`;
+- `bot/service/inbox.py  ...`: a module, one line for every `*.py` file except `__init__.py`;
 - `bot/tg/  ...`: a package, one line for every folder with an `__init__.py` (that line stands for
   the package's `__init__.py`, so `__init__.py` files are not listed themselves).
 

@@ -16,8 +16,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from bot.tg import leases
-from bot.tg.leases import HOST, PID_NAMESPACE, _dead_here, new_owner
+from bot.service import heartbeat, leases
+from bot.service.heartbeat import HOST, PID_NAMESPACE, new_owner
+from bot.service.leases import _dead_here
 
 
 def _owner(pid: int) -> str:
@@ -74,7 +75,8 @@ def test_a_name_that_does_not_parse_is_judged_by_expiry_alone(owner: str) -> Non
 def test_a_host_name_with_colons_still_parses(
     monkeypatch: pytest.MonkeyPatch, child: subprocess.Popen[bytes]
 ) -> None:
-    monkeypatch.setattr(leases, "HOST", "fe80::1:host")
+    monkeypatch.setattr(heartbeat, "HOST", "fe80::1:host")  # what new_owner writes
+    monkeypatch.setattr(leases, "HOST", "fe80::1:host")  # what _dead_here compares
     owner = f"fe80::1:host:{PID_NAMESPACE}:{child.pid}:0123abcd"
     assert new_owner().startswith(f"fe80::1:host:{PID_NAMESPACE}:{os.getpid()}:")
     assert not _dead_here(owner)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.inference.persona import persona_lines
+from bot.persona import persona_lines
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bot.conversations.store import ConversationContext
 from bot.db.conversations import MessageRow, SessionRow
 from bot.engine import pipe
-from bot.inference.batcher import Generated, ModelView
+from bot.engine.protocol import ConversationContext, Generated, ModelView
 
 SESSION = SessionRow(7, -100123, 42, "My name is Tom.", "active", datetime.now(UTC), None, 99, "b")
 CONTEXT = ConversationContext(
@@ -73,7 +72,7 @@ def test_a_stale_versions_message_is_recognisable() -> None:
 
 
 def test_the_service_refuses_a_model_process_of_another_protocol_version() -> None:
-    from bot.inference.workers import _first_message
+    from bot.engine.client import _first_message
 
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe()

@@ -1,4 +1,4 @@
-"""The bot's one send budget (bot/tg/budget.py): replies first, drafts only from what they
+"""The bot's one send budget (bot/service/budget.py): replies first, drafts only from what they
 leave, and each replica's share by the live replica count. A real aiolimiter bucket; it leaks
 30 units a second, which the counts below allow for (one unit per 33 ms)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bot.tg.budget import DRAFT_SHARE, SendBudget
+from bot.service.budget import DRAFT_SHARE, SendBudget
 
 
 async def _drafts_until_refused(budget: SendBudget) -> int:

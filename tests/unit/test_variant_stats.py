@@ -1,4 +1,4 @@
-"""The statistics that compare model variants (bot/variants/stats.py), checked against values
+"""The statistics that compare model variants (bot/reports/variant_stats.py), checked against values
 worked out by hand (the arithmetic is in the comments), not against the same formulas."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bot.variants.stats import (
+from bot.reports.variant_stats import (
     FIXED_SAMPLE_NOTE,
     BtEstimate,
     MeanInterval,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bot.config import ConfigError, Settings
-from bot.variants.assign import bucket, choose
-from bot.variants.config import load_experiment
+from bot.engine.assign import bucket, choose
+from bot.engine.variants import load_experiment
 
 
 def _settings(tmp_path: Path, body: str | None, **kw: object) -> Settings:

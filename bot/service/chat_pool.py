@@ -25,8 +25,8 @@ from functools import partial
 from math import ceil
 from typing import Generic, Protocol, TypeVar
 
-from bot.tg.backoff import Backoff, wait_event
-from bot.tg.leases import Leases
+from bot.service.leases import Leases
+from bot.service.retry import Backoff, wait_event
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -36,7 +36,7 @@ CLAIM_BACKOFF = Backoff(initial_s=0.1, factor=2.0, cap_s=1.0)
 
 
 class Lanes(Protocol):
-    """What a pool needs to know of its lanes (bot.variants.router.VariantResponder)."""
+    """What a pool needs to know of its lanes (bot.engine.router.VariantResponder)."""
 
     @property
     def lanes(self) -> int:

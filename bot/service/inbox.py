@@ -1,7 +1,7 @@
 """The inbox worker (the per-chat sequencer): one update at a time per chat, in update_id
 order; chats in parallel.
 
-The inbox table is the queue, worked through by the per-chat pool (bot/tg/chat_pool.py): a
+The inbox table is the queue, worked through by the per-chat pool (bot/service/chat_pool.py): a
 chat's pending rows are read after taking its lease, and the first thing done with each row is
 to re-read its status, so an update closed meanwhile (by a redelivery race or another replica)
 is not processed twice. Pending rows left by a crash are simply found by the first scan.
@@ -15,15 +15,16 @@ from collections.abc import Awaitable, Callable
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot import texts
+from bot.conversations.outcome import FAILED
 from bot.db import inbox, outbox
 from bot.db.inbox import InboxRow
 from bot.db.leases import LeaseLost, working_as
 from bot.db.models import InboxStatus, OutboxKind
 from bot.logs import log_context
-from bot.metrics import FAILED, Metrics
-from bot.tg.backoff import Backoff
-from bot.tg.chat_pool import ChatPool, Lanes
-from bot.tg.leases import Leases
+from bot.service.chat_pool import ChatPool, Lanes
+from bot.service.leases import Leases
+from bot.service.metrics import Metrics
+from bot.service.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class InboxWorker:
             poll_interval_s=poll_interval_s,
             max_concurrent=max_concurrent,
             # A chat's lane is its variant: a share of the slots each, and a variant whose
-            # worker is down takes no chat here (bot/tg/chat_pool.py).
+            # worker is down takes no chat here (bot/service/chat_pool.py).
             lanes=lanes,
         )
 

@@ -2,21 +2,16 @@
 
 A registry of its own (not prometheus_client's global one) because one process may run several
 services (the tests do, and a second Service in a process must not double its counters), and
-because scraping must show exactly this service's figures. bot/ops.py serves it on METRICS_PORT.
+because scraping must show exactly this service's figures. bot/service/health.py serves it on
+METRICS_PORT.
 
-The turn outcome is decided deep in the use cases (ChatActions) but counted by the inbox
-worker's runner, once per update, after its handler returned: `note_turn` leaves the outcome
-(and the replies it produced) in a context variable for the runner to pick up. So a retried
-attempt never counts twice, an update counts exactly once, and the terminal chat, which has no
-runner, counts nothing.
+The turn outcome is decided deep in the use cases (bot/conversations/outcome.py) but counted
+here, by the inbox worker's runner, once per update, after its handler returned.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -25,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from bot.conversations.actions import Reply
+    from bot.engine.protocol import Reply
 
 # Seconds, for a reply that takes 50 ms on a GPU to one that waits a minute behind a backlog.
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0)
@@ -34,59 +29,15 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # Rebuilding a clone from stored messages: milliseconds (bench: 8 ms for 1,000 messages).
 REBUILD_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
-# bot_turns_total's outcomes (README: Metrics and health).
-REPLIED = "replied"  # a model reply stored and queued (a text, or an edit's new reply)
-ARENA = "arena"  # two variants' replies to one message (/arena)
-NO_REPLY = "no_reply"  # generation failed; the message is kept, the chat told so
-FLOODED = "flooded"  # over the chat's flood limit: not answered by the model
-COMMAND = "command"  # a command answered
-FEEDBACK = "feedback"  # a 👍/👎 press or reaction, a rating, an arena pick
-NOTICE = "notice"  # any other update answered with a notice (a sticker, an old edit, ...)
-IGNORED = "ignored"  # closed without an answer (not for the bot, a service message)
-FAILED = "failed"  # its handler failed every attempt; the chat got the apology
-OUTCOMES = (REPLIED, ARENA, NO_REPLY, FLOODED, COMMAND, FEEDBACK, NOTICE, IGNORED, FAILED)
-
 # bot_telegram_requests_total's results, per HTTP request to the Bot API.
 OK, RATE_LIMITED, ERROR = "ok", "429", "error"
 # bot_telegram_failures_total's actions: what the caller did after a failed call.
 RETRY, GAVE_UP = "retry", "gave_up"
 
 
-@dataclass
-class TurnNote:
-    """What the use case decided for the update being processed."""
-
-    outcome: str | None = None
-    variant: str = ""
-    replies: list[Reply] = field(default_factory=list)
-
-
-_turn: ContextVar[TurnNote | None] = ContextVar("turn_note", default=None)
-
-
-@contextlib.contextmanager
-def turn_scope() -> Iterator[TurnNote]:
-    """The note of one update's processing (the inbox worker's runner opens it)."""
-    note = TurnNote()
-    token = _turn.set(note)
-    try:
-        yield note
-    finally:
-        _turn.reset(token)
-
-
-def note_turn(outcome: str, variant: str | None = None, replies: Sequence[Reply] = ()) -> None:
-    """Record the outcome of the update being processed (no-op outside a turn scope, e.g. in
-    the terminal chat); the last note of an update wins."""
-    note = _turn.get()
-    if note is not None:
-        note.outcome = outcome
-        note.variant = variant or ""
-        note.replies = list(replies)
-
-
 class Metrics:
-    """Every metric of one service, in one registry (`registry`, scraped by bot/ops.py)."""
+    """Every metric of one service, in one registry (`registry`, scraped by
+    bot/service/health.py)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
@@ -254,7 +205,7 @@ class Metrics:
 
 
 class _WorkerRestarts(Collector):
-    """The model workers' restarts, counted by their handles (bot/inference/workers.py)."""
+    """The model workers' restarts, counted by their handles (bot/engine/client.py)."""
 
     def __init__(self, source: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
         self._source = source

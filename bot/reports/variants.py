@@ -2,7 +2,7 @@
 each non-control variant against the control, and the sample-ratio-mismatch check.
 
 Read-only: a handful of aggregate queries (and the latency columns of the bot replies, for
-the percentiles), then pure arithmetic from bot.variants.stats.
+the percentiles), then pure arithmetic from bot.reports.variant_stats.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db.models import ArenaMatch, Assignment, AssignmentSource, Message, Rating, Role, Vote
-from bot.variants.config import Experiment
-from bot.variants.stats import (
+from bot.engine.variants import Experiment
+from bot.reports.variant_stats import (
     FIXED_SAMPLE_NOTE,
     SRM_ALPHA,
     SrmResult,

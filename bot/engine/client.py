@@ -34,17 +34,13 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bot.config import Settings
-from bot.conversations.actions import GenerationError
-from bot.conversations.drafts import DraftSink
 from bot.db.conversations import SessionRow
 from bot.engine import pipe
-from bot.inference.batcher import Generated, ModelView
+from bot.engine.protocol import DraftSink, Generated, GenerationError, ModelView
 from bot.inference.worker import WorkerSpec
-from bot.tg.backoff import Backoff
 
 if TYPE_CHECKING:  # the service process never imports torch or ParlAI: the workers do
-    from bot.conversations.store import ConversationContext
-    from bot.inference.responder import ContextSource
+    from bot.engine.protocol import ContextSource, ConversationContext
 
 
 class _Build(Protocol):
@@ -60,7 +56,8 @@ log = logging.getLogger(__name__)
 MAX_LOST = 3
 START_TIMEOUT_S = 600.0  # a zoo model downloads on its first start
 STOP_TIMEOUT_S = 10.0
-RESTART_BACKOFF = Backoff(initial_s=0.5, factor=2.0, cap_s=30.0)
+# Restarts wait 0.5 s, then twice as long each time, at most 30 s.
+RESTART_FIRST_S, RESTART_CAP_S = 0.5, 30.0
 PING_INTERVAL_S = 1.0
 STATS_TIMEOUT_S = 2.0
 # Messages waiting for the writer thread (at least 4 per concurrent chat). A live worker drains
@@ -82,7 +79,7 @@ class WorkerLost(Exception):
 
 class WorkerHandle:
     """One variant's worker process, as the service sees it (the engine interface of
-    bot.variants.router: generate, evict, turn_stored, set_persona, close)."""
+    bot.engine.router: generate, evict, turn_stored, set_persona, close)."""
 
     def __init__(self, spec: WorkerSpec, store: ContextSource) -> None:
         self.spec = spec
@@ -93,7 +90,7 @@ class WorkerHandle:
         # Room for every chat's turn at once (a restarted worker gets them all in one burst).
         self.send_queue_size = max(SEND_QUEUE_SIZE, 4 * spec.settings.max_concurrent_chats)
         self.restarts = 0
-        # bot_worker_restarts_total{variant,reason}, read at scrape time (bot/metrics.py).
+        # bot_worker_restarts_total{variant,reason}, read at scrape time (bot/service/metrics.py).
         self.restart_reasons: collections.Counter[str] = collections.Counter()
         self.info: dict[str, Any] = {}
         self._ready = asyncio.Event()
@@ -431,7 +428,7 @@ class WorkerHandle:
             self._proc = None
             while not self._closing:
                 failures += 1
-                await asyncio.sleep(RESTART_BACKOFF.delay(failures))
+                await asyncio.sleep(min(RESTART_CAP_S, RESTART_FIRST_S * 2 ** (failures - 1)))
                 try:
                     await self._spawn()
                 except WorkerStartError as err:

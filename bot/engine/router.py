@@ -1,6 +1,6 @@
 """The responder the service runs: every chat's turn goes to its variant's engine.
 
-An engine is a model worker process (bot.inference.workers.WorkerHandle, MODEL_WORKERS=process)
+An engine is a model worker process (bot.engine.client.WorkerHandle, MODEL_WORKERS=process)
 or an in-process Responder (MODEL_WORKERS=inline). The chat's variant comes with its session
 row (one statement); a chat without one gets the weighted hash choice, stored at this turn.
 """
@@ -15,14 +15,11 @@ from collections import OrderedDict
 from typing import Any, Protocol
 
 from bot.config import ConfigError, Settings
-from bot.conversations.actions import Reply
-from bot.conversations.drafts import DraftSink, current_sink
-from bot.conversations.store import ConversationStore
 from bot.db.conversations import SessionRow
 from bot.db.models import AssignmentSource
-from bot.inference.batcher import Generated, ModelView
-from bot.variants.assign import choose
-from bot.variants.config import Experiment, Variant, load_experiment
+from bot.engine.assign import choose
+from bot.engine.protocol import DraftSink, Generated, ModelView, Reply, VariantStore
+from bot.engine.variants import Experiment, Variant, load_experiment
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +63,7 @@ class VariantResponder:
         self,
         experiment: Experiment,
         engines: dict[str, Engine],
-        store: ConversationStore,
+        store: VariantStore,
     ) -> None:
         self.experiment = experiment
         self.engines = engines
@@ -78,7 +75,7 @@ class VariantResponder:
 
     @classmethod
     async def start(
-        cls, settings: Settings, store: ConversationStore, secrets: tuple[str, ...] = ()
+        cls, settings: Settings, store: VariantStore, secrets: tuple[str, ...] = ()
     ) -> VariantResponder:
         """Load every variant (in parallel); ConfigError naming the variant that cannot load."""
         experiment = load_experiment(settings)
@@ -141,7 +138,9 @@ class VariantResponder:
     def _choose(self, chat_id: int) -> str:
         return choose(self.experiment.name, chat_id, self.experiment.weights)
 
-    async def respond(self, session: SessionRow, user_text: str) -> Reply:
+    async def respond(
+        self, session: SessionRow, user_text: str, *, on_draft: DraftSink | None = None
+    ) -> Reply:
         """The reply of the chat's variant."""
         started = time.perf_counter()
         name = await self.variant_for(session)
@@ -149,7 +148,7 @@ class VariantResponder:
         if previous is not None and previous != name:
             self.engines[previous].evict(session.id)  # moved: the old clone is dead weight
         self._hold(session.id, name)
-        result = await self.engines[name].generate(session, user_text, on_draft=current_sink())
+        result = await self.engines[name].generate(session, user_text, on_draft=on_draft)
         latency_ms = (time.perf_counter() - started) * 1000.0
         return _reply(result, latency_ms, name)
 
@@ -242,7 +241,7 @@ class VariantResponder:
 
     async def worker_stats(self) -> dict[str, dict[str, Any]]:
         """Per variant: pid, restarts and (for workers) cache and memory figures."""
-        from bot.inference.workers import WorkerHandle
+        from bot.engine.client import WorkerHandle
 
         out: dict[str, dict[str, Any]] = {}
         for name, engine in self.engines.items():
@@ -270,7 +269,7 @@ def _reply(result: Generated, latency_ms: float, variant: str) -> Reply:
 
 
 async def _start_engine(
-    variant: Variant, settings: Settings, store: ConversationStore, secrets: tuple[str, ...]
+    variant: Variant, settings: Settings, store: VariantStore, secrets: tuple[str, ...]
 ) -> Engine:
     own = variant.settings(settings)
     if settings.model_workers == "inline":
@@ -282,7 +281,7 @@ async def _start_engine(
             raise
         except Exception as err:
             raise ConfigError(str(err) or type(err).__name__) from err
-    from bot.inference.workers import WorkerHandle, WorkerStartError, worker_spec
+    from bot.engine.client import WorkerHandle, WorkerStartError, worker_spec
 
     handle = WorkerHandle(
         worker_spec(variant.name, own, variant.parlai_overrides(), variant.threads, secrets),

@@ -10,10 +10,10 @@ chat, not per row, also keeps a chat's order across processes.
 
 A holder renews its leases in the background and before each row it works on; a crashed
 holder's leases expire after `ttl_s`, are taken over as soon as its replica's heartbeat is stale
-(bot/tg/replicas.py: a few seconds, wherever it ran), or at once when the owner is a process of
-this machine and PID namespace that no longer runs (a restart after kill -9 need not wait). A
-replica whose own heartbeats stop landing fences itself: its leases read as lost until they do
-again. Lease expiry, like the heartbeats, is the database's clock: the replicas' clocks need
+(bot/service/heartbeat.py: a few seconds, wherever it ran), or at once when the owner is a
+process of this machine and PID namespace that no longer runs (a restart after kill -9 need not
+wait). A replica whose own heartbeats stop landing fences itself: its leases read as lost until
+they do again. Lease expiry, like the heartbeats, is the database's clock: the replicas' clocks need
 not agree. What this process remembers of its leases runs on its monotonic clock.
 """
 
@@ -23,19 +23,14 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 import time
-import uuid
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db import leases, replicas
-
-if TYPE_CHECKING:
-    from bot.tg.replicas import Heartbeat
+from bot.service.heartbeat import HOST, PID_NAMESPACE, Heartbeat, new_owner
 
 log = logging.getLogger(__name__)
 
@@ -45,29 +40,6 @@ LEASE_TTL_S = 60.0
 # A finished worker keeps its chat's lease this long, so a chat's next message (they come in
 # bursts) costs no database write to take it again; another process waits at most this long.
 LINGER_S = 1.0
-HOST = socket.gethostname()
-
-
-def _pid_namespace() -> str:
-    """This process's PID namespace (its inode), or "-" where there is no /proc (one
-    namespace per machine, as on macOS)."""
-    try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        return "-"
-
-
-PID_NAMESPACE = _pid_namespace()
-
-
-def new_owner() -> str:
-    """A process-unique owner name: host, PID namespace, pid and a random part (several
-    services per process in tests).
-
-    A PID means a process only within its PID namespace: containers that share a host name
-    (host networking) each number their processes from 1.
-    """
-    return f"{HOST}:{PID_NAMESPACE}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 def _dead_here(owner: str) -> bool:

@@ -67,7 +67,7 @@ class Stats:
     replies_replaced: int = 0  # a clean candidate beam sent instead (SAFETY=block)
     replies_deflected: int = 0  # the deflection sent instead (SAFETY=block)
     personas_flagged: int = 0
-    # RETENTION_DAYS (bot/retention.py): the limit, and conversations deleted by it so far.
+    # RETENTION_DAYS (bot/service/retention.py): the limit, and conversations deleted by it so far.
     retention_days: int | None = None
     retention_conversations: int = 0
 

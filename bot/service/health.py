@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from bot.db import inbox, outbox
 from bot.db.models import utcnow
 from bot.logs import RedactingFilter
-from bot.metrics import Metrics
+from bot.service.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

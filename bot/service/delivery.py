@@ -28,14 +28,12 @@ from telegram.error import (
 
 from bot import texts
 from bot.db import outbox
-from bot.db.models import OutboxKind
 from bot.db.outbox import OutboxRow
 from bot.logs import log_context
-from bot.metrics import GAVE_UP, RETRY, Metrics
-from bot.tg import feedback
-from bot.tg.backoff import Backoff, retry, retry_after_s
-from bot.tg.chat_pool import ChatPool
-from bot.tg.leases import Leases
+from bot.service.chat_pool import ChatPool
+from bot.service.leases import Leases
+from bot.service.metrics import GAVE_UP, RETRY, Metrics
+from bot.service.retry import Backoff, retry, retry_after_s
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -101,14 +99,15 @@ class Delivery:
         backoff: Backoff | None = None,
         poll_interval_s: float = 15.0,
         leases: Leases | None = None,
-        feedback_buttons: bool = False,
+        markup: Callable[[OutboxRow], InlineKeyboardMarkup | None] = lambda row: None,
         metrics: Metrics | None = None,
     ) -> None:
         self.sessionmaker = sessionmaker
         self.bot = bot
         self.metrics = metrics
-        # 👍/👎 under the last part of every model reply (FEEDBACK_BUTTONS).
-        self.feedback_buttons = feedback_buttons
+        # The keyboard of a text's last part (bot.tg.feedback.outbox_markup: the 👍/👎 of a
+        # reply, a notice's own buttons).
+        self.markup = markup
         self.backoff = backoff or Backoff(initial_s=0.5, cap_s=60.0)
         self._slots = asyncio.Semaphore(max_concurrent)
         # Only the holder of a chat's outbox lease sends its texts, so none goes out twice.
@@ -180,7 +179,7 @@ class Delivery:
             if sent == 0 and row.reply_to_message_id is not None and row.chat_id < 0:
                 # In groups the reply shows which message it answers; in private chats it is noise.
                 reply = ReplyParameters(row.reply_to_message_id, allow_sending_without_reply=True)
-            markup = self._markup(row) if sent == len(parts) - 1 else None
+            markup = self.markup(row) if sent == len(parts) - 1 else None
             editing = sent == 0 and row.edit_message_id is not None
             method = "editMessageText" if editing else "sendMessage"
             try:
@@ -288,13 +287,6 @@ class Delivery:
         assert row.edit_message_id is not None
         kind = Chat.PRIVATE if row.chat_id > 0 else Chat.GROUP
         return Message(row.edit_message_id, datetime.now(UTC), Chat(row.chat_id, kind))
-
-    def _markup(self, row: OutboxRow) -> InlineKeyboardMarkup | None:
-        """The keyboard of a text's last part: the vote buttons of a reply, or the notice's
-        own (the rating at /done)."""
-        if row.kind == OutboxKind.REPLY and row.message_id is not None:
-            return feedback.vote_keyboard(row.message_id) if self.feedback_buttons else None
-        return feedback.markup_from_json(row.markup)
 
     async def _give_up_chat(self, chat_id: int, reason: str) -> None:
         async def give_up(db: AsyncSession) -> None:

@@ -1,4 +1,5 @@
-"""What the dashboard's pages read, beyond bot.stats and bot.variants.report (which it reuses).
+"""What the dashboard's pages read, beyond bot.reports.stats and bot.reports.variants (which it
+reuses).
 
 Every function takes an AsyncSession of the read-only engine (bot.admin.sql.readonly_engine)
 and runs a fixed number of indexed queries, whatever the page size: no query per row.
@@ -78,7 +79,8 @@ def _key(day: Any) -> str:
 
 
 def nearest_rank(buckets: list[tuple[float, int]], pct: float) -> float | None:
-    """The nearest-rank percentile of a histogram of (value, count) pairs, as bot.stats ranks."""
+    """The nearest-rank percentile of a histogram of (value, count) pairs, as
+    bot.reports.stats ranks."""
     total = sum(n for _, n in buckets)
     seen = 0
     for value, n in sorted(buckets):
@@ -99,7 +101,7 @@ async def daily_series(db: AsyncSession, *, first: date, days: int) -> list[DayP
 
     The counts are one range count per day on ix_messages_created_at, in one statement (a
     GROUP BY on the day would sort every message of the period). The percentiles are
-    nearest-rank like bot.stats', from per-day counts of each millisecond (10 ms above a
+    nearest-rank like bot.reports.stats', from per-day counts of each millisecond (10 ms above a
     second) read from ix_messages_created_at_role_latency, which holds the latency too, instead of
     ranking every reply of the period.
     """

@@ -4,7 +4,7 @@ Every replica (a `python -m bot run` process) writes its row in `replicas` befor
 lease, and pushes its `heartbeat_at` forward every `interval_s`. Another replica treats a
 heartbeat older than `dead_after_s` as a dead process, wherever it ran (kill -9, a lost
 machine, a container restarted with the same host name and PID) and takes over its leases at
-once, instead of waiting for their TTL (bot/tg/leases.py).
+once, instead of waiting for their TTL (bot/service/leases.py).
 
 Heartbeats are written with the database's clock and their age is judged by it too
 (bot/db/replicas.py), so the replicas' own clocks never meet: a replica whose clock is off
@@ -27,16 +27,43 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db import replicas
-from bot.tg.leases import HOST
 
 log = logging.getLogger(__name__)
+
+# Who this process is, for its heartbeat row and its leases' owner names.
+HOST = socket.gethostname()
+
+
+def _pid_namespace() -> str:
+    """This process's PID namespace (its inode), or "-" where there is no /proc (one
+    namespace per machine, as on macOS)."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "-"
+
+
+PID_NAMESPACE = _pid_namespace()
+
+
+def new_owner() -> str:
+    """A process-unique owner name: host, PID namespace, pid and a random part (several
+    services per process in tests).
+
+    A PID means a process only within its PID namespace: containers that share a host name
+    (host networking) each number their processes from 1.
+    """
+    return f"{HOST}:{PID_NAMESPACE}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
 
 # A peer is taken over this long after its last heartbeat (TAKEOVER_AFTER_S); it beats five
 # times in that time and fences itself after three missed fifths.
@@ -75,7 +102,7 @@ class Heartbeat:
         self._last_ok: float | None = None  # monotonic start of the last heartbeat that landed
         self._fenced = False
         # Bumped at every fence: a lease won in an older epoch is not to be trusted any more
-        # (bot/tg/leases.py), whichever way the fence was noticed.
+        # (bot/service/leases.py), whichever way the fence was noticed.
         self.epoch = 0
         self._task: asyncio.Task[None] | None = None
 

@@ -8,7 +8,7 @@ draft goes only while no reply is waiting, no reply's 429 is being waited out, a
 stays at most `DRAFT_SHARE` full after it, so a reply that comes right after still finds room.
 
 Replicas share the bot's budget: at every heartbeat each replica counts the live ones in the
-database (bot/tg/replicas.py), and with N alive every request costs N units of the bucket, so
+database (bot/service/heartbeat.py), and with N alive every request costs N units of the bucket, so
 each replica sends at most 1/N of the bot's rate. This is an even split, not a pool: a busy
 replica cannot borrow an idle one's share, and for the few seconds after a replica dies (until
 its heartbeat is stale) the others keep their smaller shares.
@@ -24,7 +24,7 @@ from aiolimiter import AsyncLimiter
 from telegram.error import RetryAfter
 from telegram.ext import AIORateLimiter
 
-from bot.tg.backoff import retry_after_s
+from bot.service.retry import retry_after_s
 
 # Requests per second for the whole bot (Telegram: about 30 messages per second overall).
 SENDS_PER_S = 30.0

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -20,22 +21,24 @@ from telegram.error import InvalidToken, NetworkError
 from telegram.ext import ApplicationBuilder
 
 from bot.config import ConfigError, Settings
-from bot.conversations.actions import ChatActions, ResponderProtocol
+from bot.conversations.actions import ChatActions
 from bot.conversations.store import ConversationStore
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker, safe_url
+from bot.engine.protocol import ResponderProtocol
 from bot.logs import settings_secrets
-from bot.metrics import Metrics
-from bot.ops import Health, OpsServer
-from bot.tg.backoff import Backoff, Interrupted, retry
-from bot.tg.budget import BudgetedRateLimiter, SendBudget
-from bot.tg.delivery import Delivery
+from bot.service.budget import BudgetedRateLimiter, SendBudget
+from bot.service.delivery import Delivery
+from bot.service.health import Health, OpsServer
+from bot.service.heartbeat import Heartbeat, new_owner
+from bot.service.inbox import InboxWorker
+from bot.service.leases import Leases
+from bot.service.metrics import Metrics
+from bot.service.retry import Backoff, Interrupted, retry
+from bot.tg import feedback
 from bot.tg.handlers import COMMANDS, App, Handlers, UpdateRunner
-from bot.tg.inbox_worker import InboxWorker
 from bot.tg.ingest import BoundedJsonRequest, PollingIngest, WebhookIngest
-from bot.tg.leases import Leases, new_owner
 from bot.tg.poller import ElectedPolling
-from bot.tg.replicas import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +60,8 @@ ResponderFactory = Callable[[Settings, ConversationStore], Awaitable[ServingResp
 
 
 async def _load_responder(settings: Settings, store: ConversationStore) -> ServingResponder:
+    from bot.engine.router import VariantResponder
     from bot.logs import settings_secrets
-    from bot.variants.router import VariantResponder
 
     return await VariantResponder.start(settings, store, tuple(settings_secrets(settings)))
 
@@ -116,7 +119,7 @@ class Service:
     ) -> None:
         self.settings = settings
         self.budget = budget  # the application's rate limiter draws on it, and the drafts
-        self.metrics = metrics or Metrics()  # one registry per service (bot/metrics.py)
+        self.metrics = metrics or Metrics()  # one registry per service (bot/service/metrics.py)
         self.db_engine = db_engine
         self.sessionmaker = sessionmaker
         self.store = ConversationStore(sessionmaker)
@@ -161,7 +164,7 @@ class Service:
             max_concurrent=settings.max_concurrent_chats,
             backoff=backoff,
             leases=self.leases[1],
-            feedback_buttons=settings.feedback_buttons,
+            markup=feedback.outbox_markup(settings.feedback_buttons),
             metrics=self.metrics,
             # Texts a dead replica committed but did not send are found by the others' scan:
             # once a second, like the inbox (one indexed query).
@@ -216,7 +219,7 @@ class Service:
             secrets=settings_secrets(settings),
             metrics=self.metrics,
         )
-        # METRICS_PORT: /metrics, /healthz, /readyz (bot/ops.py), from start() to stop().
+        # METRICS_PORT: /metrics, /healthz, /readyz (bot/service/health.py), from start() to stop().
         self.ops: OpsServer | None = None
         if settings.metrics_port is not None:
             self.ops = OpsServer(
@@ -280,7 +283,7 @@ class Service:
         self._commands_task = asyncio.create_task(self._set_commands(), name="setMyCommands")
         await self.chat.safety.warm_up()  # the classifier loads now, not on the first reply
         if self.settings.retention_days:
-            from bot.retention import run_forever
+            from bot.service.retention import run_forever
 
             self._retention_task = asyncio.create_task(
                 run_forever(self.sessionmaker, self.settings.retention_days), name="retention"
@@ -470,3 +473,26 @@ def run_service(settings: Settings) -> int:
     except ConfigError as err:
         log.error("%s", err)
         return 2
+
+
+def ensure_model(settings: Settings) -> None:
+    """Train the default model once when BOT_MODEL is unset and none exists yet.
+
+    Imports the training pipeline only then: a normal start never loads it.
+    """
+    if settings.bot_model or Path(settings.model_file + ".opt").exists():
+        return  # BOT_MODEL, a model trained here, or the one shipped in models/chitchat/
+    from bot.training import TrainingError, train_cli
+
+    log.warning(
+        "BOT_MODEL is not set and no default model exists yet: training one now "
+        "(at most %.0f minutes; set BOT_MODEL to skip)",
+        settings.train_minutes,
+    )
+    try:
+        train_cli(settings, minutes=None, if_missing=True, out=None)
+    except TrainingError as err:
+        raise ConfigError(
+            f"{err}. Run `python -m bot train` to try again, or set BOT_MODEL to an existing "
+            "ParlAI model."
+        ) from err

@@ -1,0 +1,149 @@
+"""The one typed seam between the conversation layer and the model, wherever it runs.
+
+The use cases (bot/conversations) talk to a ResponderProtocol; the service's responder
+(bot/engine/router.py) routes each chat's turn to its variant's model, which runs in a model
+process (bot/engine/client.py, bot/inference/) or, for tests, in this process. What crosses the
+seam is defined here: a turn's Reply (and the model's Generated, inside a model process), the
+view of what the model reads (ModelView), the context a conversation is rebuilt from
+(ConversationContext), and where a turn's drafts go (DraftSink).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from bot.db.conversations import MessageRow, SessionRow
+from bot.db.models import AssignmentSource
+
+# Where a streamed turn's drafts go: the best hypothesis so far, cleaned like the reply.
+DraftSink = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationContext:
+    """What the engine needs to rebuild a conversation: persona and the tail of its messages."""
+
+    session_id: int
+    chat_id: int
+    persona: str
+    messages: list[MessageRow]
+
+
+class ContextSource(Protocol):
+    """Where a conversation is rebuilt from on a cache miss: the ConversationStore in the
+    service, the context sent along with the turn in a model worker (bot.inference.worker)."""
+
+    async def load_context(
+        self, session_id: int, tail: int | None, upto: int | None = None
+    ) -> ConversationContext:
+        """A conversation's persona and its last `tail` messages (all if None), up to message
+        `upto` (0: none; None: the newest)."""
+        ...
+
+
+@dataclass
+class Generated:
+    """One request's result."""
+
+    text: str
+    model_input: list[int]
+    batch_size: int
+    model_ms: float
+    # The search's other finished hypotheses, cleaned like `text`, best first (beam search
+    # only; the safety gate falls back on them).
+    candidates: tuple[str, ...] = ()
+    # Set by Responder.generate for the metrics: whether the conversation's clone was cached,
+    # the rebuild's time on a miss, the clones its cache dropped since its previous reply.
+    cache_hit: bool | None = None
+    rebuild_ms: float | None = None
+    cache_evictions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelView:
+    """What the model reads now for a conversation (the /context command)."""
+
+    model_input: list[int]  # the token ids: persona lines, then the turns that fit
+    text: str  # the same ids as text
+    visible_turns: int  # how many of the newest turns reach the model
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What the responder produced for one turn."""
+
+    text: str
+    latency_ms: float
+    # The model variant that produced it (None: no variants, e.g. a test responder).
+    variant: str | None = None
+    # Time inside the model (the batch that produced it), for the service-overhead figures.
+    model_ms: float | None = None
+    # The search's other hypotheses, best first, for the safety gate (bot.safety).
+    candidates: tuple[str, ...] = ()
+    # For the metrics (bot.service.metrics): the batch it was generated in, whether its clone was
+    # cached (None: not known), the rebuild's time on a miss, and the clones the worker's
+    # cache dropped since its previous reply.
+    batch_size: int | None = None
+    cache_hit: bool | None = None
+    rebuild_ms: float | None = None
+    cache_evictions: int = 0
+
+
+class GenerationError(Exception):
+    """Generation failed for this request; the message is safe to log."""
+
+
+class DuelResponder(Protocol):
+    """A responder with variants that can answer one message twice (/arena)."""
+
+    @property
+    def duelists(self) -> list[str]:
+        """The variants a duel is drawn from (the drained ones are not)."""
+        ...
+
+    async def duel(self, session: SessionRow, user_text: str) -> tuple[Reply, Reply]:
+        """Two variants' replies, in random order."""
+        ...
+
+
+class ResponderProtocol(Protocol):
+    """What the conversation layer needs from the model responder."""
+
+    async def respond(
+        self, session: SessionRow, user_text: str, *, on_draft: DraftSink | None = None
+    ) -> Reply:
+        """Generate the bot's reply to `user_text` in `session`'s context; drafts of it to
+        `on_draft` (where the front end streams and the responder can)."""
+        ...
+
+    def set_persona(self, session_id: int, persona: str) -> None:
+        """Make a cached conversation use a new persona from its next turn."""
+        ...
+
+    def evict(self, session_id: int) -> None:
+        """Drop a conversation's cached agent (it is rebuilt from the database on demand)."""
+        ...
+
+    def turn_stored(self, session_id: int, last_message_id: int) -> None:
+        """The turn just generated for a conversation is committed up to `last_message_id`."""
+        ...
+
+
+class VariantStore(ContextSource, Protocol):
+    """What the variant router needs of the database: a chat's variant, stored once."""
+
+    async def variant_of(self, chat_id: int) -> str | None:
+        """The chat's stored variant (None before its first turn)."""
+        ...
+
+    async def assign_variant(self, chat_id: int, experiment: str, variant: str) -> str:
+        """The chat's variant: the stored one, else `variant`, stored now."""
+        ...
+
+    async def set_variant(
+        self, chat_id: int, experiment: str, variant: str, source: AssignmentSource
+    ) -> None:
+        """Move a chat to `variant`."""
+        ...
