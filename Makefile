@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PARLAI := parlai==1.7.2
 PYTEST_ARGS ?=
 
-.PHONY: install run chat train train-shipped test test-all lint format bench bench-quick bench-variants soak scaleout clean
+.PHONY: install run chat train train-shipped test test-all lint format bench bench-quick bench-variants bench-loop soak scaleout clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -70,6 +70,12 @@ bench-quick: install
 # Variants side by side: interference between worker processes, service overhead inline vs process.
 bench-variants: install
 	$(PY) -m bench.variants
+
+# The learning loop: simulated users vote, export, fine-tune a candidate, compare it with the
+# control on new users (~20 minutes on 2 cores; BENCH_LOOP_ARGS=--quick for a few minutes).
+BENCH_LOOP_ARGS ?=
+bench-loop: install
+	nice -n 10 $(PY) -m bench.loop $(BENCH_LOOP_ARGS)
 
 soak: install
 	$(PY) -m tests.soak

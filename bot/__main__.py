@@ -47,7 +47,26 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--if-missing", action="store_true", help="do nothing if the default model exists"
     )
-    train.add_argument("--out", default=None, help="model file to write (default: data dir)")
+    train.add_argument(
+        "--out",
+        default=None,
+        help="model file to write (default: data dir); with --from-feedback, the directory "
+        "of the candidate (DIR/model, DIR/recipe.json)",
+    )
+    train.add_argument(
+        "--from-feedback",
+        metavar="EXPORT",
+        default=None,
+        help="fine-tune --base on the replies users liked in EXPORT (`admin export --format "
+        "parlai`), leaving out the disliked ones",
+    )
+    train.add_argument(
+        "--base",
+        metavar="MODEL",
+        default=None,
+        help="with --from-feedback: the ParlAI generator to continue (default: BOT_MODEL, "
+        "the model the service serves)",
+    )
     train.add_argument(
         "--ship",
         action="store_true",
@@ -186,6 +205,13 @@ def _ensure_model(settings: Settings, serving_level: str) -> None:
 def _train(settings: Settings, args: argparse.Namespace) -> int:
     from bot.training import TrainingError, train_cli
 
+    if args.base is not None and args.from_feedback is None:
+        print("error: --base goes with --from-feedback EXPORT", file=sys.stderr)
+        return 2
+    if args.from_feedback is not None:
+        from bot.training.cli import feedback_cli
+
+        return feedback_cli(settings, args)
     try:
         if args.ship:
             from bot.training.ship import SHIP_MINUTES, ship

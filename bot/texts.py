@@ -165,9 +165,10 @@ def privacy(retention_days: int | None) -> str:
         "your Telegram user and chat ids, your 👍/👎 votes and ratings, and which model "
         f"version answers you. {kept}\n\n"
         "Who can read it: the people who run this bot (its administrators), to keep it working "
-        "and to improve the replies. It is not sold or shared.\n\n"
+        "and to improve the replies: your conversations and votes may be used to train new "
+        "versions of the model. It is not sold or shared.\n\n"
         "To delete everything I have stored about this chat, send /forget. It takes effect at "
-        "once and cannot be undone."
+        "once and cannot be undone, and nothing deleted is used for training afterwards."
     )
 
 

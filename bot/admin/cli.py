@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, is_dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TextIO
@@ -23,6 +23,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bot.admin import export
 from bot.admin import sql as admin_sql
 from bot.config import Settings
 from bot.db import assignments
@@ -183,7 +184,47 @@ def _export_value(value: Any) -> Any:
     return value
 
 
+class UsageError(AdminError):
+    """The command line asks for something impossible (exit status 2, like argparse)."""
+
+
+EPISODE_FORMATS = ("parlai", "parlai-jsonl")
+_EPISODE_FILTERS = ("since", "variant", "min_rating", "votes")
+
+
+def _episode_filter(args: argparse.Namespace) -> export.EpisodeFilter:
+    given = [f"--{name.replace('_', '-')}" for name in _EPISODE_FILTERS if getattr(args, name)]
+    if args.format not in EPISODE_FORMATS and given:
+        raise UsageError(
+            f"{', '.join(given)} filter(s) conversations for training: use them with "
+            "--format parlai or --format parlai-jsonl"
+        )
+    return export.EpisodeFilter(
+        chat_id=args.chat_id,
+        since=args.since,
+        variant=args.variant,
+        min_rating=args.min_rating,
+        votes=export.VoteFilter(args.votes) if args.votes else None,
+    )
+
+
+async def _export_episodes(
+    engine: AsyncEngine, args: argparse.Namespace, flt: export.EpisodeFilter, target: TextIO
+) -> tuple[int, int]:
+    episodes = examples = 0
+    async for episode in export.episodes(engine, flt):
+        if args.format == "parlai":
+            for line in export.parlai_lines(episode):
+                target.write(line + "\n")
+        else:
+            target.write(export.conversation_json(episode) + "\n")
+        episodes += 1
+        examples += len(episode.examples)
+    return episodes, examples
+
+
 async def _export(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> int:
+    flt = _episode_filter(args)  # before the output file is created
     target: TextIO
     if args.output and args.output != "-":
         target = await asyncio.to_thread(open, Path(args.output), "w", encoding="utf-8", newline="")
@@ -191,6 +232,14 @@ async def _export(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) ->
         target = out
     count = 0
     try:
+        if args.format in EPISODE_FORMATS:
+            episodes, examples = await _export_episodes(engine, args, flt, target)
+            where = f" to {args.output}" if target is not out else ""
+            print(
+                f"exported {episodes} conversation(s), {examples} reply(ies){where}",
+                file=sys.stderr,
+            )
+            return 0
         writer = csv.writer(target) if args.format == "csv" else None
         if writer is not None:
             writer.writerow(reports.EXPORT_COLUMNS)
@@ -368,6 +417,8 @@ async def admin(
     `admin variants` and `admin assign` need the `experiment` (bot.engine.variants).
     """
     out = out or sys.stdout
+    if args.admin_command == "export":
+        _episode_filter(args)  # a usage error before anything touches the database
     if args.admin_command == "sql":
         return await _sql(sql_url or url, args, out)
     if needs_experiment(args) and experiment is None:
@@ -396,6 +447,28 @@ def _positive(value: str) -> int:
     n = int(value)
     if n < 1:
         raise argparse.ArgumentTypeError("must be 1 or more")
+    return n
+
+
+def _since(value: str) -> datetime:
+    text = value.strip()
+    units = {"d": 86400.0, "h": 3600.0, "m": 60.0}
+    if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
+        return datetime.now(UTC) - timedelta(seconds=float(text[:-1]) * units[text[-1]])
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            "expected a date (2025-01-31), an ISO time (2025-01-31T12:00:00+00:00) or a span "
+            "such as 7d, 12h, 30m"
+        ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _rating(value: str) -> int:
+    n = int(value)
+    if not 1 <= n <= 5:
+        raise argparse.ArgumentTypeError("ratings go from 1 to 5")
     return n
 
 
@@ -431,11 +504,44 @@ def add_admin_parser(sub: Any) -> None:
     )
     show.add_argument("chat_id", type=int, metavar="CHAT_ID")
 
-    export = cmds.add_parser("export", help="every message (of one chat or all) as JSONL or CSV")
-    export.add_argument("chat_id", type=int, nargs="?", default=None, metavar="CHAT_ID")
-    export.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
-    export.add_argument(
+    exporter = cmds.add_parser(
+        "export",
+        help="every message as JSONL or CSV, or conversations as ParlAI training episodes",
+        description="Without --format, or with jsonl or csv: every message (of one chat or "
+        "all), one row each. With --format parlai (ParlAI's dialog text format, the fromfile "
+        "teacher) or parlai-jsonl (ParlAI's Conversations JSONL, the jsonfile teacher): one "
+        "episode per conversation, one example per bot reply, with its votes, the "
+        "conversation's rating and arena outcome as fields; the filters apply to these. "
+        "Only what is stored now is exported: what /forget or RETENTION_DAYS deleted is gone.",
+    )
+    exporter.add_argument("chat_id", type=int, nargs="?", default=None, metavar="CHAT_ID")
+    exporter.add_argument("--format", choices=("jsonl", "csv", *EPISODE_FORMATS), default="jsonl")
+    exporter.add_argument(
         "--output", "-o", metavar="FILE", default=None, help="write here (default: stdout)"
+    )
+    exporter.add_argument(
+        "--since",
+        type=_since,
+        default=None,
+        metavar="WHEN",
+        help="conversations active since WHEN: a date or ISO time (UTC unless it says), or "
+        "a span back from now such as 7d or 12h",
+    )
+    exporter.add_argument(
+        "--variant", default=None, metavar="NAME", help="only the replies of this variant"
+    )
+    exporter.add_argument(
+        "--min-rating",
+        type=_rating,
+        default=None,
+        metavar="N",
+        help="only conversations rated N or more (1-5; unrated ones are left out)",
+    )
+    exporter.add_argument(
+        "--votes",
+        choices=[v.value for v in export.VoteFilter],
+        default=None,
+        help="only replies with more 👍 than 👎 (up), more 👎 than 👍 (down), or any vote",
     )
 
     forget = cmds.add_parser(
@@ -509,7 +615,7 @@ def run_admin(settings: Settings, args: argparse.Namespace) -> int:
         )
     except AdminError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(err, UsageError) else 1
     except BrokenPipeError:
         # `admin export | head` closes the pipe early; that is not an error. Point stdout at
         # /dev/null so that flushing it at exit does not raise again.

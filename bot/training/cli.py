@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
+import sys
 from pathlib import Path
 
 from bot.config import Settings
@@ -77,4 +79,39 @@ def train_cli(
         result.valid.get("loss", float("nan")),
         result.valid.get("token_acc", float("nan")),
     )
+    return 0
+
+
+def feedback_cli(settings: Settings, args: argparse.Namespace) -> int:
+    """`python -m bot train --from-feedback EXPORT --base MODEL --out DIR --minutes N`.
+
+    Bad input (no export, an export with nothing liked, a base that is not a generator, no
+    --out) is one line on stderr and exit status 2; a failure while training, status 1.
+    """
+    from bot.training.feedback import FeedbackInputError, finetune_from_feedback
+
+    if not args.out:
+        print("error: --from-feedback needs --out DIR (the candidate's directory)", file=sys.stderr)
+        return 2
+    if args.if_missing or args.ship:
+        print("error: --from-feedback goes with neither --if-missing nor --ship", file=sys.stderr)
+        return 2
+    base = args.base or settings.model_file
+    minutes = clamp_minutes(args.minutes, settings.train_minutes)
+    try:
+        finetune_from_feedback(
+            Path(args.from_feedback),
+            base,
+            Path(args.out),
+            minutes=minutes,
+            datapath=settings.data_dir / "parlai",
+        )
+    except FeedbackInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # whatever broke in ParlAI, one clear line (the log has more)
+        log.debug("fine-tuning failed", exc_info=err)
+        reason = str(err) or type(err).__name__
+        print(f"error: fine-tuning {base} into {args.out} failed: {reason}", file=sys.stderr)
+        return 1
     return 0
