@@ -453,6 +453,7 @@ class Run:
             out["poll_gap_s"] = round(await self.poll_gap(killed_at, polls_before), 2)
         await asyncio.sleep(self.args.down)
         self.windows["takeover_s"] = (held, killed_at)
+        self.killed = (set(held), time.time() - (time.monotonic() - killed_at))
         out["killed_replica_chats"] = len(held)
         print(f"[{time.strftime('%H:%M:%S')}] restart replica {victim.index}", flush=True)
         await self.start_replica(victim)
@@ -490,12 +491,32 @@ class Run:
             await asyncio.sleep(0.2)
         await asyncio.sleep(2.0)  # a duplicate would show up now
 
+    def explain_duplicate(self, chat: int) -> None:
+        """Which text came twice, and whether the kill can explain it: Telegram accepted a send
+        of the killed replica that it had no time to record (docs/guarantees.md)."""
+        held, killed_wall = getattr(self, "killed", (set(), 0.0))
+        texts = [s for s in self.api.sent if s.chat_id == chat]
+        seen: dict[str, float] = {}
+        for sent in texts:
+            if sent.text in seen:
+                first = seen[sent.text]
+                print(
+                    f"duplicate: chat {chat} ({'a' if chat in held else 'not a'} chat of the "
+                    f"killed replica) got {sent.text[:40]!r} twice, {sent.at - first:.2f} s "
+                    f"apart; the first {killed_wall - first:+.2f} s before the SIGKILL",
+                    flush=True,
+                )
+            seen.setdefault(sent.text, sent.at)
+
     async def report(self, results: dict[str, float], rates: dict[int, float]) -> int:
         sent = sum(len(m) for m in self.books.sent.values())
         received = Counter(s.chat_id for s in self.api.sent)
         answered = sum(min(received[c], len(m)) for c, m in self.books.sent.items())
         lost = sum(max(0, len(m) - received[c]) for c, m in self.books.sent.items())
         duplicated = sum(max(0, received[c] - len(m)) for c, m in self.books.sent.items())
+        for chat, messages in self.books.sent.items():
+            if received[chat] > len(messages):
+                self.explain_duplicate(chat)
         violations = 0
         for chat, messages in self.books.sent.items():
             # The echo of each message names it: the answers must come in the order sent. The
