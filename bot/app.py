@@ -364,7 +364,12 @@ class Service:
             for name, check in readiness["checks"].items()
             if not check.get("ok")
         ]
-        return {
+        # Variants this replica cannot serve (a model that does not load here): the others
+        # keep serving, and operators see why in `replicas.info` and on the dashboard.
+        load_errors: dict[str, str] = dict(getattr(self.responder, "load_errors", {}) or {})
+        problems += [f"variant {name}: {why}" for name, why in load_errors.items()]
+        experiment = getattr(self.responder, "experiment", None)
+        info: dict[str, object] = {
             "mode": "polling" if polling else "webhook",
             "poller": isinstance(self.ingest, ElectedPolling) and self.ingest.polling,
             "ready": readiness["ready"],
@@ -372,6 +377,15 @@ class Service:
             "busy_chats": self.inbox_worker.busy,
             "workers": workers,
         }
+        if experiment is not None:
+            info["experiment"] = {
+                "name": experiment.name,
+                "version": experiment.version,
+                "allocation": experiment.allocation,
+                "control": next((v.name for v in experiment.variants if v.control), None),
+                "variants": {v.name: v.weight for v in experiment.variants},
+            }
+        return info
 
     async def close(self) -> None:
         """Release the responder, the Bot API client and the database."""

@@ -25,11 +25,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.admin import export
 from bot.admin import sql as admin_sql
-from bot.config import Settings
+from bot.config import Settings, get_settings
 from bot.db import assignments
 from bot.db.engine import make_engine, make_sessionmaker, safe_url
 from bot.db.models import AssignmentSource, Role, SessionStatus
-from bot.engine.variants import Experiment, load_experiment
+from bot.engine import live
+from bot.engine.live import VariantChangeError
+from bot.engine.variants import ALLOCATIONS, INFERENCE, Experiment, load_experiment
 from bot.reports import admin as reports
 from bot.reports import stats as service_stats
 from bot.reports.admin import AdminError
@@ -316,10 +318,15 @@ async def _sql(url: str, args: argparse.Namespace, out: TextIO) -> int:
 async def _variants(
     engine: AsyncEngine, args: argparse.Namespace, out: TextIO, experiment: Experiment
 ) -> int:
+    change = _VARIANT_CHANGES.get(getattr(args, "variants_command", None) or "")
+    if change is not None:
+        return await change(engine, args, out, experiment)
     # numpy and scipy load here, not with every `python -m bot` command
     from bot.reports import variants as variant_report
 
-    report = await variant_report.variant_report(make_sessionmaker(engine), experiment)
+    sessionmaker = make_sessionmaker(engine)
+    experiment = await live.current(sessionmaker, experiment, _settings(args))
+    report = await variant_report.variant_report(sessionmaker, experiment)
     if args.plot:
         try:
             await asyncio.to_thread(variant_report.plot_variants, report, args.plot)
@@ -338,9 +345,197 @@ async def _variants(
     return 0
 
 
+# --- variants add / weight / promote / remove / allocation / reload / list ---------------------
+
+# `admin variants add` options: flag -> the variants file's key (bot.engine.variants).
+ADD_OPTIONS = {
+    "inference": str,
+    "beam_size": int,
+    "beam_min_length": int,
+    "beam_block_ngram": int,
+    "beam_context_block_ngram": int,
+    "topk": int,
+    "topp": float,
+    "temperature": float,
+    "beam_delay": int,
+    "threads": int,
+}
+FOLLOW_NOTE = "every running replica follows within a few seconds"
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = getattr(args, "settings", None)
+    return settings if isinstance(settings, Settings) else get_settings()
+
+
+def _experiment_json(experiment: Experiment) -> dict[str, Any]:
+    return {
+        "experiment": experiment.name,
+        "version": experiment.version,
+        "allocation": experiment.allocation,
+        "control": experiment.control.name,
+        "variants": [
+            {
+                "name": v.name,
+                "model": v.model,
+                "weight": v.weight,
+                "control": v.control,
+                "options": {k: o for k, o in v.options.items() if k != "model"},
+            }
+            for v in experiment.variants
+        ],
+    }
+
+
+def _changed(
+    out: TextIO, args: argparse.Namespace, experiment: Experiment, line: str, **extra: Any
+) -> int:
+    if args.json:
+        print(dump_json({**_experiment_json(experiment), **extra}), file=out)
+    else:
+        print(
+            f"{line} (experiment {experiment.name} version {experiment.version}; {FOLLOW_NOTE})",
+            file=out,
+        )
+    return 0
+
+
+def _model_path(model: str) -> str:
+    """A model file as the replicas read it: a directory holding `model.opt` means its
+    `model`, and a local path is made absolute (the replicas do not share this cwd)."""
+    if model.startswith("zoo:"):
+        return model
+    path = Path(model).expanduser()
+    if path.is_dir() and (path / "model.opt").exists():
+        path = path / "model"
+    return str(path.resolve()) if Path(str(path) + ".opt").exists() else model
+
+
+async def _variants_add(
+    engine: AsyncEngine, args: argparse.Namespace, out: TextIO, seed: Experiment
+) -> int:
+    table: dict[str, object] = {"name": args.name, "model": _model_path(args.model)}
+    if args.weight is not None:
+        table["weight"] = live.check_weight(args.weight)
+    table.update({key: getattr(args, key) for key in ADD_OPTIONS if getattr(args, key) is not None})
+    experiment = await live.add(make_sessionmaker(engine), seed, _settings(args), table)
+    variant = experiment.get(args.name)
+    assert variant is not None
+    return _changed(
+        out,
+        args,
+        experiment,
+        f"added {variant.name} ({variant.model}, weight {variant.weight:g}); new chats "
+        "may go to it once a replica has loaded it",
+    )
+
+
+async def _variants_weight(
+    engine: AsyncEngine, args: argparse.Namespace, out: TextIO, seed: Experiment
+) -> int:
+    experiment, old = await live.set_weight(
+        make_sessionmaker(engine), seed, _settings(args), args.name, args.weight
+    )
+    drained = " (drained: no new chats)" if args.weight == 0 else ""
+    return _changed(
+        out,
+        args,
+        experiment,
+        f"{args.name}: weight {old:g} -> {args.weight:g}{drained}; existing chats keep "
+        "their variant",
+        previous_weight=old,
+    )
+
+
+async def _variants_promote(
+    engine: AsyncEngine, args: argparse.Namespace, out: TextIO, seed: Experiment
+) -> int:
+    experiment, previous = await live.promote(
+        make_sessionmaker(engine), seed, _settings(args), args.name
+    )
+    line = (
+        f"{args.name} is the control already"
+        if previous == args.name
+        else f"{args.name} is the control now (was {previous})"
+    )
+    return _changed(out, args, experiment, line, previous_control=previous)
+
+
+async def _variants_remove(
+    engine: AsyncEngine, args: argparse.Namespace, out: TextIO, seed: Experiment
+) -> int:
+    experiment = await live.remove(make_sessionmaker(engine), seed, _settings(args), args.name)
+    return _changed(
+        out,
+        args,
+        experiment,
+        f"removed {args.name}: no new chats; its worker stops once its turns in flight are "
+        "answered, and each of its chats is assigned again at its next turn",
+    )
+
+
+async def _variants_allocation(
+    engine: AsyncEngine, args: argparse.Namespace, out: TextIO, seed: Experiment
+) -> int:
+    experiment, previous = await live.set_allocation(
+        make_sessionmaker(engine), seed, _settings(args), args.allocation
+    )
+    return _changed(
+        out,
+        args,
+        experiment,
+        f"allocation {previous} -> {args.allocation} (new chats only)",
+        previous_allocation=previous,
+    )
+
+
+async def _variants_reload(
+    engine: AsyncEngine, args: argparse.Namespace, out: TextIO, seed: Experiment
+) -> int:
+    experiment, changes = await live.reload(make_sessionmaker(engine), seed, _settings(args))
+    what = "; ".join(changes) if changes else "nothing differed"
+    return _changed(
+        out, args, experiment, f"the database now matches the file ({what})", changes=changes
+    )
+
+
+async def _variants_list(
+    engine: AsyncEngine, args: argparse.Namespace, out: TextIO, seed: Experiment
+) -> int:
+    experiment = await live.current(make_sessionmaker(engine), seed, _settings(args))
+    if args.json:
+        print(dump_json(_experiment_json(experiment)), file=out)
+        return 0
+    stored = f"version {experiment.version}" if experiment.version else "not stored yet"
+    print(f"experiment {experiment.name} ({stored}), {experiment.allocation} allocation", file=out)
+    rows = [
+        (
+            v.name + (" (control)" if v.control else ""),
+            v.weight,
+            v.model,
+            " ".join(f"{k}={o}" for k, o in sorted(v.options.items()) if k != "model"),
+        )
+        for v in experiment.variants
+    ]
+    print(format_table(["variant", "weight", "model", "options"], rows), file=out)
+    return 0
+
+
+_VARIANT_CHANGES: dict[str, Callable[..., Awaitable[int]]] = {
+    "add": _variants_add,
+    "weight": _variants_weight,
+    "promote": _variants_promote,
+    "remove": _variants_remove,
+    "allocation": _variants_allocation,
+    "reload": _variants_reload,
+    "list": _variants_list,
+}
+
+
 async def _assign(
     engine: AsyncEngine, args: argparse.Namespace, out: TextIO, experiment: Experiment
 ) -> int:
+    experiment = await live.current(make_sessionmaker(engine), experiment, _settings(args))
     if experiment.get(args.variant) is None:
         raise AdminError(
             f"unknown variant {args.variant!r}; the variants of experiment {experiment.name} "
@@ -554,15 +749,19 @@ def add_admin_parser(sub: Any) -> None:
         "variants",
         parents=[as_json],
         help="the A/B experiment: chats, replies, votes, ratings, latency per variant",
-        description="Per model variant (VARIANTS_FILE): assigned chats, replies, 👍/👎 votes "
+        description="Without CHANGE: the report. Per model variant (as stored in the "
+        "database, seeded from VARIANTS_FILE): assigned chats, replies, 👍/👎 votes "
         "with the 👍 rate and its 95% Wilson interval, 1-5 ratings with their mean and 95% "
         "t interval, reply latency p50/p95, model time p50 and reply length; each variant "
         "against the control (two-proportion z-test, difference in mean rating), and a "
-        "sample-ratio-mismatch check of the hash-assigned chats against the weights.",
+        "sample-ratio-mismatch check of the hash-assigned chats against the weights (or the "
+        "probabilities recorded at assignment), inverse-propensity 👍 rates where they are "
+        "recorded. With CHANGE: add, weight, promote, remove, allocation, reload, list.",
     )
     variants.add_argument(
         "--plot", metavar="FILE.png", default=None, help="also draw the 👍 rates (needs matplotlib)"
     )
+    _add_variant_changes(variants, as_json)
 
     assign = cmds.add_parser(
         "assign",
@@ -589,6 +788,78 @@ def add_admin_parser(sub: Any) -> None:
     sql.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="default 60")
 
 
+def _weight(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+
+
+def _add_variant_changes(
+    variants: argparse.ArgumentParser, as_json: argparse.ArgumentParser
+) -> None:
+    """`admin variants add/weight/promote/remove/allocation/reload/list`."""
+    changes = variants.add_subparsers(dest="variants_command", metavar="CHANGE")
+    add = changes.add_parser(
+        "add",
+        parents=[as_json],
+        help="add a variant (new chats may go to it; existing chats keep theirs)",
+        description="Add a variant to the experiment in the database; every running replica "
+        "starts its worker within a few seconds, and new chats go to it by its weight (or the "
+        "bandit). The options are the variants file's keys, checked with the same bounds.",
+    )
+    add.add_argument("name", metavar="NAME")
+    add.add_argument(
+        "--model",
+        required=True,
+        metavar="PATH",
+        help="a model file (or the directory holding model.opt) or a zoo: path",
+    )
+    add.add_argument("--weight", type=_weight, default=None, metavar="W", help="default 1")
+    add.add_argument("--inference", choices=INFERENCE, default=None)
+    for key, kind in ADD_OPTIONS.items():
+        if key == "inference":
+            continue
+        add.add_argument(
+            "--" + key.replace("_", "-"), dest=key, type=kind, default=None, metavar="N"
+        )
+    weight = changes.add_parser(
+        "weight",
+        parents=[as_json],
+        help="set a variant's weight (new chats only; 0 drains it)",
+        description="Set a variant's share of new chats; existing chats keep their variant. "
+        "0 drains it: no new chats.",
+    )
+    weight.add_argument("name", metavar="NAME")
+    weight.add_argument("weight", type=_weight, metavar="W")
+    promote = changes.add_parser(
+        "promote", parents=[as_json], help="make a variant the control (the report's baseline)"
+    )
+    promote.add_argument("name", metavar="NAME")
+    remove = changes.add_parser(
+        "remove",
+        parents=[as_json],
+        help="take a variant out (drains: no new chats, its worker stops after its turns)",
+        description="Take a variant out of the experiment: no new chats at once; every "
+        "replica stops its worker once the turns in flight are answered, and each of its "
+        "chats is assigned again by the allocation at its next turn. Not the control (promote "
+        "another first), not the last variant.",
+    )
+    remove.add_argument("name", metavar="NAME")
+    allocation = changes.add_parser(
+        "allocation",
+        parents=[as_json],
+        help="how new chats are split: weights, or a thompson bandit on the 👍 rates",
+    )
+    allocation.add_argument("allocation", choices=ALLOCATIONS, metavar="{weights,thompson}")
+    changes.add_parser(
+        "reload",
+        parents=[as_json],
+        help="make the database's variants match VARIANTS_FILE (one change)",
+    )
+    changes.add_parser("list", parents=[as_json], help="the variants as stored: models, options")
+
+
 def admin_sql_url(settings: Settings) -> str:
     """The database URL `admin sql` uses: ADMIN_DATABASE_URL, else the service's own."""
     admin_url = settings.admin_database_url
@@ -608,11 +879,16 @@ def run_admin(settings: Settings, args: argparse.Namespace) -> int:
         return asyncio.run(
             admin(
                 settings.db_url,
-                argparse.Namespace(**vars(args), retention_days=settings.retention_days),
+                argparse.Namespace(
+                    **vars(args), retention_days=settings.retention_days, settings=settings
+                ),
                 sql_url=admin_sql_url(settings),
                 experiment=experiment,
             )
         )
+    except VariantChangeError as err:  # bad input to `admin variants add/weight/...`
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except AdminError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2 if isinstance(err, UsageError) else 1

@@ -68,7 +68,14 @@ class ChatActions:
             else texts.privacy(settings.retention_days)
         )
         # The variants served (for /model); None: the responder has no variants.
-        self.experiment = experiment
+        self._experiment = experiment
+
+    @property
+    def experiment(self) -> Experiment | None:
+        """The variants served now: the responder's own (it follows the database's changes),
+        else the one given."""
+        live: Experiment | None = getattr(self.responder, "experiment", None)
+        return live if live is not None else self._experiment
 
     async def notice(self, chat_id: int, text: str, *, update_id: int | None = None) -> None:
         """Send a short message that is not part of the conversation, and close the update."""

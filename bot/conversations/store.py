@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -409,10 +409,21 @@ class ConversationStore:
         async with self.sessionmaker() as db:
             return await assignments.variant_of(db, chat_id)
 
-    async def assign_variant(self, chat_id: int, experiment: str, variant: str) -> str:
-        """The chat's variant: the stored one, else `variant`, stored now (its first turn)."""
+    async def assign_variant(
+        self,
+        chat_id: int,
+        experiment: str,
+        variant: str,
+        *,
+        split: Mapping[str, float] | None = None,
+        by: str = "weights",
+    ) -> str:
+        """The chat's variant: the stored one, else `variant`, stored now (its first turn)
+        with the allocation `split` it was drawn from (made `by` weights or thompson)."""
         async with self.sessionmaker.begin() as db:
-            return await assignments.assign_unless_present(db, chat_id, experiment, variant)
+            return await assignments.assign_unless_present(
+                db, chat_id, experiment, variant, split=split, by=by
+            )
 
     async def set_variant(
         self,
@@ -423,10 +434,15 @@ class ConversationStore:
         *,
         notice: str | None = None,
         update_id: int | None = None,
+        split: Mapping[str, float] | None = None,
+        by: str = "weights",
     ) -> None:
-        """Move a chat to `variant` (an admin, or the user's /model), confirming it."""
+        """Move a chat to `variant` (an admin, the user's /model, or the allocation `split`
+        when its variant was removed), confirming it with `notice`."""
         async with self.sessionmaker.begin() as db:
-            await assignments.set_variant(db, chat_id, experiment, variant, source)
+            await assignments.set_variant(
+                db, chat_id, experiment, variant, source, split=split, by=by
+            )
             await _answer(db, chat_id, notice, update_id)
 
     # --- feedback --------------------------------------------------------------------------

@@ -485,9 +485,16 @@ async def variants(request: web.Request) -> web.StreamResponse:
 
     dash: Dashboard = request.app[DASHBOARD]
     sm = _sessionmaker(request)
-    report, computed_at = await dash.variants.get(
-        None, lambda: variant_report.variant_report(sm, dash.experiment)
-    )
+
+    async def compute() -> variant_report.VariantReport:
+        from bot.config import get_settings
+        from bot.engine import live
+
+        # The variants as the replicas serve them now (the database), not the file's seed.
+        experiment = await live.current(sm, dash.experiment, get_settings())
+        return await variant_report.variant_report(sm, experiment)
+
+    report, computed_at = await dash.variants.get(None, compute)
     return _render(
         request,
         "variants.html",

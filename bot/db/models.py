@@ -7,8 +7,10 @@ from enum import StrEnum
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
+    Double,
     ForeignKey,
     Index,
     Integer,
@@ -301,6 +303,7 @@ class Assignment(Base):
     __tablename__ = "assignments"
     __table_args__ = (
         CheckConstraint("source IN ('hash', 'admin', 'user')", name="source"),
+        CheckConstraint("probability > 0 AND probability <= 1", name="probability"),
         Index("ix_assignments_variant", "variant"),
     )
 
@@ -309,6 +312,76 @@ class Assignment(Base):
     variant: Mapped[str] = mapped_column(String(64), nullable=False)
     source: Mapped[str] = mapped_column(String(8), nullable=False)
     assigned_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    # Source hash only (NULL for admin and user moves, and for rows older than migration
+    # 0008): the probability this chat had of getting `variant` when it was assigned, and the
+    # whole split it was drawn from (JSON: variant -> probability). The report weights by the
+    # first (inverse-propensity estimates) and checks the sample ratio against the second.
+    probability: Mapped[float | None] = mapped_column(Double)
+    allocation: Mapped[str | None] = mapped_column(Text)
+
+
+class Allocation(StrEnum):
+    """`experiments.allocation`: how new chats are split between the variants."""
+
+    WEIGHTS = "weights"  # the weighted hash, fixed shares (an A/B test)
+    THOMPSON = "thompson"  # Thompson sampling on the 👍 rates, with a floor per variant
+
+
+class ExperimentRow(Base):
+    """An experiment: its allocation, and a version every change of it or its variants bumps.
+
+    Seeded from VARIANTS_FILE the first time a service (or an admin command) meets the
+    experiment; from then on the database is what every replica serves: each one polls
+    `version` and follows a change within seconds (bot.engine.live).
+    """
+
+    __tablename__ = "experiments"
+    __table_args__ = (CheckConstraint("allocation IN ('weights', 'thompson')", name="allocation"),)
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    allocation: Mapped[str] = mapped_column(
+        String(16), nullable=False, default="weights", server_default="weights"
+    )
+    version: Mapped[int] = mapped_column(Integer, nullable=False, default=1, server_default="1")
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+
+
+class VariantRow(Base):
+    """One model variant of an experiment, as `admin variants add/weight/promote/remove` keep
+    it (bot.engine.variants validates it as it does the file)."""
+
+    __tablename__ = "variants"
+    __table_args__ = (
+        CheckConstraint("weight >= 0", name="weight"),
+        # Exactly one control per experiment (at most one here; the commands keep one).
+        Index(
+            "uq_variants_control",
+            "experiment",
+            unique=True,
+            sqlite_where=text("is_control"),
+            postgresql_where=text("is_control"),
+        ),
+    )
+
+    experiment: Mapped[str] = mapped_column(
+        ForeignKey("experiments.name", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # The order of the weighted hash's shares: the file's order, then the order of `add`.
+    position: Mapped[int] = mapped_column(Integer, nullable=False)
+    # A model file or a zoo: path; NULL: each replica's BOT_MODEL (a variants file entry
+    # without `model`, and the single "default" variant without a file), so that changing
+    # BOT_MODEL and restarting still changes the model.
+    model: Mapped[str | None] = mapped_column(Text)
+    weight: Mapped[float] = mapped_column(Double, nullable=False)
+    is_control: Mapped[bool] = mapped_column(
+        Boolean, nullable=False, default=False, server_default=text("false")
+    )
+    # The variant's other keys of the variants file as JSON (inference, beam_size, threads...).
+    options: Mapped[str] = mapped_column(Text, nullable=False, default="{}", server_default="{}")
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
 
 
 class VoteSource(StrEnum):

@@ -10,9 +10,11 @@ view of what the model reads (ModelView), the context a conversation is rebuilt 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db.conversations import MessageRow, SessionRow
 from bot.db.models import AssignmentSource
@@ -132,18 +134,37 @@ class ResponderProtocol(Protocol):
 
 
 class VariantStore(ContextSource, Protocol):
-    """What the variant router needs of the database: a chat's variant, stored once."""
+    """What the variant router needs of the database: a chat's variant, stored once, and the
+    live variants (read through `sessionmaker`)."""
+
+    sessionmaker: async_sessionmaker[AsyncSession]
 
     async def variant_of(self, chat_id: int) -> str | None:
         """The chat's stored variant (None before its first turn)."""
         ...
 
-    async def assign_variant(self, chat_id: int, experiment: str, variant: str) -> str:
-        """The chat's variant: the stored one, else `variant`, stored now."""
+    async def assign_variant(
+        self,
+        chat_id: int,
+        experiment: str,
+        variant: str,
+        *,
+        split: Mapping[str, float] | None = None,
+        by: str = "weights",
+    ) -> str:
+        """The chat's variant: the stored one, else `variant`, stored now with the split it
+        was drawn from (its probability)."""
         ...
 
     async def set_variant(
-        self, chat_id: int, experiment: str, variant: str, source: AssignmentSource
+        self,
+        chat_id: int,
+        experiment: str,
+        variant: str,
+        source: AssignmentSource,
+        *,
+        split: Mapping[str, float] | None = None,
+        by: str = "weights",
     ) -> None:
         """Move a chat to `variant`."""
         ...

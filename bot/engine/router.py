@@ -2,28 +2,53 @@
 
 An engine is a model worker process (bot.engine.client.WorkerHandle, MODEL_WORKERS=process)
 or an in-process Responder (MODEL_WORKERS=inline). The chat's variant comes with its session
-row (one statement); a chat without one gets the weighted hash choice, stored at this turn.
+row (one statement); a chat without one gets the allocation's choice (bot.engine.bandit: the
+weights' shares, or the Thompson split), drawn from the chat's hash and stored at this turn
+with the probability it had.
+
+The variants live in the database (bot.engine.live). Every POLL_S the router reads the
+experiment's version and, when it moved, follows: weights, the control and the allocation
+change at once; a new variant's engine starts in the background (its chats wait meanwhile, or
+go to a replica that has it); a removed variant takes no new chats at once, its engine stops
+once its turns in flight are answered (at most DRAIN_S), and each of its chats is assigned
+again by the allocation at its next turn. A variant that cannot load is logged and shown in
+`load_errors` (the replica's status); the others keep serving, and it is tried again every
+RETRY_LOAD_S.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from bot.config import ConfigError, Settings
+from bot.db import variants as stored
 from bot.db.conversations import SessionRow
 from bot.db.models import AssignmentSource
+from bot.engine import live
 from bot.engine.assign import choose
+from bot.engine.bandit import Allocator
 from bot.engine.protocol import DraftSink, Generated, ModelView, Reply, VariantStore
 from bot.engine.variants import Experiment, Variant, load_experiment
 
 log = logging.getLogger(__name__)
 
 HOLDERS = 100_000  # sessions whose engine is remembered (about 100 bytes each)
+POLL_S = 2.0  # how often a replica reads the experiment's version (a change shows within this)
+DRAIN_S = 60.0  # the longest a removed variant's turns in flight keep its engine running
+RETRY_LOAD_S = 30.0  # a variant that could not load is tried again after this
+WAIT_LOAD_S = 120.0  # a turn for a variant whose engine is starting here waits this long
+
+
+class VariantUnavailable(RuntimeError):
+    """The chat's variant has no engine on this replica (it cannot load here); the turn stays
+    pending and is retried, here or on a replica that serves the variant."""
 
 
 class Engine(Protocol):
@@ -64,6 +89,10 @@ class VariantResponder:
         experiment: Experiment,
         engines: dict[str, Engine],
         store: VariantStore,
+        *,
+        settings: Settings | None = None,
+        secrets: tuple[str, ...] = (),
+        poll_s: float = POLL_S,
     ) -> None:
         self.experiment = experiment
         self.engines = engines
@@ -72,13 +101,43 @@ class VariantResponder:
         # recent sessions: a forgotten entry only means an evict reaches no worker, whose LRU
         # drops the clone in time (and a stale clone is never used: see Responder).
         self._holder: OrderedDict[int, str] = OrderedDict()
+        self._settings = settings
+        self._secrets = secrets
+        self.poll_s = poll_s
+        self.allocator = Allocator(self._count_votes)
+        # The definition each engine was started from (a variant removed and added again
+        # with another model between two polls gets a new engine).
+        self._defs: dict[str, Variant] = {v.name: v for v in experiment.variants}
+        self._inflight: dict[int, int] = {}  # id(engine) -> turns it is answering
+        self._idle: dict[int, asyncio.Event] = {}  # set when a draining engine's turns are done
+        self._loading: dict[str, asyncio.Task[None]] = {}
+        self._draining: set[asyncio.Task[None]] = set()
+        # Variants this replica cannot serve: name -> why (its status and the log say so).
+        self.load_errors: dict[str, str] = {}
+        self._failed: dict[str, tuple[Variant, float]] = {}
+        self._follow_lock = asyncio.Lock()
+        self._watcher: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(
-        cls, settings: Settings, store: VariantStore, secrets: tuple[str, ...] = ()
+        cls,
+        settings: Settings,
+        store: VariantStore,
+        secrets: tuple[str, ...] = (),
+        *,
+        poll_s: float = POLL_S,
     ) -> VariantResponder:
-        """Load every variant (in parallel); ConfigError naming the variant that cannot load."""
-        experiment = load_experiment(settings)
+        """Load every variant of the stored experiment (seeded from VARIANTS_FILE the first
+        time), in parallel, and follow its changes; ConfigError naming a variant that cannot
+        load (at start every variant must: a broken one is a mistake to fix now)."""
+        seed = load_experiment(settings)
+        loaded = await live.ensure_seeded(store.sessionmaker, seed, settings, check_model=True)
+        experiment, problems = loaded.experiment, loaded.problems
+        if problems:
+            raise ConfigError(
+                f"experiment {experiment.name} (the variants table):\n  "
+                + "\n  ".join(f"variant {n!r}: {why}" for n, why in problems.items())
+            )
         names = experiment.names
         results = await asyncio.gather(
             *(_start_engine(v, settings, store, secrets) for v in experiment.variants),
@@ -103,40 +162,239 @@ class VariantResponder:
                 )
             )
         log.info(
-            "serving experiment %s: %s",
+            "serving experiment %s (%s allocation): %s",
             experiment.name,
+            experiment.allocation,
             ", ".join(f"{v.name} (weight {v.weight:g})" for v in experiment.variants),
         )
-        return cls(experiment, engines, store)
+        router = cls(experiment, engines, store, settings=settings, secrets=secrets, poll_s=poll_s)
+        router.follow()
+        return router
+
+    def follow(self) -> None:
+        """Start following the database's changes of the experiment (every `poll_s`)."""
+        if self._watcher is None and self._settings is not None:
+            self._watcher = asyncio.create_task(self._follow_forever(), name="variants")
+
+    async def _follow_forever(self) -> None:
+        failures = 0
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                await self.refresh()
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - the database is down: try again
+                failures += 1
+                if failures == 1 or failures % 30 == 0:
+                    log.warning("reading the variants failed (%s: %s)", type(err).__name__, err)
+
+    async def refresh(self) -> bool:
+        """Follow the stored experiment if it changed; True if it did."""
+        if self._settings is None:
+            return False
+        settings = self._settings
+        async with self._follow_lock:
+            async with self.store.sessionmaker() as db:
+                version = await stored.version(db, self.experiment.name)
+            retry = any(time.monotonic() - at >= RETRY_LOAD_S for _, at in self._failed.values())
+            if version is None or (version == self.experiment.version and not retry):
+                return False
+            loaded = await live.read(self.store.sessionmaker, self.experiment.name, settings)
+            if loaded is None:
+                return False
+            self._apply(loaded)
+            return True
+
+    def _apply(self, loaded: live.Loaded) -> None:
+        new = loaded.experiment
+        before = self.experiment
+        for name in list(self.engines):
+            if new.get(name) is None:
+                log.info("variant %s was removed: no new chats; its worker stops", name)
+                self._retire(name)
+        self.experiment = new
+        for variant in new.variants:
+            name = variant.name
+            if name in loaded.problems:
+                self._fail(variant, loaded.problems[name])
+                continue
+            if name in self._loading:
+                continue
+            running = self._defs.get(name)
+            if name in self.engines and running is not None and running.same_engine(variant):
+                continue
+            failed = self._failed.get(name)
+            if (
+                failed is not None
+                and failed[0].same_engine(variant)
+                and time.monotonic() - failed[1] < RETRY_LOAD_S
+            ):
+                continue
+            self._loading[name] = asyncio.create_task(
+                self._load(variant), name=f"variant-start:{name}"
+            )
+        for name in list(self.load_errors):
+            if new.get(name) is None:
+                self.load_errors.pop(name, None)
+                self._failed.pop(name, None)
+        if before.version != new.version:
+            log.info(
+                "experiment %s version %d (%s allocation): %s; control %s",
+                new.name,
+                new.version,
+                new.allocation,
+                ", ".join(f"{v.name} (weight {v.weight:g})" for v in new.variants),
+                new.control.name if any(v.control for v in new.variants) else "none",
+            )
+
+    def _fail(self, variant: Variant, why: str) -> None:
+        if self.load_errors.get(variant.name) != why:
+            log.error(
+                "variant %s cannot be served here: %s; the other variants keep serving",
+                variant.name,
+                why,
+            )
+        self.load_errors[variant.name] = why
+        self._failed[variant.name] = (variant, time.monotonic())
+
+    async def _load(self, variant: Variant) -> None:
+        """Start a variant's engine (off the event loop: a worker process, or a thread for
+        an inline model) and serve it once it is up, if it is still wanted."""
+        name = variant.name
+        assert self._settings is not None
+        try:
+            engine = await _start_engine(variant, self._settings, self.store, self._secrets)
+        except Exception as err:  # noqa: BLE001 - one variant's failure, reported
+            self._fail(variant, str(err) or type(err).__name__)
+            return
+        finally:
+            self._loading.pop(name, None)
+        wanted = self.experiment.get(name)
+        if wanted is None or not wanted.same_engine(variant):
+            await engine.close()  # removed or changed again while it loaded
+            return
+        old = self.engines.get(name)
+        self.engines[name] = engine
+        self._defs[name] = variant
+        self.load_errors.pop(name, None)
+        self._failed.pop(name, None)
+        if old is not None:
+            self._drain(name, old)
+        log.info("variant %s is serving (%s)", name, variant.model)
+
+    def _retire(self, name: str) -> None:
+        engine = self.engines.pop(name)
+        self._defs.pop(name, None)
+        self._drain(name, engine)
+
+    def _drain(self, name: str, engine: Engine) -> None:
+        task = asyncio.create_task(self._stop_when_idle(name, engine), name=f"variant-stop:{name}")
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
+
+    async def _stop_when_idle(self, name: str, engine: Engine) -> None:
+        key = id(engine)
+        if self._inflight.get(key, 0) > 0:
+            idle = self._idle.setdefault(key, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(idle.wait(), DRAIN_S)
+        self._idle.pop(key, None)
+        left = self._inflight.pop(key, 0)
+        if left:
+            log.warning("variant %s: stopping with %d turn(s) still in flight", name, left)
+        await engine.close()
+        log.info("variant %s: its old worker stopped", name)
+
+    @contextlib.contextmanager
+    def _serving(self, engine: Engine) -> Iterator[None]:
+        key = id(engine)
+        self._inflight[key] = self._inflight.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            self._inflight[key] -= 1
+            if not self._inflight[key] and key in self._idle:
+                self._idle[key].set()  # a removed variant's last turn: its engine may stop
+
+    async def _engine(self, name: str) -> Engine:
+        """The variant's engine; waits for one that is starting here."""
+        engine = self.engines.get(name)
+        if engine is not None:
+            return engine
+        loading = self._loading.get(name)
+        if loading is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(loading), WAIT_LOAD_S)
+            engine = self.engines.get(name)
+            if engine is not None:
+                return engine
+        why = self.load_errors.get(name, "its engine is not started here")
+        raise VariantUnavailable(f"variant {name} cannot answer on this replica: {why}")
 
     async def close(self) -> None:
-        """Stop every engine."""
+        """Stop following, and stop every engine."""
+        tasks = [t for t in (self._watcher, *self._loading.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for task in list(self._draining):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         await asyncio.gather(*(e.close() for e in self.engines.values()), return_exceptions=True)
+
+    @property
+    def ready(self) -> list[str]:
+        """The variants this replica answers now, in the experiment's order."""
+        return [name for name in self.experiment.names if name in self.engines]
 
     async def variant_for(self, session: SessionRow) -> str:
         """The session's chat's variant, assigned and stored now if it has none."""
         name = session.variant
         if name is None:
+            choice, split = await self._choose(session.chat_id)
             name = await self.store.assign_variant(
-                session.chat_id, self.experiment.name, self._choose(session.chat_id)
+                session.chat_id,
+                self.experiment.name,
+                choice,
+                split=split,
+                by=self.experiment.allocation,
             )
-        if name not in self.engines:
-            # The variants file no longer has it: the chat is assigned again, and stays there.
-            new = self._choose(session.chat_id)
-            log.warning(
+        if self.experiment.get(name) is None:
+            await self.refresh()  # another replica may know of a variant just added
+        if self.experiment.get(name) is None:
+            # Removed from the experiment: the chat is assigned again, and stays there.
+            new, split = await self._choose(session.chat_id)
+            log.info(
                 "chat %s: variant %r is not served any more; moving it to %r",
                 session.chat_id,
                 name,
                 new,
             )
             await self.store.set_variant(
-                session.chat_id, self.experiment.name, new, AssignmentSource.HASH
+                session.chat_id,
+                self.experiment.name,
+                new,
+                AssignmentSource.HASH,
+                split=split,
+                by=self.experiment.allocation,
             )
             name = new
         return name
 
-    def _choose(self, chat_id: int) -> str:
-        return choose(self.experiment.name, chat_id, self.experiment.weights)
+    async def _choose(self, chat_id: int) -> tuple[str, dict[str, float]]:
+        """A new chat's variant, drawn from its hash against the allocation's split over the
+        variants served here, and that split."""
+        split = await self.allocator.split(self.experiment, self.ready or self.experiment.names)
+        return choose(self.experiment.name, chat_id, split), split
+
+    async def _count_votes(self, names: Sequence[str]) -> dict[str, tuple[int, int]]:
+        async with self.store.sessionmaker() as db:
+            return await stored.vote_counts(db, names)
 
     async def respond(
         self, session: SessionRow, user_text: str, *, on_draft: DraftSink | None = None
@@ -144,27 +402,33 @@ class VariantResponder:
         """The reply of the chat's variant."""
         started = time.perf_counter()
         name = await self.variant_for(session)
-        previous = self._holder.get(session.id)
-        if previous is not None and previous != name:
-            self.engines[previous].evict(session.id)  # moved: the old clone is dead weight
-        self._hold(session.id, name)
-        result = await self.engines[name].generate(session, user_text, on_draft=on_draft)
+        engine = await self._engine(name)
+        self._moved(session.id, name)
+        with self._serving(engine):
+            result = await engine.generate(session, user_text, on_draft=on_draft)
         latency_ms = (time.perf_counter() - started) * 1000.0
         return _reply(result, latency_ms, name)
 
     async def inspect(self, session: SessionRow) -> ModelView:
         """What the chat's variant's model reads now (the /context command)."""
         name = await self.variant_for(session)
-        previous = self._holder.get(session.id)
+        engine = await self._engine(name)
+        self._moved(session.id, name)
+        with self._serving(engine):
+            return await engine.inspect(session)
+
+    def _moved(self, session_id: int, name: str) -> None:
+        previous = self._holder.get(session_id)
         if previous is not None and previous != name:
-            self.engines[previous].evict(session.id)
-        self._hold(session.id, name)
-        return await self.engines[name].inspect(session)
+            old = self.engines.get(previous)
+            if old is not None:
+                old.evict(session_id)  # moved: the old clone is dead weight
+        self._hold(session_id, name)
 
     @property
     def duelists(self) -> list[str]:
-        """The variants /arena pairs: those with a weight above 0 (a drained one is on its way
-        out, and its duels would still rank it)."""
+        """The variants /arena pairs: those with a weight above 0 served here (a drained one
+        is on its way out, and its duels would still rank it)."""
         return [v.name for v in self.experiment.variants if v.weight > 0 and v.name in self.engines]
 
     async def duel(self, session: SessionRow, user_text: str) -> tuple[Reply, Reply]:
@@ -179,14 +443,16 @@ class VariantResponder:
             pair = random.sample(duelists, 2)
         random.shuffle(pair)
         started = time.perf_counter()
+        engines = [self.engines[name] for name in pair]
         try:
-            results = await asyncio.gather(
-                *(self.engines[name].generate(session, user_text) for name in pair)
-            )
+            with self._serving(engines[0]), self._serving(engines[1]):
+                results = await asyncio.gather(
+                    *(engine.generate(session, user_text) for engine in engines)
+                )
         finally:
             self.evict(session.id)
-            for name in pair:
-                self.engines[name].evict(session.id)
+            for engine in engines:
+                engine.evict(session.id)
         latency_ms = (time.perf_counter() - started) * 1000.0
         a, b = (_reply(r, latency_ms, name) for name, r in zip(pair, results, strict=True))
         return a, b
@@ -199,21 +465,21 @@ class VariantResponder:
 
     def set_persona(self, session_id: int, persona: str) -> None:
         """Tell the engine holding the conversation."""
-        holder = self._holder.get(session_id)
-        if holder is not None:
-            self.engines[holder].set_persona(session_id, persona)
+        engine = self.engines.get(self._holder.get(session_id, ""))
+        if engine is not None:
+            engine.set_persona(session_id, persona)
 
     def evict(self, session_id: int) -> None:
         """Drop the conversation's clone wherever it is."""
-        holder = self._holder.pop(session_id, None)
-        if holder is not None:
-            self.engines[holder].evict(session_id)
+        engine = self.engines.get(self._holder.pop(session_id, ""))
+        if engine is not None:
+            engine.evict(session_id)
 
     def turn_stored(self, session_id: int, last_message_id: int) -> None:
         """Tell the engine holding the conversation."""
-        holder = self._holder.get(session_id)
-        if holder is not None:
-            self.engines[holder].turn_stored(session_id, last_message_id)
+        engine = self.engines.get(self._holder.get(session_id, ""))
+        if engine is not None:
+            engine.turn_stored(session_id, last_message_id)
 
     def restart_reasons(self) -> dict[str, dict[str, int]]:
         """Per variant: why and how often its worker was restarted (empty for inline ones)."""
@@ -225,19 +491,31 @@ class VariantResponder:
     async def lane_of(self, chat_id: int) -> str:
         """The variant a chat's next turn goes to (its stored one, or the one its first turn
         will get): the inbox worker's lane for the chat."""
-        stored = await self.store.variant_of(chat_id)
-        return stored if stored in self.engines else self._choose(chat_id)
+        name = await self.store.variant_of(chat_id)
+        if name is not None and self.experiment.get(name) is not None:
+            return name
+        # A chat's first turn (or a removed variant's chat): where the weights would put it
+        # (the bandit's split may differ; only the lane's share of the slots depends on it).
+        ready = set(self.ready)
+        weights = {
+            n: w for n, w in self.experiment.weights.items() if n in ready and w > 0
+        } or self.experiment.weights
+        return choose(self.experiment.name, chat_id, weights)
 
     def lane_ready(self, name: str) -> bool:
-        """Whether the variant's engine takes turns now (a stalled or restarting worker
-        does not: its chats wait, or go to a replica whose worker is up)."""
+        """Whether the variant's engine takes turns now (a stalled or restarting worker does
+        not, nor one still starting or unable to start here: its chats wait, or go to a
+        replica whose worker is up). A variant no longer in the experiment is "ready": its
+        chat is assigned again at the turn."""
+        if self.experiment.get(name) is None:
+            return True
         engine = self.engines.get(name)
-        return engine is None or bool(getattr(engine, "alive", True))
+        return engine is not None and bool(getattr(engine, "alive", True))
 
     @property
     def lanes(self) -> int:
-        """How many variants share the concurrency slots."""
-        return len(self.engines)
+        """How many variants share the concurrency slots now (it follows the experiment)."""
+        return max(1, len(self.engines))
 
     async def worker_stats(self) -> dict[str, dict[str, Any]]:
         """Per variant: pid, restarts and (for workers) cache and memory figures."""

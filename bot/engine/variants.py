@@ -1,6 +1,7 @@
 """The variants file (VARIANTS_FILE, TOML): named model variants, their weights and the control.
 
     experiment = "decoding-2026-12"     # optional; part of the assignment hash
+    allocation = "weights"              # optional; or "thompson" (a bandit on the 👍 rates)
 
     [[variants]]
     name = "beam"
@@ -17,6 +18,10 @@
 
 Without a file the service runs one variant, "default", from BOT_MODEL and the generation
 settings (INFERENCE, BEAM_SIZE, ...): a single model is simply one variant.
+
+The file seeds the database the first time the experiment is met (bot.engine.live); from
+then on the `variants` table is what the replicas serve, changed by `admin variants add`,
+`weight`, `promote` and `remove`.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ DEFAULT_EXPERIMENT = "default"
 DEFAULT_VARIANT = "default"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 INFERENCE = ("beam", "greedy", "topk", "nucleus", "delayedbeam")
+ALLOCATIONS = ("weights", "thompson")
 
 # Every number of the file is bounded: a value far out (threads = 100000) is refused at start
 # instead of exhausting the host (each bound is far beyond any useful value).
@@ -71,6 +77,17 @@ class Variant:
     threads: int | None = None
     # Generation options over the model file's own (ParlAI option names).
     generation: dict[str, Any] = field(default_factory=dict)
+    # The variant's other keys as written in the file or `admin variants add` (model and
+    # threads only where given, unresolved): what the database stores.
+    options: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def same_engine(self, other: Variant) -> bool:
+        """Whether both load the same model the same way (weight and control aside)."""
+        return (self.model, self.threads, self.generation) == (
+            other.model,
+            other.threads,
+            other.generation,
+        )
 
     def settings(self, base: Settings) -> Settings:
         """The settings its worker loads the model with."""
@@ -88,6 +105,10 @@ class Experiment:
 
     name: str
     variants: tuple[Variant, ...]
+    # How new chats are split: "weights" (the weighted hash) or "thompson" (bot.engine.bandit).
+    allocation: str = "weights"
+    # experiments.version when read from the database (0: from the file, not stored yet).
+    version: int = 0
 
     @property
     def control(self) -> Variant:
@@ -139,10 +160,15 @@ def load_experiment(settings: Settings) -> Experiment:
 def parse_experiment(data: dict[str, Any], settings: Settings, *, source: str) -> Experiment:
     """Validate the parsed file; raises ConfigError listing every problem."""
     problems: list[str] = []
-    unknown_top = sorted(set(data) - {"experiment", "variants"})
+    unknown_top = sorted(set(data) - {"experiment", "allocation", "variants"})
     problems += [
-        f"unknown top-level key {k!r} (expected experiment, variants)" for k in unknown_top
+        f"unknown top-level key {k!r} (expected experiment, allocation, variants)"
+        for k in unknown_top
     ]
+    allocation = data.get("allocation", "weights")
+    if allocation not in ALLOCATIONS:
+        problems.append(f"allocation must be one of {', '.join(ALLOCATIONS)}")
+        allocation = "weights"
     experiment = data.get("experiment", DEFAULT_EXPERIMENT)
     if not isinstance(experiment, str) or not NAME_RE.fullmatch(experiment):
         problems.append("experiment must be a name of letters, digits, _ . - (up to 64)")
@@ -169,11 +195,34 @@ def parse_experiment(data: dict[str, Any], settings: Settings, *, source: str) -
             problems.append(f"only one variant can be the control, not {', '.join(controls)}")
     if problems:
         raise ConfigError(f"VARIANTS_FILE {source}:\n  " + "\n  ".join(problems))
-    return Experiment(experiment, tuple(variants))
+    return Experiment(experiment, tuple(variants), str(allocation))
+
+
+def parse_variant(
+    table: dict[str, Any],
+    settings: Settings,
+    *,
+    taken: set[str] | frozenset[str] = frozenset(),
+    check_model: bool = True,
+) -> tuple[Variant | None, list[str]]:
+    """One variant's table (as in the file) validated: the variant, or None and the problems.
+
+    `taken`: names already in use. `check_model=False` skips the model file check (a replica
+    reading the database reports a missing file as that variant's load failure instead).
+    """
+    problems: list[str] = []
+    variant = _parse_variant(table, 1, settings, set(taken), problems, check_model=check_model)
+    return variant, problems
 
 
 def _parse_variant(
-    table: dict[str, Any], index: int, settings: Settings, seen: set[str], problems: list[str]
+    table: dict[str, Any],
+    index: int,
+    settings: Settings,
+    seen: set[str],
+    problems: list[str],
+    *,
+    check_model: bool = True,
 ) -> Variant | None:
     name = table.get("name")
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
@@ -204,7 +253,7 @@ def _parse_variant(
     if not isinstance(model, str) or not model.strip():
         problems.append(f"{label}: model must be a model file or a zoo: path")
         model = ""
-    elif not model.startswith("zoo:") and not Path(model + ".opt").exists():
+    elif check_model and not model.startswith("zoo:") and not Path(model + ".opt").exists():
         problems.append(
             f"{label}: no model at {model} (no {model}.opt); train one with "
             "`python -m bot train --out PATH`, or use a zoo: path"
@@ -242,6 +291,7 @@ def _parse_variant(
         problems.append(f"{label}: greedy decoding needs beam_size = 1")
     if len(problems) > before:
         return None
+    options = {k: v for k, v in table.items() if k not in ("name", "weight", "control")}
     return Variant(
         name,
         model,
@@ -249,4 +299,5 @@ def _parse_variant(
         bool(control),
         threads if threads is not None else settings.worker_threads,
         generation,
+        options,
     )

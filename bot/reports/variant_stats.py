@@ -19,6 +19,14 @@ Z95 = 1.959963984540054
 #: Below this p-value the assignment counts disagree with the configured weights.
 SRM_ALPHA = 0.01
 
+BANDIT_NOTE = (
+    "Bandit allocation: these figures are not a fixed-sample test, because the shares of new "
+    "chats followed the votes as they came in. The naive rates are biased where a variant's share "
+    "moved while users changed; the IPW rates weight each chat by 1 / the probability it was "
+    "assigned with to correct for that, but their intervals, the z-tests and the p-values "
+    "still assume a sample that was not chosen by looking at the data."
+)
+
 FIXED_SAMPLE_NOTE = (
     "The p-value assumes the sample size was fixed in advance and the test is read once. "
     "Checking it repeatedly while data arrive and stopping at the first p < 0.05 ('peeking') "
@@ -179,6 +187,57 @@ def sample_ratio_mismatch(observed: Mapping[str, int], weights: Mapping[str, flo
         chi2 += (count - expected) ** 2 / expected
     p_value = float(scipy.stats.chi2.sf(chi2, dof))
     return SrmResult(chi2=chi2, dof=dof, p_value=p_value, warn=p_value < SRM_ALPHA)
+
+
+def sample_ratio_against(observed: Mapping[str, int], expected: Mapping[str, float]) -> SrmResult:
+    """The same chi-square test against expected counts given directly (the sums of the
+    recorded allocation probabilities, when the shares moved during the experiment).
+
+    Only variants with an expected count above 0 enter; the expected counts are scaled to the
+    observed total of those variants. Fewer than two, or no chats: nothing to test.
+    """
+    active = [name for name, e in expected.items() if e > 0 and math.isfinite(e)]
+    counts = [observed.get(name, 0) for name in active]
+    total, mass = sum(counts), sum(expected[name] for name in active)
+    dof = max(len(active) - 1, 0)
+    if len(active) < 2 or total == 0:
+        return SrmResult(chi2=0.0, dof=dof, p_value=1.0, warn=False)
+    chi2 = 0.0
+    for name, count in zip(active, counts, strict=True):
+        want = total * expected[name] / mass
+        chi2 += (count - want) ** 2 / want
+    p_value = float(scipy.stats.chi2.sf(chi2, dof))
+    return SrmResult(chi2=chi2, dof=dof, p_value=p_value, warn=p_value < SRM_ALPHA)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedRate:
+    """A 👍 rate from chats weighted by 1 / their assignment probability."""
+
+    rate: float  # NaN without votes
+    low: float  # 95% normal interval from the linearised (sandwich) variance, within [0, 1]
+    high: float
+    chats: int  # chats whose votes entered
+    effective_chats: float  # (sum w)^2 / sum w^2: how many equally weighted chats it is worth
+
+
+def ipw_rate(chats: Sequence[tuple[int, int, float]], z: float = Z95) -> WeightedRate:
+    """The self-normalised inverse-propensity (Hajek) 👍 rate of (up, down, probability) per
+    chat: sum(w * up) / sum(w * votes) with w = 1 / probability, the ratio of the
+    Horvitz-Thompson totals of 👍 and of votes. With one probability for every chat it is
+    the plain rate. The variance is the ratio estimator's linearisation,
+    sum(w^2 (up - r * votes)^2) / (sum(w * votes))^2."""
+    used = [(up, down, 1.0 / p) for up, down, p in chats if up + down > 0 and p > 0]
+    if not used:
+        return WeightedRate(math.nan, math.nan, math.nan, 0, 0.0)
+    ups = sum(w * up for up, _, w in used)
+    votes = sum(w * (up + down) for up, down, w in used)
+    rate = ups / votes
+    var = sum(w * w * (up - rate * (up + down)) ** 2 for up, down, w in used) / votes**2
+    half = z * math.sqrt(var)
+    weights = [w for *_, w in used]
+    ess = sum(weights) ** 2 / sum(w * w for w in weights)
+    return WeightedRate(rate, max(0.0, rate - half), min(1.0, rate + half), len(used), ess)
 
 
 # --- Bradley-Terry ---------------------------------------------------------------------------

@@ -7,10 +7,11 @@ the percentiles), then pure arithmetic from bot.reports.variant_stats.
 
 from __future__ import annotations
 
+import json
 import math
 import textwrap
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,15 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from bot.db.models import ArenaMatch, Assignment, AssignmentSource, Message, Rating, Role, Vote
 from bot.engine.variants import Experiment
 from bot.reports.variant_stats import (
+    BANDIT_NOTE,
     FIXED_SAMPLE_NOTE,
     SRM_ALPHA,
     SrmResult,
     bradley_terry_bootstrap,
+    ipw_rate,
     latency_percentiles,
     mean_interval,
+    sample_ratio_against,
     sample_ratio_mismatch,
     two_proportion_test,
     wilson_interval,
@@ -59,6 +63,16 @@ class VariantFigures:
     latency_p95_ms: float
     model_p50_ms: float  # messages.model_ms of its replies
     reply_chars: float  # mean reply length in characters
+    # Inverse-propensity estimates over its hash-assigned chats with a recorded probability
+    # (assignments.probability): each chat's votes weighted by 1 / that probability.
+    ipw_up_rate: float = NAN
+    ipw_low: float = NAN
+    ipw_high: float = NAN
+    ipw_chats: int = 0
+    ipw_effective_chats: float = 0.0
+    # What the sample-ratio check expects: the sum of the recorded allocation probabilities
+    # (and, for older rows without one, the weights' share).
+    expected_chats: float = NAN
 
     @property
     def votes(self) -> int:
@@ -99,8 +113,13 @@ class VariantReport:
     control: str
     variants: tuple[VariantFigures, ...]  # the file's order, then ones only the database has
     comparisons: tuple[Comparison, ...]
-    srm: SrmResult  # hash-assigned chats against the weights (0 for variants not served)
+    srm: SrmResult  # hash-assigned chats against their recorded probabilities (or the weights)
     note: str = FIXED_SAMPLE_NOTE
+    allocation: str = "weights"  # the experiment's allocation now
+    # Whether any assignment recorded its allocation (the SRM line says against what).
+    recorded: bool = False
+    # Whether a bandit chose any of the chats: then nothing here is a fixed-sample test.
+    bandit: bool = False
     # /arena duels: variants ranked by Bradley-Terry strength, strongest first (none: no duels).
     arena: tuple[ArenaRank, ...] = ()
 
@@ -158,6 +177,7 @@ async def variant_report(
             select(Rating.variant, Rating.value).where(Rating.variant.is_not(None))
         ):
             ratings.setdefault(str(name), []).append(float(value))
+        weighted = await _weighted(db)
 
     served = experiment.names
     extra = sorted((set(assigned) | set(turns) | set(votes) | set(ratings)) - set(served))
@@ -212,13 +232,97 @@ async def variant_report(
                 rating_diff=f.rating_mean - base.rating_mean,
             )
         )
-    srm = sample_ratio_mismatch(
-        {f.name: f.chats_hash for f in figures}, {f.name: f.weight for f in figures}
-    )
+    weights = {f.name: f.weight for f in figures}
+    observed = {f.name: f.chats_hash for f in figures}
+    if weighted.recorded:
+        # Rows without a recorded split (before migration 0008) expect the weights' share.
+        total_w = sum(w for w in weights.values() if w > 0)
+        expected = {
+            name: weighted.expected.get(name, 0.0)
+            + (weighted.unrecorded * w / total_w if total_w > 0 and w > 0 else 0.0)
+            for name, w in weights.items()
+        }
+        srm = sample_ratio_against(observed, expected)
+    else:
+        expected = {
+            name: (w / sum(weights.values()) * sum(observed.values()) if w > 0 else 0.0)
+            for name, w in weights.items()
+        }
+        srm = sample_ratio_mismatch(observed, weights)
+    figures = [
+        _with_weighted(f, weighted.chats.get(f.name, []), expected.get(f.name, NAN))
+        for f in figures
+    ]
+    bandit = weighted.bandit or experiment.allocation == "thompson"
     async with sessionmaker() as db:
         arena = await _arena_ranking(db)
     return VariantReport(
-        experiment.name, control, tuple(figures), tuple(comparisons), srm, arena=arena
+        experiment.name,
+        control,
+        tuple(figures),
+        tuple(comparisons),
+        srm,
+        note=f"{BANDIT_NOTE} {FIXED_SAMPLE_NOTE}" if bandit else FIXED_SAMPLE_NOTE,
+        arena=arena,
+        allocation=experiment.allocation,
+        recorded=weighted.recorded,
+        bandit=bandit,
+    )
+
+
+@dataclass
+class _Weighted:
+    chats: dict[str, list[tuple[int, int, float]]]  # variant -> (up, down, probability)
+    expected: dict[str, float]  # variant -> sum of the recorded probabilities
+    unrecorded: int  # hash-assigned chats without a recorded split
+    recorded: bool
+    bandit: bool  # some split was not fixed shares (a Thompson draw)
+
+
+async def _weighted(db: AsyncSession) -> _Weighted:
+    """Per variant, its hash-assigned chats' votes on its replies with the probability each
+    chat was assigned with; and the sample-ratio check's expected counts."""
+    is_up = case((Vote.value == 1, 1), else_=0)
+    is_down = case((Vote.value == -1, 1), else_=0)
+    votes = {
+        (int(chat), str(variant)): (int(up or 0), int(down or 0))
+        for chat, variant, up, down in await db.execute(
+            select(Vote.chat_id, Vote.variant, func.sum(is_up), func.sum(is_down))
+            .where(Vote.variant.is_not(None))
+            .group_by(Vote.chat_id, Vote.variant)
+        )
+    }
+    out = _Weighted({}, {}, 0, False, False)
+    hashed = select(
+        Assignment.chat_id, Assignment.variant, Assignment.probability, Assignment.allocation
+    ).where(Assignment.source == AssignmentSource.HASH)
+    for chat, variant, probability, allocation in await db.execute(hashed):
+        if allocation is None:
+            out.unrecorded += 1
+        else:
+            out.recorded = True
+            recorded = json.loads(allocation)
+            for name, share in recorded.get("split", {}).items():
+                out.expected[str(name)] = out.expected.get(str(name), 0.0) + float(share)
+            out.bandit = out.bandit or recorded.get("by") == "thompson"
+        if probability is not None:
+            up, down = votes.get((int(chat), str(variant)), (0, 0))
+            out.chats.setdefault(str(variant), []).append((up, down, float(probability)))
+    return out
+
+
+def _with_weighted(
+    f: VariantFigures, chats: list[tuple[int, int, float]], expected: float
+) -> VariantFigures:
+    rate = ipw_rate(chats)
+    return replace(
+        f,
+        ipw_up_rate=rate.rate,
+        ipw_low=rate.low,
+        ipw_high=rate.high,
+        ipw_chats=rate.chats,
+        ipw_effective_chats=rate.effective_chats,
+        expected_chats=expected,
     )
 
 
@@ -353,16 +457,32 @@ def format_variant_report(report: VariantReport) -> str:
             else f"mean rating {c.rating_diff:+.2f} ({f.rating_mean:.2f} vs {base.rating_mean:.2f})"
         )
         lines.append(f"{c.variant} vs {c.control}: {vote_part}; {rating_part}")
+    if report.recorded:
+        lines.append(
+            "inverse-propensity 👍 rates (each chat's votes weighted by 1 / the probability it "
+            "was assigned with; naive rate in brackets):"
+        )
+        for f in report.variants:
+            if f.ipw_chats:
+                lines.append(
+                    f"  {f.name}: {_pct(f.ipw_up_rate)} "
+                    f"[{_interval(100 * f.ipw_low, 100 * f.ipw_high, '.1f', '%')}] "
+                    f"({_pct(f.up_rate)}), {f.ipw_chats} chats "
+                    f"(worth {f.ipw_effective_chats:.1f} equally weighted)"
+                )
+            else:
+                lines.append(f"  {f.name}: n/a (no votes from chats with a recorded probability)")
     srm = report.srm
+    against = "their recorded allocation probabilities" if report.recorded else "the weights"
     if srm.dof:
         lines.append(
-            "sample ratio (hash-assigned chats against the weights): "
+            f"sample ratio (hash-assigned chats against {against}): "
             f"chi2 = {srm.chi2:.2f}, df {srm.dof}, {_p(srm.p_value)}" + ("" if srm.warn else ", ok")
         )
         if srm.warn:
             lines += [
                 f"  WARNING: sample ratio mismatch (p < {SRM_ALPHA:g}): the chats do not follow "
-                "the weights;",
+                f"{against};",
                 "  find out why before trusting any comparison",
             ]
     else:
@@ -374,6 +494,8 @@ def format_variant_report(report: VariantReport) -> str:
                 f"  {i}. {r.name}: {r.strength:.2f} [{r.low:.2f}..{r.high:.2f}], "
                 f"{r.matches} duels, {r.wins} won, {r.ties} both bad"
             )
+    if report.bandit:
+        lines += ["", f"allocation: {report.allocation} (a bandit chose some of the chats)"]
     lines += ["", textwrap.fill(f"Note: {report.note}", width=NOTE_WIDTH)]
     return "\n".join(lines)
 
@@ -400,6 +522,9 @@ def report_json(report: VariantReport) -> dict[str, Any]:
         "comparisons": [asdict(c) for c in report.comparisons],
         "srm": {**asdict(report.srm), "alpha": SRM_ALPHA},
         "arena": [asdict(r) for r in report.arena],
+        "allocation": report.allocation,
+        "recorded_probabilities": report.recorded,
+        "bandit": report.bandit,
         "note": report.note,
     }
     result: dict[str, Any] = _finite(data)

@@ -90,13 +90,11 @@ class ChatPool(Generic[R]):
         self.poll_interval_s = poll_interval_s
         self._slots = asyncio.Semaphore(max_concurrent) if max_concurrent else None
         self._lanes = lanes
-        # Each lane's share of the slots (an equal one: weights steer new chats, not load).
-        self._lane_share = (
-            ceil(max_concurrent / lanes.lanes)
-            if lanes is not None and max_concurrent and lanes.lanes > 1
-            else None
-        )
-        self._lane_slots: dict[str, asyncio.Semaphore] = {}
+        self._max_concurrent = max_concurrent
+        # Chats holding each lane's share of the slots now; the share follows the number of
+        # lanes, which changes when a variant is added or removed at run time.
+        self._lane_busy: dict[str, int] = {}
+        self._lane_freed = asyncio.Event()
         # On stop: finish every chat's rows within the grace time (delivery), or only the row
         # in hand (the inbox worker: what is left stays pending for the next start).
         self.drain_on_stop = drain_on_stop
@@ -224,12 +222,42 @@ class ChatPool(Generic[R]):
         """One of the lane's share of the slots, then a concurrency slot (in this order: a
         chat waiting for its lane's share holds none of the others' slots)."""
         async with contextlib.AsyncExitStack() as slots:
-            if lane is not None and self._lane_share is not None:
-                share = self._lane_slots.setdefault(lane, asyncio.Semaphore(self._lane_share))
-                await slots.enter_async_context(share)
+            if lane is not None and self._lane_share() is not None:
+                await self._take_lane_share(lane)
+                slots.callback(self._give_lane_share, lane)
             if self._slots is not None:
                 await slots.enter_async_context(self._slots)
             yield
+
+    def _lane_share(self) -> int | None:
+        """Each lane's share of the slots (an equal one: weights steer new chats, not load);
+        None: no limit (one lane, or no concurrency limit)."""
+        lanes = self._lanes.lanes if self._lanes is not None else 1
+        if not self._max_concurrent or lanes <= 1:
+            return None
+        return ceil(self._max_concurrent / lanes)
+
+    async def _take_lane_share(self, lane: str) -> None:
+        while True:
+            share = self._lane_share()
+            if share is None or self._lane_busy.get(lane, 0) < share:
+                break
+            # Woken when a chat of any lane leaves, or after a second (the number of lanes,
+            # hence the share, may have grown meanwhile). No await between the check and
+            # taking the event: nothing can slip in between on one event loop.
+            freed = self._lane_freed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(freed.wait(), 1.0)
+        self._lane_busy[lane] = self._lane_busy.get(lane, 0) + 1
+
+    def _give_lane_share(self, lane: str) -> None:
+        left = self._lane_busy.get(lane, 1) - 1
+        if left > 0:
+            self._lane_busy[lane] = left
+        else:
+            self._lane_busy.pop(lane, None)
+        freed, self._lane_freed = self._lane_freed, asyncio.Event()
+        freed.set()
 
     async def _lane_of(self, chat_id: int) -> str | None:
         if self._lanes is None:

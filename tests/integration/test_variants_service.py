@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 
 from bot import texts
+from bot.admin.cli import run_admin
 from bot.config import Settings
 from bot.conversations.store import ConversationStore
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.engine.assign import choose
 from bot.engine.router import VariantResponder
+from tests.integration.test_admin import parse_admin
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.service_harness import make_settings, rows, running_service
 
@@ -52,7 +54,9 @@ async def test_assignment_is_sticky_across_a_weight_change_and_a_restart(
         replies = await rows(service, "SELECT chat_id, variant FROM messages WHERE role = 'bot'")
         assert dict(replies) == expected  # every reply records its variant
 
-    write_variants(vf, tiny_model_file, {"a": 1, "b": 0})  # drain b
+    # Drain b (the variants are in the database now; the file only seeded them).
+    drain = parse_admin("variants", "weight", "b", "0")
+    assert await asyncio.to_thread(run_admin, settings, drain) == 0
     async with running_service(settings, None) as service:
         for chat in first_chats + new_chats:
             api.user_message(chat, "and again")
@@ -247,6 +251,8 @@ async def test_a_drained_variant_takes_no_part_in_duels(
         assert await api.wait_for_texts(471, 1, timeout_s=30) == [texts.ARENA_OFF]
 
     write_variants(vf, tiny_model_file, {"a": 1, "b": 1, "c": 0})
+    # The edited file reaches the database through `admin variants reload`.
+    assert await asyncio.to_thread(run_admin, settings, parse_admin("variants", "reload")) == 0
     async with running_service(settings, None) as service:
         chat = 472  # a chat that stays on the drained variant
         await service.store.set_variant(chat, "default", "c", AssignmentSource.ADMIN)

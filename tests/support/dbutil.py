@@ -88,6 +88,8 @@ TABLES = {
     "arena_matches",
     "counters",
     "replicas",
+    "experiments",
+    "variants",
     "alembic_version",
 }
 

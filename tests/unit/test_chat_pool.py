@@ -147,3 +147,58 @@ async def test_a_failing_read_is_retried_by_the_worker_not_logged_as_a_crash(
     assert rows.done == ["a"]
     assert not [r for r in caplog.records if "crashed" in r.getMessage()]
     assert len([r for r in caplog.records if "reading chat 1 failed" in r.getMessage()]) == 2
+
+
+class Lanes:
+    """Chats 1-4 on lane "a", 5-8 on lane "b"; the number of lanes can change at run time."""
+
+    def __init__(self, lanes: int) -> None:
+        self.lanes = lanes
+
+    async def lane_of(self, chat_id: int) -> str:
+        return "a" if chat_id <= 4 else "b"
+
+    def lane_ready(self, name: str) -> bool:
+        return True
+
+
+async def test_a_lanes_share_of_the_slots_follows_the_number_of_lanes() -> None:
+    """4 slots over 2 lanes: lane a holds at most 2 at once; once a variant is removed at run
+    time (1 lane), a may use all 4."""
+    rows = Rows({chat: [f"{chat}x"] for chat in range(1, 5)})
+    busy = {"now": 0, "most": 0}
+    gate = asyncio.Event()
+
+    async def process(row: str) -> bool:
+        busy["now"] += 1
+        busy["most"] = max(busy["most"], busy["now"])
+        await gate.wait()
+        busy["now"] -= 1
+        return await rows.process(row)
+
+    lanes = Lanes(2)
+    pool = ChatPool(
+        "test",
+        pending_chats=rows.pending_chats,
+        pending=rows.pending,
+        process=process,
+        poll_interval_s=0.05,
+        max_concurrent=4,
+        lanes=lanes,
+    )
+    await pool.start()
+    try:
+        await asyncio.sleep(0.3)
+        assert busy["now"] == 2  # ceil(4 / 2): the other lane's share stays free
+        lanes.lanes = 1  # the other variant was removed
+        await asyncio.sleep(1.5)  # waiters look again within a second
+        assert busy["now"] == 4
+        gate.set()
+        for _ in range(100):
+            if len(rows.done) == 4:
+                break
+            await asyncio.sleep(0.02)
+        assert sorted(rows.done) == ["1x", "2x", "3x", "4x"]
+    finally:
+        gate.set()
+        await pool.stop(1.0)

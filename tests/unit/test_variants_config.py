@@ -95,7 +95,7 @@ topp = 1.5
         load_experiment(_settings(tmp_path, body))
     lines = str(caught.value).splitlines()[1:]
     assert [line.strip() for line in lines] == [
-        "unknown top-level key 'colour' (expected experiment, variants)",
+        "unknown top-level key 'colour' (expected experiment, allocation, variants)",
         "variant 'a': unknown key 'beam_sise'",
         "variant 'a': duplicate name",
         "variant 'b': weight must not be negative (0 drains the variant)",
@@ -188,3 +188,17 @@ def test_assignment_is_deterministic_weighted_and_drains_at_weight_0() -> None:
     assert 0.0 <= bucket("exp", 1) < 1.0
     with pytest.raises(ValueError, match="no variant"):
         choose("exp", 1, {"a": 0.0})
+
+
+def test_allocation_is_weights_by_default_thompson_on_request_and_nothing_else(
+    tmp_path: Path, tiny_model_file: str
+) -> None:
+    from bot.engine.variants import parse_experiment
+
+    settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
+    table = {"name": "a", "model": tiny_model_file}
+    assert parse_experiment({"variants": [table]}, settings, source="t").allocation == "weights"
+    thompson = {"allocation": "thompson", "variants": [table]}
+    assert parse_experiment(thompson, settings, source="t").allocation == "thompson"
+    with pytest.raises(ConfigError, match="allocation must be one of weights, thompson"):
+        parse_experiment({"allocation": "ucb", "variants": [table]}, settings, source="t")

@@ -1,0 +1,180 @@
+"""Bandit-aware figures: each assignment records the probability it was made with, the report
+weights by it (inverse-propensity next to the naive rates), the sample-ratio check expects the
+sums of the recorded probabilities, and the note says a bandit's figures are not a fixed-sample
+test. On SQLite and PostgreSQL, every expected figure worked out by hand in the comments."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.conversations.store import ConversationStore
+from bot.db.engine import make_engine, make_sessionmaker
+from bot.db.models import Assignment, Message, Session, Vote
+from bot.engine.bandit import thompson_split
+from bot.engine.router import VariantResponder
+from bot.engine.variants import Experiment, Variant
+from bot.reports.variant_stats import BANDIT_NOTE, FIXED_SAMPLE_NOTE
+from bot.reports.variants import format_variant_report, report_json, variant_report
+
+DAY = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+EXPERIMENT = Experiment(
+    "bandit-test",
+    (Variant("a", "zoo:x", 1.0, True), Variant("b", "zoo:x", 1.0, False)),
+    "thompson",
+)
+
+
+@pytest.fixture
+async def sessionmaker(db_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    engine = make_engine(db_url)
+    yield make_sessionmaker(engine)
+    await engine.dispose()
+
+
+async def seed(sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+    """chat  variant source  probability  split (a, b)   votes on its variant's replies
+    1     a       hash    0.5          0.5, 0.5       +1 -1
+    2     a       hash    0.8          0.8, 0.2       +1 +1
+    3     b       hash    0.2          0.8, 0.2       +1 -1
+    4     b       hash    0.5          0.5, 0.5       -1 -1
+    5     a       admin   -            -              +1 +1 +1
+    6     b       hash    0.25         0.75, 0.25     (none)
+    """
+    rows = [
+        (1, "a", "hash", 0.5, {"a": 0.5, "b": 0.5}, [1, -1]),
+        (2, "a", "hash", 0.8, {"a": 0.8, "b": 0.2}, [1, 1]),
+        (3, "b", "hash", 0.2, {"a": 0.8, "b": 0.2}, [1, -1]),
+        (4, "b", "hash", 0.5, {"a": 0.5, "b": 0.5}, [-1, -1]),
+        (5, "a", "admin", None, None, [1, 1, 1]),
+        (6, "b", "hash", 0.25, {"a": 0.75, "b": 0.25}, []),
+    ]
+    async with sessionmaker.begin() as db:
+        for chat, variant, source, p, split, votes in rows:
+            db.add(
+                Assignment(
+                    chat_id=chat,
+                    experiment=EXPERIMENT.name,
+                    variant=variant,
+                    source=source,
+                    assigned_at=DAY,
+                    probability=p,
+                    allocation=None
+                    if split is None
+                    else json.dumps({"by": "thompson", "split": split}),
+                )
+            )
+            s = Session(chat_id=chat, user_id=chat, created_at=DAY)
+            db.add(s)
+            await db.flush()
+            for value in votes:
+                m = Message(session_id=s.id, chat_id=chat, role="bot", text="x", variant=variant)
+                db.add(m)
+                await db.flush()
+                db.add(
+                    Vote(
+                        chat_id=chat,
+                        message_id=m.id,
+                        user_id=chat,
+                        value=value,
+                        source="button",
+                        variant=variant,
+                        created_at=DAY,
+                        updated_at=DAY,
+                    )
+                )
+
+
+async def test_the_report_weights_by_the_recorded_probabilities(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    await seed(sessionmaker)
+    report = await variant_report(sessionmaker, EXPERIMENT)
+    a, b = report.variants
+    # Naive: a 6 up of 7 (chat 5's admin-moved votes count here); b 1 up of 4.
+    assert (a.up_rate, b.up_rate) == (pytest.approx(6 / 7), pytest.approx(0.25))
+    # IPW (self-normalised): w = 1/p per chat, hash-assigned chats with a probability only.
+    # a: chat 1 w 2 (1 up, 1 down), chat 2 w 1.25 (2 up): (2 + 2.5) / (4 + 2.5) = 9/13.
+    assert a.ipw_up_rate == pytest.approx(9 / 13)
+    # variance: (4 (1 - 2 r)^2 + 1.5625 (2 - 2 r)^2) / 6.5^2 = (100/169 + 100/169) / 42.25
+    # = 0.0280102..., se 0.1673626; 9/13 - 1.96 se = 0.3642831, the top clipped to 1.
+    assert (a.ipw_low, a.ipw_high) == (pytest.approx(0.3642831185), 1.0)
+    # effective chats: (2 + 1.25)^2 / (4 + 1.5625) = 10.5625 / 5.5625
+    assert (a.ipw_chats, a.ipw_effective_chats) == (2, pytest.approx(10.5625 / 5.5625))
+    # b: chat 3 w 5 (1 up, 1 down), chat 4 w 2 (2 down); chat 6 has no votes: 5 / 14.
+    assert b.ipw_up_rate == pytest.approx(5 / 14)
+    assert (b.ipw_low, b.ipw_high) == (pytest.approx(0.0743053420), pytest.approx(0.6399803723))
+    assert b.ipw_chats == 2
+    # SRM against the recorded splits: hash chats a 2 (1, 2), b 3 (3, 4, 6); expected
+    # a = .5 + .8 + .8 + .5 + .75 = 3.35, b = .5 + .2 + .2 + .5 + .25 = 1.65;
+    # chi2 = 1.35^2 / 3.35 + 1.35^2 / 1.65 = 1.6485753 (against the weights it would be
+    # 0.5^2 / 2.5 * 2 = 0.2), p = 0.19915.
+    assert (a.expected_chats, b.expected_chats) == (pytest.approx(3.35), pytest.approx(1.65))
+    assert report.srm.chi2 == pytest.approx(1.6485753053)
+    assert report.srm.p_value == pytest.approx(0.1991529506)
+    assert report.srm.dof == 1 and not report.srm.warn
+    assert report.bandit and report.recorded
+    assert report.note == f"{BANDIT_NOTE} {FIXED_SAMPLE_NOTE}"
+
+    text = format_variant_report(report)
+    assert "  a: 69.2% [36.4..100.0%] (85.7%), 2 chats (worth 1.9 equally weighted)" in text
+    assert "  b: 35.7% [7.4..64.0%] (25.0%), 2 chats (worth 1.7 equally weighted)" in text
+    assert (
+        "sample ratio (hash-assigned chats against their recorded allocation probabilities): "
+        "chi2 = 1.65, df 1, p = 0.199, ok"
+    ) in text
+    assert "Note: Bandit allocation: these figures are not a fixed-sample test, because" in (
+        " ".join(text.split())
+    )
+    data = report_json(report)
+    assert data["bandit"] is True and data["recorded_probabilities"] is True
+    assert data["variants"][0]["ipw_up_rate"] == pytest.approx(9 / 13)
+
+
+async def test_fixed_weights_keep_the_plain_note_and_equal_ipw_and_naive(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    # One probability for every chat: the IPW rate is the naive one.
+    async with sessionmaker.begin() as db:
+        for chat, variant in ((1, "a"), (2, "b")):
+            db.add(
+                Assignment(
+                    chat_id=chat,
+                    experiment="fixed",
+                    variant=variant,
+                    source="hash",
+                    assigned_at=DAY,
+                    probability=0.5,
+                    allocation=json.dumps({"by": "weights", "split": {"a": 0.5, "b": 0.5}}),
+                )
+            )
+    fixed = Experiment("fixed", EXPERIMENT.variants, "weights")
+    report = await variant_report(sessionmaker, fixed)
+    assert not report.bandit and report.recorded
+    assert report.note == FIXED_SAMPLE_NOTE
+    assert report.srm.chi2 == 0.0  # 1 and 1 against 1 and 1
+
+
+async def test_a_thompson_assignment_records_the_probability_it_was_drawn_with(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    await seed(sessionmaker)
+    # The votes per variant: a 6 up 1 down (all its replies), b 1 up 3 down.
+    want = thompson_split({"a": (6, 1), "b": (1, 3)})
+    store = ConversationStore(sessionmaker)
+    router = VariantResponder(EXPERIMENT, {}, store)
+    for chat in range(100, 130):
+        session = await store.active_session(chat)
+        variant = await router.variant_for(session)
+        async with sessionmaker() as db:
+            row = await db.scalar(select(Assignment).where(Assignment.chat_id == chat))
+        assert row is not None and row.variant == variant and row.source == "hash"
+        assert row.probability == pytest.approx(want[variant])
+        recorded = json.loads(row.allocation or "{}")
+        assert recorded["by"] == "thompson"
+        assert recorded["split"] == pytest.approx(want)
