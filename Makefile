@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PARLAI := parlai==1.7.2
 PYTEST_ARGS ?=
 
-.PHONY: install run chat train train-shipped test test-all lint format bench bench-quick bench-variants bench-loop soak scaleout clean
+.PHONY: install run chat train train-shipped test test-all lint format i18n-extract i18n-update bench bench-quick bench-variants bench-loop soak scaleout clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,15 @@ lint: install
 format: install
 	$(PY) -m ruff check --fix bot tests bench migrations
 	$(PY) -m ruff format bot tests bench migrations
+
+# Translations (docs/configuration.md, "Adding a language"): the code's sentences into
+# bot/texts/locale/messages.pot, then into every language's .po (new ones empty, changed ones
+# fuzzy). The service reads the .po files at start; there is nothing to compile.
+i18n-extract: install
+	$(PY) -m bot.texts.catalogs extract
+
+i18n-update: i18n-extract
+	$(PY) -m bot.texts.catalogs update
 
 test: install lint
 	$(PY) -m pytest $(PYTEST_ARGS)

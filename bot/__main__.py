@@ -39,6 +39,12 @@ def _build_parser() -> argparse.ArgumentParser:
 
     chat = sub.add_parser("chat", help="talk to the bot in this terminal, on the same pipeline")
     chat.add_argument("--chat-id", type=int, default=1, help="conversation to use (default 1)")
+    chat.add_argument(
+        "--lang",
+        default=None,
+        help="your language, as a Telegram client would say it (en, ru, es, de; others: "
+        "English); /lang in the chat overrides it",
+    )
 
     train = sub.add_parser("train", help="train the embedded default model on chitchat-dataset")
     train.add_argument(
@@ -251,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _ensure_model(settings, _quiet_level(settings))
             from bot.terminal import run_terminal
 
-            return asyncio.run(run_terminal(settings, chat_id=args.chat_id))
+            return asyncio.run(run_terminal(settings, chat_id=args.chat_id, language=args.lang))
         if args.command == "train":
             _set_up_logging(settings, settings.log_level)
             _set_up_model_process(settings)

@@ -13,13 +13,15 @@ import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
-from telegram.error import InvalidToken, NetworkError
+from telegram.error import InvalidToken, NetworkError, TelegramError
 from telegram.ext import ApplicationBuilder
 
+from bot import texts
 from bot.config import ConfigError, Settings
 from bot.conversations.actions import ChatActions
 from bot.conversations.store import ConversationStore
@@ -36,7 +38,7 @@ from bot.service.leases import Leases
 from bot.service.metrics import Metrics
 from bot.service.retry import Backoff, Interrupted, retry
 from bot.tg import feedback
-from bot.tg.handlers import COMMANDS, App, Handlers, UpdateRunner
+from bot.tg.handlers import App, Handlers, UpdateRunner, command_menu
 from bot.tg.ingest import BoundedJsonRequest, PollingIngest, WebhookIngest
 from bot.tg.poller import ElectedPolling
 
@@ -400,12 +402,33 @@ class Service:
             await self.db_engine.dispose()
 
     async def _set_commands(self) -> None:
-        await retry(
-            lambda: self.application.bot.set_my_commands(COMMANDS),
-            what="setMyCommands",
-            backoff=Backoff(cap_s=60.0),
-            on=(NetworkError,),
-        )
+        """The command menu and the bot's descriptions, once per shipped language: English
+        without a language_code (what every other client language falls back to), each
+        translation with its own."""
+        bot = self.application.bot
+        calls: list[tuple[str, Callable[[], Awaitable[bool]]]] = []
+        for language in texts.LANGUAGES:
+            t = texts.for_language(language)
+            code = None if language == texts.SOURCE_LANGUAGE else language
+            calls += [
+                (
+                    f"setMyCommands({language})",
+                    partial(bot.set_my_commands, command_menu(t), language_code=code),
+                ),
+                (
+                    f"setMyDescription({language})",
+                    partial(bot.set_my_description, t.DESCRIPTION, language_code=code),
+                ),
+                (
+                    f"setMyShortDescription({language})",
+                    partial(bot.set_my_short_description, t.SHORT_DESCRIPTION, language_code=code),
+                ),
+            ]
+        for what, call in calls:
+            try:
+                await retry(call, what=what, backoff=Backoff(cap_s=60.0), on=(NetworkError,))
+            except TelegramError as err:  # a refused description must not cost the menu
+                log.warning("%s failed: %s", what, err)
 
 
 async def _initialize(

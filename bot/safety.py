@@ -72,11 +72,18 @@ class SafetyGate:
     """The gate of one service; `scorer` is the classifier (a test may pass its own)."""
 
     def __init__(
-        self, mode: str, threshold: float = 0.5, scorer: Callable[[], Scorer] | None = None
+        self,
+        mode: str,
+        threshold: float = 0.5,
+        scorer: Callable[[], Scorer] | None = None,
+        *,
+        deflection: str = texts.ENGLISH.DEFLECTION,
     ) -> None:
         self.mode = mode
         self.threshold = threshold
         self._scorer = scorer or profanity_scorer
+        # What replaces a reply when every candidate was offensive (in the model's language).
+        self.deflection = deflection
 
     @property
     def on(self) -> bool:
@@ -114,7 +121,7 @@ class SafetyGate:
         clean = next((c for c, bad in zip(others, verdicts[1:], strict=True) if not bad), None)
         if clean is not None:
             return Verdict(clean, SafetyMark.REPLACED, text, ms)
-        return Verdict(texts.DEFLECTION, SafetyMark.DEFLECTED, text, ms)
+        return Verdict(self.deflection, SafetyMark.DEFLECTED, text, ms)
 
     async def persona(self, persona: str) -> bool:
         """Whether a persona is offensive (always False with SAFETY=off)."""

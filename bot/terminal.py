@@ -6,6 +6,9 @@ that Telegram gives as buttons: /good and /bad on the last reply, /rate N on the
 database ends up the same. With STREAM_REPLIES=on and a terminal for output, the reply grows on
 one line while it generates (the drafts a private Telegram chat gets), then the stored reply
 replaces it; output to a file or a pipe gets only the stored reply, without escape sequences.
+
+`--lang CODE` plays the part of a Telegram client's language: the bot speaks it unless /lang
+chose another for the chat (the model's replies stay in the model's language).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import logging
 import sys
 from typing import TextIO
 
-from bot import texts
 from bot.config import Settings
 from bot.conversations.actions import ChatActions
 from bot.conversations.drafts import streaming
@@ -51,51 +53,60 @@ class GrowingLine:
 
 
 async def dispatch(
-    chat: ChatActions, chat_id: int, line: str, drafts: GrowingLine | None = None
+    chat: ChatActions,
+    chat_id: int,
+    line: str,
+    drafts: GrowingLine | None = None,
+    language: str | None = None,
 ) -> bool:
-    """Act on one input line; False when the user asked to quit."""
+    """Act on one input line (`language`: the user's, as `--lang` gave it); False when the
+    user asked to quit."""
     text = line.strip()
     if not text:
         return True
+    texts = await chat.texts_for(chat_id, language)
     if text.startswith("/"):
         command, _, argument = text[1:].partition(" ")
         command = command.lower()
         if command in ("quit", "exit"):
             return False
         if command in ("start", "help"):
-            await chat.help(chat_id, start=command == "start")
+            await chat.help(chat_id, texts=texts, start=command == "start")
         elif command == "persona":
             if argument.strip():
-                await chat.set_persona(chat_id, chat_id, argument)
+                await chat.set_persona(chat_id, chat_id, argument, texts=texts)
             else:
-                await chat.show_persona(chat_id)
+                await chat.show_persona(chat_id, texts=texts)
         elif command == "done":
-            await chat.done(chat_id)
+            await chat.done(chat_id, texts=texts)
             if chat.settings.feedback_buttons:
                 await chat.notice(chat_id, texts.TERMINAL_RATE_HINT)
         elif command == "forget":
-            await chat.forget(chat_id)
+            await chat.forget(chat_id, texts=texts)
         elif command == "privacy":
-            await chat.privacy(chat_id)
+            await chat.privacy(chat_id, texts=texts)
         elif command == "context":
-            await chat.context(chat_id)
+            await chat.context(chat_id, texts=texts)
+        elif command == "lang":
+            await chat.language(chat_id, argument, texts=texts, sender_language=language)
         elif command in ("good", "bad"):
-            await chat.vote(
-                chat_id, chat_id, None, 1 if command == "good" else -1, answer_in_chat=True
-            )
+            vote = 1 if command == "good" else -1
+            await chat.vote(chat_id, chat_id, None, vote, texts=texts, answer_in_chat=True)
         elif command == "rate":
             value = argument.strip()
             if value not in ("1", "2", "3", "4", "5"):
                 await chat.notice(chat_id, texts.RATE_USAGE)
             else:
-                await chat.rate(chat_id, chat_id, None, int(value), answer_in_chat=True)
+                await chat.rate(
+                    chat_id, chat_id, None, int(value), texts=texts, answer_in_chat=True
+                )
         elif command == "model":
-            await chat.choose_variant(chat_id, argument)
+            await chat.choose_variant(chat_id, argument, texts=texts)
         else:
             await chat.notice(chat_id, texts.unknown_terminal_command(command))
         return True
     with streaming(drafts):
-        await chat.text(chat_id, chat_id, text)
+        await chat.text(chat_id, chat_id, text, texts=texts)
     if drafts is not None:
         drafts.clear()
     return True
@@ -111,7 +122,12 @@ async def deliver(store: ConversationStore, chat_id: int, out: TextIO) -> None:
 
 
 async def run_terminal(
-    settings: Settings, *, chat_id: int, stdin: TextIO | None = None, stdout: TextIO | None = None
+    settings: Settings,
+    *,
+    chat_id: int,
+    language: str | None = None,
+    stdin: TextIO | None = None,
+    stdout: TextIO | None = None,
 ) -> int:
     """Chat until EOF or /quit; returns the exit status."""
     stdin = stdin or sys.stdin
@@ -140,7 +156,7 @@ async def run_terminal(
             line = await asyncio.to_thread(stdin.readline)
             if not line:
                 break
-            if not await dispatch(chat, chat_id, line, drafts):
+            if not await dispatch(chat, chat_id, line, drafts, language):
                 break
             await deliver(store, chat_id, stdout)
     finally:

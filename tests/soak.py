@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bot.texts import RATE_PROMPT
+from bot.texts import ENGLISH
 from tests.support.botprocess import ROOT, TOKEN, BotProcess, bot_env
 from tests.support.fakebotapi import FakeBotAPI, Fault
 from tests.support.tinymodel import build_tiny_model
@@ -220,12 +220,12 @@ class Soak:
     def answers(self, chat_id: int) -> int:
         """Texts a chat got, one per message it sent: the 1-5 rating prompt that follows the
         answer to a /done is an extra, not an answer (counted apart in the report)."""
-        return sum(1 for t in self.api.texts(chat_id) if t != RATE_PROMPT)
+        return sum(1 for t in self.api.texts(chat_id) if t != ENGLISH.RATE_PROMPT)
 
     def report(self, status: int, elapsed: float) -> int:
-        received = Counter(s.chat_id for s in self.api.sent if s.text != RATE_PROMPT)
-        prompts = sum(1 for s in self.api.sent if s.text == RATE_PROMPT)
-        per_chat = Counter(s.chat_id for s in self.api.sent if s.text == RATE_PROMPT)
+        received = Counter(s.chat_id for s in self.api.sent if s.text != ENGLISH.RATE_PROMPT)
+        prompts = sum(1 for s in self.api.sent if s.text == ENGLISH.RATE_PROMPT)
+        per_chat = Counter(s.chat_id for s in self.api.sent if s.text == ENGLISH.RATE_PROMPT)
         sent = sum(self.books.sent.values())
         answered = sum(min(received[c], n) for c, n in self.books.sent.items())
         lost = sum(max(0, n - received[c]) for c, n in self.books.sent.items())

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from bot import texts
+from bot import texts as catalogs
 from bot.config import Settings
 from bot.conversations.drafts import current_sink, end_drafts
 from bot.conversations.outcome import ARENA, FLOODED, NO_REPLY, REPLIED, note_turn
@@ -23,6 +23,7 @@ from bot.engine.protocol import DuelResponder, GenerationError, Reply, Responder
 from bot.persona import join_turns, persona_lines
 from bot.presets import deep_link_preset, load_presets
 from bot.safety import SafetyGate, SafetyMark, Verdict
+from bot.texts import Texts
 
 if TYPE_CHECKING:
     from bot.engine.variants import Experiment
@@ -60,12 +61,18 @@ class ChatActions:
         self.store = store
         self.responder = responder
         self.settings = settings
-        self.safety = safety or SafetyGate(settings.safety, settings.safety_threshold)
+        self.safety = safety or SafetyGate(
+            settings.safety,
+            settings.safety_threshold,
+            # It stands in for a model reply and the model reads it back: the model's language.
+            deflection=catalogs.for_language(settings.bot_model_language).DEFLECTION,
+        )
         self.presets = load_presets(settings.personas_file, settings.persona_max_chars)
-        self.privacy_text = (
+        # An operator's notice, in whatever language(s) the operator wrote it.
+        self.privacy_file_text = (
             settings.privacy_file.read_text(encoding="utf-8").strip()
             if settings.privacy_file is not None
-            else texts.privacy(settings.retention_days)
+            else None
         )
         # The variants served (for /model); None: the responder has no variants.
         self._experiment = experiment
@@ -86,6 +93,7 @@ class ChatActions:
         self,
         chat_id: int,
         *,
+        texts: Texts,
         update_id: int | None = None,
         start: bool = False,
         user_id: int | None = None,
@@ -93,15 +101,16 @@ class ChatActions:
     ) -> None:
         """/start and /help; `/start persona_NAME` (a deep link) also takes that preset."""
         greeting = texts.GREETING if start else ""
+        help_text = texts.help(self.settings.bot_model_language)
         name = deep_link_preset(payload.strip()) if start else None
         if name is None:
-            await self.notice(chat_id, greeting + texts.HELP, update_id=update_id)
+            await self.notice(chat_id, greeting + help_text, update_id=update_id)
             return
         preset = self.presets.get(name)
         if preset is None:
             await self.notice(
                 chat_id,
-                greeting + texts.HELP + "\n\n" + texts.preset_unknown(name, self.presets.names),
+                greeting + help_text + "\n\n" + texts.preset_unknown(name, self.presets.names),
                 update_id=update_id,
             )
             return
@@ -109,12 +118,12 @@ class ChatActions:
             chat_id,
             user_id,
             preset,
-            notice=greeting + texts.persona_set(preset) + "\n\n" + texts.HELP,
+            notice=greeting + texts.persona_set(preset) + "\n\n" + help_text,
             update_id=update_id,
         )
         self.responder.set_persona(session.id, preset)
 
-    async def context(self, chat_id: int, *, update_id: int | None = None) -> None:
+    async def context(self, chat_id: int, *, texts: Texts, update_id: int | None = None) -> None:
         """/context: the persona lines and the turns the model reads now, and how many older
         ones were dropped to fit its input."""
         inspect = getattr(self.responder, "inspect", None)
@@ -139,18 +148,27 @@ class ChatActions:
         )
         await self.notice(chat_id, text, update_id=update_id)
 
-    async def privacy(self, chat_id: int, *, update_id: int | None = None) -> None:
+    async def privacy(self, chat_id: int, *, texts: Texts, update_id: int | None = None) -> None:
         """/privacy: what is stored, for how long, who reads it, how to delete it."""
-        await self.notice(chat_id, self.privacy_text, update_id=update_id)
+        text = self.privacy_file_text or texts.privacy(self.settings.retention_days)
+        await self.notice(chat_id, text, update_id=update_id)
 
-    async def show_persona(self, chat_id: int, *, update_id: int | None = None) -> None:
+    async def show_persona(
+        self, chat_id: int, *, texts: Texts, update_id: int | None = None
+    ) -> None:
         """/persona without text."""
         persona = await self.store.current_persona(chat_id)
         text = texts.persona_shown(persona) if persona else texts.NO_PERSONA
         await self.notice(chat_id, text, update_id=update_id)
 
     async def set_persona(
-        self, chat_id: int, user_id: int | None, text: str, *, update_id: int | None = None
+        self,
+        chat_id: int,
+        user_id: int | None,
+        text: str,
+        *,
+        texts: Texts,
+        update_id: int | None = None,
     ) -> None:
         """/persona <text>: set it (or clear it with a clear word); `/persona list` shows the
         presets, `/persona use NAME` takes one."""
@@ -204,6 +222,7 @@ class ChatActions:
         self,
         chat_id: int,
         *,
+        texts: Texts,
         update_id: int | None = None,
         rating_markup: Callable[[int], str] | None = None,
     ) -> None:
@@ -221,7 +240,7 @@ class ChatActions:
         if session is not None:
             self.responder.evict(session.id)
 
-    async def forget(self, chat_id: int, *, update_id: int | None = None) -> None:
+    async def forget(self, chat_id: int, *, texts: Texts, update_id: int | None = None) -> None:
         """/forget: delete everything stored for this chat."""
         active = await self.store.active_session_id(chat_id)
         await self.store.forget_chat(
@@ -264,6 +283,7 @@ class ChatActions:
         user_id: int | None,
         text: str,
         *,
+        texts: Texts,
         update_id: int | None = None,
         telegram_message_id: int | None = None,
         arena_markup: Callable[[int], str] | None = None,
@@ -291,6 +311,7 @@ class ChatActions:
                 session,
                 text,
                 arena_markup,
+                texts=texts,
                 update_id=update_id,
                 telegram_message_id=telegram_message_id,
             )
@@ -363,6 +384,7 @@ class ChatActions:
         telegram_message_id: int,
         text: str,
         *,
+        texts: Texts,
         update_id: int | None = None,
     ) -> None:
         """The user edited a message: if it is the one the bot answered last, answer the new
@@ -399,6 +421,46 @@ class ChatActions:
             ),
         )
 
+    # --- the chat's language ----------------------------------------------------------------
+
+    async def texts_for(self, chat_id: int, sender_language: str | None) -> Texts:
+        """The texts an update of this chat is answered in: the chat's /lang setting, else
+        the sender's Telegram language (`language_code`), else English."""
+        stored = await self.store.chat_language(chat_id)
+        return catalogs.for_language(catalogs.choose(stored, sender_language))
+
+    async def language(
+        self,
+        chat_id: int,
+        argument: str,
+        *,
+        texts: Texts,
+        sender_language: str | None,
+        update_id: int | None = None,
+    ) -> None:
+        """/lang shows the chat's language and the choices, /lang CODE sets it for the chat,
+        /lang auto goes back to each sender's Telegram language."""
+        word = argument.strip()
+        if not word:
+            chosen = await self.store.chat_language(chat_id) is not None
+            await self.notice(chat_id, texts.language_shown(chosen), update_id=update_id)
+            return
+        if word.lower() == "auto":
+            now = catalogs.for_language(catalogs.choose(None, sender_language))
+            await self.store.set_language(
+                chat_id, None, notice=now.language_auto(), update_id=update_id
+            )
+            return
+        language = catalogs.normalize(word)
+        if language is None:
+            await self.notice(chat_id, texts.language_unknown(word), update_id=update_id)
+            return
+        # The confirmation is the first sentence in the language just chosen.
+        chosen_texts = catalogs.for_language(language)
+        await self.store.set_language(
+            chat_id, language, notice=chosen_texts.language_set(), update_id=update_id
+        )
+
     # --- feedback and variants -------------------------------------------------------------
 
     async def vote(
@@ -408,6 +470,7 @@ class ChatActions:
         message_id: int | None,
         value: int,
         *,
+        texts: Texts,
         source: VoteSource = VoteSource.BUTTON,
         telegram_message_id: int | None = None,
         update_id: int | None = None,
@@ -439,17 +502,18 @@ class ChatActions:
         session_id: int | None,
         value: int,
         *,
+        texts: Texts,
         update_id: int | None = None,
         answer_in_chat: bool = False,
     ) -> Outcome:
         """The 1-5 rating of a conversation (None: the chat's latest ended one)."""
         outcome = await self.store.rate(chat_id, user_id, session_id, value, update_id=update_id)
         if answer_in_chat:
-            await self.notice(chat_id, rating_answer(outcome, value, terminal=True))
+            await self.notice(chat_id, rating_answer(outcome, value, texts, terminal=True))
         return outcome
 
     async def choose_variant(
-        self, chat_id: int, name: str, *, update_id: int | None = None
+        self, chat_id: int, name: str, *, texts: Texts, update_id: int | None = None
     ) -> None:
         """/model: list the variants, or move this chat to one (where the operator allows)."""
         experiment = self.experiment
@@ -486,7 +550,7 @@ class ChatActions:
         return self.responder  # type: ignore[return-value]
 
     async def arena(
-        self, chat_id: int, user_id: int | None, *, update_id: int | None = None
+        self, chat_id: int, user_id: int | None, *, texts: Texts, update_id: int | None = None
     ) -> None:
         """/arena: the next message gets two variants' replies to choose from."""
         if self._duel_responder() is None:
@@ -503,6 +567,7 @@ class ChatActions:
         text: str,
         markup: Callable[[int], str] | None,
         *,
+        texts: Texts,
         update_id: int | None,
         telegram_message_id: int | None,
     ) -> None:
@@ -547,7 +612,7 @@ class ChatActions:
         return decided.outcome
 
 
-def arena_answer(outcome: Outcome, winner: str) -> str:
+def arena_answer(outcome: Outcome, winner: str, texts: Texts) -> str:
     """What a pick gets as its answer."""
     if outcome is Outcome.STALE:
         return texts.ARENA_STALE
@@ -556,7 +621,7 @@ def arena_answer(outcome: Outcome, winner: str) -> str:
     return texts.ARENA_TIE if winner == "tie" else texts.arena_chosen(winner.upper())
 
 
-def rating_answer(outcome: Outcome, value: int, *, terminal: bool = False) -> str:
+def rating_answer(outcome: Outcome, value: int, texts: Texts, *, terminal: bool = False) -> str:
     """What a rating gets as its answer."""
     if outcome is Outcome.STORED:
         return texts.rated(value)

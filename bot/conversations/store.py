@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.db import arena, assignments, conversations, feedback, inbox, outbox
+from bot.db import arena, assignments, chat_settings, conversations, feedback, inbox, outbox
 from bot.db.arena import Decided
 from bot.db.conversations import SessionRow
 from bot.db.feedback import Outcome
@@ -443,6 +443,26 @@ class ConversationStore:
             await assignments.set_variant(
                 db, chat_id, experiment, variant, source, split=split, by=by
             )
+            await _answer(db, chat_id, notice, update_id)
+
+    # --- the chat's language ----------------------------------------------------------------
+
+    async def chat_language(self, chat_id: int) -> str | None:
+        """The language the chat chose with /lang (None: each sender's Telegram language)."""
+        async with self.sessionmaker() as db:
+            return await chat_settings.language_of(db, chat_id)
+
+    async def set_language(
+        self,
+        chat_id: int,
+        language: str | None,
+        *,
+        notice: str | None = None,
+        update_id: int | None = None,
+    ) -> None:
+        """Store the chat's language (/lang CODE; None: /lang auto), confirming it."""
+        async with self.sessionmaker.begin() as db:
+            await chat_settings.set_language(db, chat_id, language)
             await _answer(db, chat_id, notice, update_id)
 
     # --- feedback --------------------------------------------------------------------------

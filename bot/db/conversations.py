@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from bot.db.models import (
     ArenaMatch,
     Assignment,
+    ChatSetting,
     Inbox,
     InboxStatus,
     Message,
@@ -257,6 +258,7 @@ async def delete_chat(
     await db.execute(delete(ArenaMatch).where(ArenaMatch.chat_id == chat_id))
     await db.execute(delete(Rating).where(Rating.chat_id == chat_id))
     await db.execute(delete(Assignment).where(Assignment.chat_id == chat_id))
+    await db.execute(delete(ChatSetting).where(ChatSetting.chat_id == chat_id))
     await db.execute(delete(Message).where(Message.chat_id == chat_id))
     result = await db.execute(delete(Session).where(Session.chat_id == chat_id))
     inbox = delete(Inbox).where(Inbox.chat_id == chat_id)

@@ -9,6 +9,7 @@ is not processed twice. Pending rows left by a crash are simply found by the fir
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -16,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot import texts
 from bot.conversations.outcome import FAILED
-from bot.db import inbox, outbox
+from bot.db import chat_settings, inbox, outbox
 from bot.db.inbox import InboxRow
 from bot.db.leases import LeaseLost, working_as
 from bot.db.models import InboxStatus, OutboxKind
@@ -166,11 +167,14 @@ class InboxWorker:
         try:
             async with self.sessionmaker.begin() as db:
                 if row.chat_id is not None:
+                    # In the language the update would have been answered in.
+                    stored = await chat_settings.language_of(db, row.chat_id)
+                    language = texts.choose(stored, sender_language(row.payload))
                     await outbox.enqueue(
                         db,
                         chat_id=row.chat_id,
                         kind=OutboxKind.NOTICE,
-                        text=texts.APOLOGY,
+                        text=texts.for_language(language).APOLOGY,
                         update_id=row.update_id,
                     )
                 await inbox.finish(
@@ -187,6 +191,20 @@ class InboxWorker:
         if self.metrics is not None:
             self.metrics.turn(FAILED)
         return True
+
+
+def sender_language(payload: str) -> str | None:
+    """The `from.language_code` of a stored update (its message, edit or button press)."""
+    try:
+        update = json.loads(payload)
+    except ValueError:
+        return None
+    for part in update.values() if isinstance(update, dict) else ():
+        sender = part.get("from") if isinstance(part, dict) else None
+        code = sender.get("language_code") if isinstance(sender, dict) else None
+        if isinstance(code, str):
+            return code
+    return None
 
 
 def _describe(err: BaseException) -> str:

@@ -5,6 +5,7 @@ callback_data (at most 64 bytes) names what a button is about, in the database's
     r:<session id>:<1..5>    the rating of one conversation (0: the tick once rated)
     x:<match id>:<a|b|tie>   the pick in an arena duel (/arena)
 Anything else is stale or forged and is answered without changing anything.
+The data holds no language: a button's label and its answer are in the presser's chat's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from telegram import InlineKeyboardButton, InlineKeyboardMarkup
 from bot import texts
 from bot.db.models import OutboxKind
 from bot.db.outbox import OutboxRow
+from bot.texts import Texts
 
 _VOTE = re.compile(r"v:([0-9]{1,19}):(1|-1)")
 # 0: the tick shown once a conversation is rated (pressing it changes nothing)
@@ -100,9 +102,16 @@ def rating_keyboard(session_id: int, chosen: int | None = None) -> InlineKeyboar
     )
 
 
-def duel_keyboard(match_id: int, chosen: str | None = None) -> InlineKeyboardMarkup:
-    """A is better / B is better / Both bad; once chosen, the choice ticked."""
-    labels = {"a": texts.ARENA_BETTER_A, "b": texts.ARENA_BETTER_B, "tie": texts.ARENA_BOTH_BAD}
+def duel_keyboard(
+    match_id: int, labels_in: Texts, chosen: str | None = None
+) -> InlineKeyboardMarkup:
+    """A is better / B is better / Both bad (in `labels_in`'s language); once chosen, the
+    choice ticked."""
+    labels = {
+        "a": labels_in.ARENA_BETTER_A,
+        "b": labels_in.ARENA_BETTER_B,
+        "tie": labels_in.ARENA_BOTH_BAD,
+    }
     return InlineKeyboardMarkup(
         [
             [
@@ -115,9 +124,9 @@ def duel_keyboard(match_id: int, chosen: str | None = None) -> InlineKeyboardMar
     )
 
 
-def duel_markup_json(match_id: int) -> str:
+def duel_markup_json(match_id: int, labels_in: Texts) -> str:
     """The duel keyboard as the outbox stores it."""
-    return json.dumps(duel_keyboard(match_id).to_dict())
+    return json.dumps(duel_keyboard(match_id, labels_in).to_dict())
 
 
 def rating_markup_json(session_id: int) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from enum import Enum
 
-from bot import texts
+from bot.texts import Texts
 
 
 class Flood(Enum):
@@ -60,9 +60,9 @@ class FloodGate:
             return Flood.NOTICE
         return Flood.QUIET
 
-    def notice(self) -> str:
-        """The one message a flooding chat gets per window."""
-        return texts.flooding(self.max_messages, self.window_s)
+    def notice(self, language: Texts) -> str:
+        """The one message a flooding chat gets per window, in its language."""
+        return language.flooding(self.max_messages, self.window_s)
 
     def _prune(self, now: float) -> None:
         # Keep memory bounded by the chats active within the last window.

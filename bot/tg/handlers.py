@@ -23,16 +23,16 @@ from telegram.error import Forbidden, TelegramError
 from telegram.ext import (
     Application,
     ApplicationHandlerStop,
+    CallbackContext,
     CallbackQueryHandler,
     CommandHandler,
-    ContextTypes,
     MessageHandler,
     MessageReactionHandler,
     TypeHandler,
     filters,
 )
 
-from bot import texts
+from bot import commands, texts
 from bot.config import Settings
 from bot.conversations.actions import ChatActions, arena_answer, rating_answer
 from bot.conversations.drafts import streaming
@@ -53,6 +53,7 @@ from bot.db.models import InboxStatus, VoteSource
 from bot.reports.stats import format_stats, stats
 from bot.service.budget import SendBudget
 from bot.service.metrics import Metrics
+from bot.texts import ENGLISH, Texts
 from bot.tg import feedback
 from bot.tg.drafts import DraftSender, DraftStream
 from bot.tg.flood import Flood, FloodGate
@@ -60,17 +61,28 @@ from bot.tg.flood import Flood, FloodGate
 log = logging.getLogger(__name__)
 
 App = Application[Any, Any, Any, Any, Any, Any]
-Context = ContextTypes.DEFAULT_TYPE
+
+
+class TurnContext(CallbackContext[Any, Any, Any, Any]):
+    """PTB's context plus the texts of the update's language, chosen once per update (the
+    chat's /lang, else the sender's language_code, else English) before any handler runs.
+
+    An attribute of the context, not a context variable: every handler reads it explicitly,
+    and nothing outside the update's own dispatch can see it.
+    """
+
+    texts: Texts = ENGLISH
+
+
+Context = TurnContext
 
 # Telegram drops the typing indicator after about 5 s.
 TYPING_INTERVAL_S = 4.0
 
-COMMANDS = [BotCommand(name, description) for name, description in texts.COMMAND_MENU.items()]
-# Commands a bare "/name" in a group may mean us by (admins' /stats is not advertised).
-KNOWN_COMMANDS = frozenset({c.command for c in COMMANDS} | {"stats", "model", "arena"})
 
-# Always run, whatever the flood gate says: a user must always be able to delete their data.
-FLOOD_EXEMPT = frozenset({"forget", "privacy"})
+def command_menu(language: Texts) -> list[BotCommand]:
+    """The command menu (setMyCommands) in one language, from the command table."""
+    return [BotCommand(name, description) for name, description in language.command_menu()]
 
 
 @contextlib.asynccontextmanager
@@ -148,16 +160,10 @@ class Handlers:
         message = filters.UpdateType.MESSAGE  # never edits: an edit must not re-run anything
         # Group -1 runs first for every update and stops what this chat's policy ignores.
         application.add_handler(TypeHandler(Update, self.gate), group=-1)
-        application.add_handler(CommandHandler("start", self.start, filters=message))
-        application.add_handler(CommandHandler("help", self.help, filters=message))
-        application.add_handler(CommandHandler("persona", self.persona, filters=message))
-        application.add_handler(CommandHandler("done", self.done, filters=message))
-        application.add_handler(CommandHandler("forget", self.forget, filters=message))
-        application.add_handler(CommandHandler("privacy", self.privacy, filters=message))
-        application.add_handler(CommandHandler("context", self.show_context, filters=message))
-        application.add_handler(CommandHandler("stats", self.stats, filters=message))
-        application.add_handler(CommandHandler("model", self.model, filters=message))
-        application.add_handler(CommandHandler("arena", self.arena, filters=message))
+        # One handler per entry of the command table, the method of the command's name.
+        for command in commands.COMMANDS:
+            callback = getattr(self, command.name)
+            application.add_handler(CommandHandler(command.name, callback, filters=message))
         # After every CommandHandler: any other command.
         application.add_handler(MessageHandler(message & filters.COMMAND, self.unknown_command))
         # After the commands, since "/persona x" is TEXT as well.
@@ -176,7 +182,9 @@ class Handlers:
         commands and edits over the chat's flood limit."""
         await self._for_us(update, context)
         if update.callback_query is not None:
-            await self._press_gate(update.callback_query, _chat_id(update), update.update_id)
+            await self._press_gate(
+                update.callback_query, _chat_id(update), update.update_id, context.texts
+            )
             return
         if update.message_reaction is not None:
             # A reaction makes no Bot API call, and storing its vote is the one transaction
@@ -188,7 +196,7 @@ class Handlers:
         command = _command_name(message)
         if command is None and update.edited_message is None:
             return  # texts and non-text messages meet the flood gate in their handlers
-        if command is not None and command[0] in FLOOD_EXEMPT:
+        if command is not None and command[0] in commands.FLOOD_EXEMPT:
             return
         # Every reply counts against Telegram's per-chat limits, so commands and edits count
         # too. One over the limit is not run: the chat gets the flood notice (once per window)
@@ -198,12 +206,14 @@ class Handlers:
             return
         if verdict is Flood.NOTICE:
             await self.chat.notice(
-                _chat_id(update), self.flood.notice(), update_id=update.update_id
+                _chat_id(update), self.flood.notice(context.texts), update_id=update.update_id
             )
         note_turn(FLOODED)
         raise ApplicationHandlerStop
 
-    async def _press_gate(self, query: CallbackQuery, chat_id: int, update_id: int) -> None:
+    async def _press_gate(
+        self, query: CallbackQuery, chat_id: int, update_id: int, language: Texts
+    ) -> None:
         """Stop a button press over the chat's limit: it is not applied, the first one in the
         window is answered that it did not count, later ones make no Bot API call at all."""
         # A press carries no date of its own (its message's is when the bot sent it).
@@ -213,7 +223,7 @@ class Handlers:
         if verdict is Flood.NOTICE:
             limit, window = self.press_flood.max_messages, self.press_flood.window_s
             try:
-                await query.answer(texts.pressing_too_fast(limit, window))
+                await query.answer(language.pressing_too_fast(limit, window))
             except TelegramError as err:
                 log.debug("answering a button press in chat %s failed: %s", chat_id, err)
         note_turn(FLOODED)
@@ -239,7 +249,7 @@ class Handlers:
             for_us = (
                 target.lower() == (context.bot.username or "").lower()
                 if target
-                else name in KNOWN_COMMANDS  # a bare unknown /command is another bot's
+                else name in commands.KNOWN  # a bare unknown /command is another bot's
             )
             if for_us:
                 return
@@ -274,33 +284,51 @@ class Handlers:
         assert update.message is not None
         await self.chat.help(
             _chat_id(update),
+            texts=context.texts,
             update_id=update.update_id,
             start=True,
             user_id=_user_id(update),
             payload=_command_argument(update.message),
         )
 
-    async def show_context(self, update: Update, context: Context) -> None:
+    async def context(self, update: Update, context: Context) -> None:
         """/context: what the model reads now."""
-        await self.chat.context(_chat_id(update), update_id=update.update_id)
+        await self.chat.context(_chat_id(update), texts=context.texts, update_id=update.update_id)
 
     async def privacy(self, update: Update, context: Context) -> None:
         """/privacy."""
-        await self.chat.privacy(_chat_id(update), update_id=update.update_id)
+        await self.chat.privacy(_chat_id(update), texts=context.texts, update_id=update.update_id)
 
     async def help(self, update: Update, context: Context) -> None:
         """/help."""
-        await self.chat.help(_chat_id(update), update_id=update.update_id)
+        await self.chat.help(_chat_id(update), texts=context.texts, update_id=update.update_id)
+
+    async def lang(self, update: Update, context: Context) -> None:
+        """/lang shows the chat's language, /lang CODE sets it, /lang auto follows Telegram's."""
+        assert update.message is not None
+        await self.chat.language(
+            _chat_id(update),
+            _command_argument(update.message),
+            texts=context.texts,
+            sender_language=_sender_language(update),
+            update_id=update.update_id,
+        )
 
     async def persona(self, update: Update, context: Context) -> None:
         """/persona shows, /persona <text> sets, /persona clear clears."""
         assert update.message is not None
         argument = _command_argument(update.message)
         if not argument.strip():
-            await self.chat.show_persona(_chat_id(update), update_id=update.update_id)
+            await self.chat.show_persona(
+                _chat_id(update), texts=context.texts, update_id=update.update_id
+            )
         else:
             await self.chat.set_persona(
-                _chat_id(update), _user_id(update), argument, update_id=update.update_id
+                _chat_id(update),
+                _user_id(update),
+                argument,
+                texts=context.texts,
+                update_id=update.update_id,
             )
 
     async def done(self, update: Update, context: Context) -> None:
@@ -308,24 +336,30 @@ class Handlers:
         buttons on, a 1-5 rating keyboard follows."""
         await self.chat.done(
             _chat_id(update),
+            texts=context.texts,
             update_id=update.update_id,
             rating_markup=feedback.rating_markup_json if self.settings.feedback_buttons else None,
         )
 
     async def arena(self, update: Update, context: Context) -> None:
         """/arena: the next message is answered by two variants; the user picks one."""
-        await self.chat.arena(_chat_id(update), _user_id(update), update_id=update.update_id)
+        await self.chat.arena(
+            _chat_id(update), _user_id(update), texts=context.texts, update_id=update.update_id
+        )
 
     async def model(self, update: Update, context: Context) -> None:
         """/model lists the variants, /model NAME chooses one (where ALLOW_MODEL_CHOICE)."""
         assert update.message is not None
         await self.chat.choose_variant(
-            _chat_id(update), _command_argument(update.message), update_id=update.update_id
+            _chat_id(update),
+            _command_argument(update.message),
+            texts=context.texts,
+            update_id=update.update_id,
         )
 
     async def forget(self, update: Update, context: Context) -> None:
         """/forget: delete everything stored for this chat (idempotent)."""
-        await self.chat.forget(_chat_id(update), update_id=update.update_id)
+        await self.chat.forget(_chat_id(update), texts=context.texts, update_id=update.update_id)
 
     async def stats(self, update: Update, context: Context) -> None:
         """/stats for admins; everyone else gets the unknown-command answer."""
@@ -333,7 +367,7 @@ class Handlers:
         if user_id is None or user_id not in self.admin_ids:
             log.info("refused /stats from user %s in chat %s", user_id, _chat_id(update))
             await self.chat.notice(
-                _chat_id(update), texts.UNKNOWN_COMMAND, update_id=update.update_id
+                _chat_id(update), context.texts.UNKNOWN_COMMAND, update_id=update.update_id
             )
             return
         figures = await stats(self.sessionmaker, retention_days=self.settings.retention_days)
@@ -342,7 +376,9 @@ class Handlers:
 
     async def unknown_command(self, update: Update, context: Context) -> None:
         """Any other /command."""
-        await self.chat.notice(_chat_id(update), texts.UNKNOWN_COMMAND, update_id=update.update_id)
+        await self.chat.notice(
+            _chat_id(update), context.texts.UNKNOWN_COMMAND, update_id=update.update_id
+        )
 
     # --- messages --------------------------------------------------------------------------
 
@@ -361,7 +397,7 @@ class Handlers:
                 chat_id,
                 user_id,
                 text,
-                notice=self.flood.notice() if verdict is Flood.NOTICE else None,
+                notice=self.flood.notice(context.texts) if verdict is Flood.NOTICE else None,
                 update_id=update.update_id,
                 telegram_message_id=message.message_id,
             )
@@ -371,9 +407,10 @@ class Handlers:
                 chat_id,
                 user_id,
                 text,
+                texts=context.texts,
                 update_id=update.update_id,
                 telegram_message_id=message.message_id,
-                arena_markup=feedback.duel_markup_json,
+                arena_markup=lambda match_id: feedback.duel_markup_json(match_id, context.texts),
             )
 
     @contextlib.asynccontextmanager
@@ -405,7 +442,9 @@ class Handlers:
         message = update.edited_message
         assert message is not None
         if message.text is None or _command_name(message) is not None:
-            await self.chat.notice(_chat_id(update), texts.EDITED, update_id=update.update_id)
+            await self.chat.notice(
+                _chat_id(update), context.texts.EDITED, update_id=update.update_id
+            )
             return
         async with typing_action(context.bot, _chat_id(update)):
             await self.chat.edit(
@@ -413,6 +452,7 @@ class Handlers:
                 _user_id(update),
                 message.message_id,
                 message.text,
+                texts=context.texts,
                 update_id=update.update_id,
             )
 
@@ -422,7 +462,7 @@ class Handlers:
         verdict = self.flood.check(_chat_id(update), _sent_at(update.message), update.update_id)
         if verdict is Flood.QUIET:
             return  # left pending -> closed as ignored
-        text = texts.NOT_TEXT if verdict is Flood.OK else self.flood.notice()
+        text = context.texts.NOT_TEXT if verdict is Flood.OK else self.flood.notice(context.texts)
         await self.chat.notice(_chat_id(update), text, update_id=update.update_id)
 
     # --- feedback --------------------------------------------------------------------------
@@ -438,36 +478,43 @@ class Handlers:
         chat_id, user_id = _chat_id(update), _user_id(update)
         pressed_on = query.message.message_id if query.message is not None else None
         press = feedback.parse(query.data)
-        answer, markup = texts.VOTE_STALE, None
+        language = context.texts  # the chat's (or the presser's), as for any update
+        answer, markup = language.VOTE_STALE, None
         if isinstance(press, feedback.VotePress) and user_id is not None:
             outcome = await self.chat.vote(
                 chat_id,
                 user_id,
                 press.message_id,
                 press.value,
+                texts=language,
                 telegram_message_id=pressed_on,
                 update_id=update.update_id,
             )
             if outcome is not Outcome.STALE:
-                answer = texts.VOTED_UP if press.value > 0 else texts.VOTED_DOWN
+                answer = language.VOTED_UP if press.value > 0 else language.VOTED_DOWN
                 markup = feedback.vote_keyboard(press.message_id, press.value)
         elif isinstance(press, feedback.DuelPress):
             outcome = await self.chat.arena_pick(
                 chat_id, press.match_id, press.winner, update_id=update.update_id
             )
-            answer = arena_answer(outcome, press.winner)
+            answer = arena_answer(outcome, press.winner, language)
             if outcome is Outcome.STORED:
-                markup = feedback.duel_keyboard(press.match_id, press.winner)
+                markup = feedback.duel_keyboard(press.match_id, language, press.winner)
         elif isinstance(press, feedback.RatePress) and press.value > 0:
             outcome = await self.chat.rate(
-                chat_id, user_id, press.session_id, press.value, update_id=update.update_id
+                chat_id,
+                user_id,
+                press.session_id,
+                press.value,
+                texts=language,
+                update_id=update.update_id,
             )
-            answer = rating_answer(outcome, press.value)
+            answer = rating_answer(outcome, press.value, language)
             if outcome is Outcome.STORED:
                 markup = feedback.rating_keyboard(press.session_id, press.value)
         else:
             if isinstance(press, feedback.RatePress):
-                answer = texts.RATING_TWICE  # the tick of a rating already given
+                answer = language.RATING_TWICE  # the tick of a rating already given
             await self.chat.store.finish_update(update.update_id, InboxStatus.IGNORED)
         try:
             await query.answer(answer)
@@ -496,6 +543,7 @@ class Handlers:
             change.user.id,
             None,
             value,
+            texts=context.texts,
             source=VoteSource.REACTION,
             telegram_message_id=change.message_id,
             update_id=update.update_id,
@@ -508,7 +556,7 @@ class Handlers:
         log.error("error outside any update", exc_info=context.error)
 
 
-async def dispatch(application: App, update: Update) -> None:
+async def dispatch(application: App, update: Update, language: Texts = ENGLISH) -> None:
     """Run the update through the application's handlers, as Application.process_update does
     (per group, in group order, the first handler whose check matches; ApplicationHandlerStop
     ends it), except that a handler's exception propagates to the caller.
@@ -516,6 +564,7 @@ async def dispatch(application: App, update: Update) -> None:
     process_update hands exceptions to the error handler instead, which would leave the inbox
     worker no way to retry the update but shared state keyed by update_id. Every handler here
     is blocking (PTB's default), so running it in this task is what PTB would do too.
+    Every handler's context is a TurnContext that carries `language`, the update's texts.
     """
     context: Context | None = None
     for group in sorted(application.handlers):
@@ -524,7 +573,8 @@ async def dispatch(application: App, update: Update) -> None:
             if check is None or check is False:
                 continue
             if context is None:
-                context = application.context_types.context.from_update(update, application)
+                context = TurnContext.from_update(update, application)
+                context.texts = language
                 await context.refresh_data()
             try:
                 await handler.handle_update(update, application, check, context)
@@ -552,8 +602,15 @@ class UpdateRunner:
         """Process the update; raise what its handler raised, so the inbox worker can retry."""
         update = Update.de_json(json.loads(row.payload), self.application.bot)
         started = time.perf_counter()
+        # The language first, once for the whole update: every text it gets is in it.
+        chat = update.effective_chat
+        language = (
+            await self.handlers.chat.texts_for(chat.id, _sender_language(update))
+            if chat is not None
+            else ENGLISH
+        )
         with turn_scope() as note:
-            await dispatch(self.application, update)
+            await dispatch(self.application, update, language)
         unanswered = False
         async with self.sessionmaker.begin() as db:
             # No handler closed it (a group message not for us, a service message): done with it.
@@ -592,6 +649,12 @@ def _chat_id(update: Update) -> int:
 def _user_id(update: Update) -> int | None:
     user = update.effective_user
     return user.id if user else None
+
+
+def _sender_language(update: Update) -> str | None:
+    """The sender's Telegram client language (an IETF tag such as "de" or "pt-br")."""
+    user = update.effective_user
+    return user.language_code if user else None
 
 
 def _sent_at(message: Message) -> float:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.texts import RATE_PROMPT
+from bot.texts import ENGLISH
 from tests.support.botprocess import (
     SECRET,
     TOKEN,
@@ -40,7 +40,7 @@ async def conversation(api: FakeBotAPI, chat: int, tmp_path: Path) -> None:
         assert reply.strip() and not reply.startswith(("Sorry", "Hi! "))
     assert (await say("/done")).startswith("Conversation ended")
     sent += 1  # the 1-5 rating of the conversation follows
-    assert (await api.wait_for_texts(chat, sent, timeout_s=30))[-1] == RATE_PROMPT
+    assert (await api.wait_for_texts(chat, sent, timeout_s=30))[-1] == ENGLISH.RATE_PROMPT
     ((status, persona, count),) = db_rows(
         tmp_path,
         f"SELECT s.status, s.persona, count(m.id) FROM sessions s JOIN messages m "
@@ -61,7 +61,7 @@ async def test_polling_end_to_end_at_debug_level_without_leaking_the_token(
         env = bot_env(tmp_path, api, tiny_model_file, LOG_LEVEL="DEBUG")
         async with bot_process(env, tmp_path, api) as bot:
             assert [c["command"] for c in api.commands] == [
-                "start", "help", "persona", "done", "forget", "context", "privacy",
+                "start", "help", "persona", "done", "forget", "context", "privacy", "lang",
             ]  # fmt: skip
             assert api.calls_to("deleteWebhook")
             await conversation(api, 42, tmp_path)

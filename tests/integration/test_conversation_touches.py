@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bot import texts
 from bot.app import Service
 from bot.config import ConfigError
 from bot.presets import load_presets
+from bot.texts import ENGLISH as texts
 from tests.support.fakebotapi import FakeBotAPI, Fault
 from tests.support.fixtures import StartService
 from tests.support.service_harness import EchoResponder, make_settings, rows
@@ -48,7 +48,7 @@ async def test_presets_list_use_and_the_deep_link(
     api.user_message(703, "/start persona_nobody")
     [first] = await api.wait_for_texts(702, 1)
     assert first == "Hi! " + texts.persona_set("My name is Sarah. I love hiking.") + (
-        "\n\n" + texts.HELP
+        "\n\n" + texts.help("en")
     )
     [other] = await api.wait_for_texts(703, 1)
     assert other.endswith(texts.preset_unknown("nobody", ["sarah", "chef"]))

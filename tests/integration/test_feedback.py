@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from bot import texts
+from bot.texts import ENGLISH as texts
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.fixtures import StartService
 from tests.support.service_harness import EchoResponder, make_settings, rows

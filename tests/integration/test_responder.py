@@ -22,6 +22,7 @@ from bot.inference.cache import AgentCache
 from bot.inference.model import load_shared_agent
 from bot.inference.responder import Responder
 from bot.persona import persona_lines
+from bot.texts import ENGLISH
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,9 +98,9 @@ async def test_eviction_and_restart_are_invisible(
     tmp_path: Path,
 ) -> None:
     chat = ChatActions(store, responder, responder.settings)
-    await chat.set_persona(7, 7, "My name is Sarah. I love hiking.")
+    await chat.set_persona(7, 7, "My name is Sarah. I love hiking.", texts=ENGLISH)
     for text in ["hello", "how are you", "what do you like"]:
-        await chat.text(7, 7, text)
+        await chat.text(7, 7, text, texts=ENGLISH)
     session = await store.active_session(7)
     probe = "tell me about your family"
     cached = await responder.generate(session, probe)
@@ -137,9 +138,11 @@ async def test_persona_stays_at_head_after_200_turns(
 ) -> None:
     chat = ChatActions(store, responder, responder.settings)
     persona = "My name is Jessica. I love cats."
-    await chat.set_persona(9, 9, persona)
+    await chat.set_persona(9, 9, persona, texts=ENGLISH)
     for i in range(200):
-        await chat.text(9, 9, f"turn {['one', 'two', 'three'][i % 3]} do you like dogs")
+        await chat.text(
+            9, 9, f"turn {['one', 'two', 'three'][i % 3]} do you like dogs", texts=ENGLISH
+        )
     session = await store.active_session(9)
     result = await responder.generate(session, "what is your name")
     agent = responder.shared_agent
@@ -156,9 +159,9 @@ async def test_persona_change_takes_effect_next_turn(
     responder: Responder, store: ConversationStore
 ) -> None:
     chat = ChatActions(store, responder, responder.settings)
-    await chat.set_persona(11, 11, "I love dogs.")
-    await chat.text(11, 11, "hello")
-    await chat.set_persona(11, 11, "I love cats.")
+    await chat.set_persona(11, 11, "I love dogs.", texts=ENGLISH)
+    await chat.text(11, 11, "hello", texts=ENGLISH)
+    await chat.set_persona(11, 11, "I love cats.", texts=ENGLISH)
     session = await store.active_session(11)
     result = await responder.generate(session, "hello again")
     text = _normalize(_decode(responder.shared_agent, result.model_input))
@@ -169,7 +172,7 @@ async def test_two_user_messages_in_a_row_become_one_turn(
     responder: Responder, store: ConversationStore
 ) -> None:
     chat = ChatActions(store, responder, responder.settings)
-    await chat.text(12, 12, "hello")
+    await chat.text(12, 12, "hello", texts=ENGLISH)
     await chat.unanswered(12, 12, "are you there", notice=None)
     session = await store.active_session(12)
     await responder.generate(session, "please talk to me")
@@ -235,7 +238,7 @@ async def test_engine_error_is_reported_and_message_kept(
         session = await store.active_session(13)
         with pytest.raises(GenerationError):
             await responder.respond(session, "hello")
-        await chat.text(13, 13, "hello")
+        await chat.text(13, 13, "hello", texts=ENGLISH)
     finally:
         responder.shared_agent.batch_act = original
     ctx = await store.load_context(session.id, tail=None)
@@ -252,10 +255,12 @@ async def test_a_clone_behind_the_database_is_rebuilt(
     for eng in (a, b, fresh):
         await eng.batcher.start()
     try:
-        await ChatActions(store, a, settings).set_persona(21, 21, "My name is Sarah.")
-        await ChatActions(store, a, settings).text(21, 21, "hello")
-        await ChatActions(store, b, settings).text(21, 21, "do you like dogs")
-        await ChatActions(store, a, settings).text(21, 21, "how are you")
+        await ChatActions(store, a, settings).set_persona(
+            21, 21, "My name is Sarah.", texts=ENGLISH
+        )
+        await ChatActions(store, a, settings).text(21, 21, "hello", texts=ENGLISH)
+        await ChatActions(store, b, settings).text(21, 21, "do you like dogs", texts=ENGLISH)
+        await ChatActions(store, a, settings).text(21, 21, "how are you", texts=ENGLISH)
         session = await store.active_session(21)
         probe = "what do you like"
         from_a = await a.generate(session, probe)
@@ -265,7 +270,7 @@ async def test_a_clone_behind_the_database_is_rebuilt(
         assert "do you like dogs" in text and "how are you" in text
         # ... and a clone that is up to date stays cached: no rebuild per turn.
         misses = a.cache.stats.misses
-        await ChatActions(store, a, settings).text(21, 21, "i love cats")
+        await ChatActions(store, a, settings).text(21, 21, "i love cats", texts=ENGLISH)
         assert a.cache.stats.misses == misses
     finally:
         for eng in (a, b, fresh):

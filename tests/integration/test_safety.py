@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bot import texts
 from bot.safety import SafetyGate
+from bot.texts import ENGLISH as texts
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.fixtures import StartService
 from tests.support.service_harness import EchoResponder, make_settings, rows

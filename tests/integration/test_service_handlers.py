@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from bot.texts import EDITED, HELP, NOT_TEXT, UNKNOWN_COMMAND
+from bot.texts import ENGLISH
 from bot.tg import handlers
 from tests.support.fakebotapi import BOT_ID, BOT_USERNAME, FakeBotAPI
 from tests.support.fixtures import StartService
 from tests.support.service_harness import EchoResponder, make_settings, rows, running_service
+
+EDITED, NOT_TEXT, UNKNOWN_COMMAND = ENGLISH.EDITED, ENGLISH.NOT_TEXT, ENGLISH.UNKNOWN_COMMAND
+HELP = ENGLISH.help("en")  # BOT_MODEL_LANGUAGE's default
 
 
 async def test_commands_persona_turns_done_and_forget(
@@ -24,7 +27,7 @@ async def test_commands_persona_turns_done_and_forget(
     service = await start_service(settings, responder)
     await api.wait_for(lambda: bool(api.commands), what="setMyCommands")
     assert [c["command"] for c in api.commands] == [
-        "start", "help", "persona", "done", "forget", "context", "privacy",
+        "start", "help", "persona", "done", "forget", "context", "privacy", "lang",
     ]  # fmt: skip
     script = [
         "/start",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from bot.texts import APOLOGY
+from bot.texts import ENGLISH
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.fixtures import StartService
 from tests.support.service_harness import EchoResponder, make_settings, rows, running_service
@@ -87,7 +87,7 @@ async def test_a_failing_update_is_retried_then_apologised_for_and_the_chat_goes
     bad = api.user_message(1201, "boom")
     api.user_message(1201, "after the boom")
     texts = await api.wait_for_texts(1201, 2)
-    assert texts == [APOLOGY, "echo 1201: after the boom"]
+    assert texts == [ENGLISH.APOLOGY, "echo 1201: after the boom"]
     assert responder.calls.count((1201, "boom")) == 3
     (row,) = await rows(svc, f"SELECT status, attempts, error FROM inbox WHERE update_id = {bad}")
     assert row[0] == "failed" and row[1] >= 2 and "responder exploded" in row[2]

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from bot import texts
 from bot.admin.cli import run_admin
 from bot.config import Settings
 from bot.conversations.store import ConversationStore
@@ -18,6 +17,7 @@ from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.engine.assign import choose
 from bot.engine.router import VariantResponder
+from bot.texts import ENGLISH as texts
 from tests.integration.test_admin import parse_admin
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.service_harness import make_settings, rows, running_service
@@ -351,11 +351,11 @@ async def test_an_edit_regenerates_from_the_history_without_the_old_turn(
     settings = Settings(_env_file=None, data_dir=tmp_path, safety="off")  # type: ignore[call-arg]
     chat_actions = ChatActions(store, router, settings)
     chat = 971
-    await chat_actions.text(chat, chat, "hello one", telegram_message_id=1)
-    await chat_actions.text(chat, chat, "tell me about cats", telegram_message_id=2)
+    await chat_actions.text(chat, chat, "hello one", texts=texts, telegram_message_id=1)
+    await chat_actions.text(chat, chat, "tell me about cats", texts=texts, telegram_message_id=2)
     for row in await store.pending_outbox(chat):  # delivered (only those are edited in place)
         await store.mark_sent(row.id, 1000 + row.id)
-    await chat_actions.edit(chat, chat, 2, "tell me about dogs")
+    await chat_actions.edit(chat, chat, 2, "tell me about dogs", texts=texts)
     session = await store.active_session(chat)
     view = await router.inspect(session)
     assert "dogs" in view.text and "cats" not in view.text

@@ -90,6 +90,7 @@ TABLES = {
     "replicas",
     "experiments",
     "variants",
+    "chat_settings",
     "alembic_version",
 }
 

@@ -198,7 +198,12 @@ class FakeBotAPI:
         self.sent: list[Sent] = []
         self.calls: list[Call] = []
         self.faults: list[Fault] = []
-        self.commands: list[dict[str, str]] = []
+        self.commands: list[dict[str, str]] = []  # the menu set without a language_code
+        # setMyCommands, setMyDescription, setMyShortDescription by language_code (None: the
+        # default that clients of every other language see)
+        self.commands_by_language: dict[str | None, list[dict[str, str]]] = {}
+        self.descriptions: dict[str | None, str] = {}
+        self.short_descriptions: dict[str | None, str] = {}
         self.webhook = WebhookState()
         self.webhook_posts: list[tuple[int, int]] = []  # (update_id, HTTP status or 0)
         self.offsets: list[int | None] = []  # offset of every getUpdates call, in order
@@ -288,11 +293,13 @@ class FakeBotAPI:
         reply_to_bot: bool = False,
         kind: str = "message",
         message_id: int | None = None,
+        language_code: str | None = None,
     ) -> int:
         """Queue a message from a user; returns its update_id.
 
         `text` starting with "/" gets a bot_command entity; `extra` adds fields such as
-        `sticker` or `photo`; `kind="edited_message"` makes an edit.
+        `sticker` or `photo`; `kind="edited_message"` makes an edit; `language_code` is the
+        sender's Telegram client language (absent when None, as Telegram may send it).
         """
         user_id = user_id if user_id is not None else abs(chat_id)
         message: dict[str, Any] = {
@@ -300,7 +307,7 @@ class FakeBotAPI:
             "message_id": message_id if message_id is not None else next(self._next_message_id),
             "date": int(time.time()),
             "chat": self._chat(chat_id, chat_type, user_id),
-            "from": {"id": user_id, "is_bot": False, "first_name": f"User{user_id}"},
+            "from": self._user(user_id, language_code),
         }
         if text is not None:
             message["text"] = text
@@ -321,7 +328,13 @@ class FakeBotAPI:
         return self.add_update({kind: message})
 
     def press(
-        self, chat_id: int, message_id: int, data: str, *, user_id: int | None = None
+        self,
+        chat_id: int,
+        message_id: int,
+        data: str,
+        *,
+        user_id: int | None = None,
+        language_code: str | None = None,
     ) -> tuple[int, str]:
         """Queue a press of an inline button under the bot's message `message_id` (any data,
         forged or not); returns (update_id, callback query id)."""
@@ -342,7 +355,7 @@ class FakeBotAPI:
             {
                 "callback_query": {
                     "id": query_id,
-                    "from": {"id": user_id, "is_bot": False, "first_name": f"User{user_id}"},
+                    "from": self._user(user_id, language_code),
                     "chat_instance": f"ci{chat_id}",
                     "message": message,
                     "data": data,
@@ -657,11 +670,36 @@ class FakeBotAPI:
         commands = p.json("commands")
         if not isinstance(commands, list):
             raise ApiError(400, "Bad Request: commands must be an array")
-        self.commands = commands
+        language = self._language_code(p)
+        self.commands_by_language[language] = commands
+        if language is None:
+            self.commands = commands
         return True
 
+    async def _m_setmydescription(self, p: Params) -> Any:
+        text = p.str("description", "") or ""
+        if len(text) > 512:
+            raise ApiError(400, "Bad Request: description is too long")
+        self.descriptions[self._language_code(p)] = text
+        return True
+
+    async def _m_setmyshortdescription(self, p: Params) -> Any:
+        text = p.str("short_description", "") or ""
+        if len(text) > 120:
+            raise ApiError(400, "Bad Request: short description is too long")
+        self.short_descriptions[self._language_code(p)] = text
+        return True
+
+    @staticmethod
+    def _language_code(p: Params) -> str | None:
+        """A two-letter ISO 639-1 code or empty (the Bot API's rule for language_code)."""
+        code = p.str("language_code") or None
+        if code is not None and not (len(code) == 2 and code.isalpha() and code.islower()):
+            raise ApiError(400, "Bad Request: invalid language code specified")
+        return code
+
     async def _m_getmycommands(self, p: Params) -> Any:
-        return self.commands
+        return self.commands_by_language.get(self._language_code(p), self.commands)
 
     async def _m_deletewebhook(self, p: Params) -> Any:
         await self._stop_pusher()
@@ -769,6 +807,13 @@ class FakeBotAPI:
                 if data is not None and not 1 <= len(data.encode()) <= 64:
                     raise ApiError(400, "Bad Request: BUTTON_DATA_INVALID")
         return dict(markup)
+
+    @staticmethod
+    def _user(user_id: int, language_code: str | None) -> dict[str, Any]:
+        user: dict[str, Any] = {"id": user_id, "is_bot": False, "first_name": f"User{user_id}"}
+        if language_code is not None:
+            user["language_code"] = language_code
+        return user
 
     @staticmethod
     def _chat(chat_id: int, chat_type: str, user_id: int) -> dict[str, Any]:

@@ -1,0 +1,30 @@
+"""Chat settings: what a chat chose for itself (its language, /lang)."""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from bot.db.dialect import insert_unless_present
+from bot.db.models import ChatSetting, utcnow
+
+
+async def language_of(db: AsyncSession, chat_id: int) -> str | None:
+    """The language a chat chose with /lang; None: it follows each sender's."""
+    return await db.scalar(select(ChatSetting.language).where(ChatSetting.chat_id == chat_id))
+
+
+async def set_language(db: AsyncSession, chat_id: int, language: str | None) -> None:
+    """Store a chat's language (None: back to each sender's Telegram language)."""
+    changed = await db.execute(
+        update(ChatSetting)
+        .where(ChatSetting.chat_id == chat_id)
+        .values(language=language, updated_at=utcnow())
+    )
+    if not getattr(changed, "rowcount", 0):
+        await insert_unless_present(
+            db,
+            ChatSetting,
+            {"chat_id": chat_id, "language": language, "updated_at": utcnow()},
+            ["chat_id"],
+        )
