@@ -11,7 +11,8 @@ from pydantic import SecretStr
 
 from bot.config import Settings
 from bot.db.engine import safe_url
-from bot.logs import RedactingFilter, settings_secrets, setup_logging
+from bot.logs import RedactingFilter, settings_secrets
+from tests.support.logcapture import captured_root
 
 TOKEN = "1234567890:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw1"
 
@@ -78,8 +79,6 @@ def test_a_percent_encoded_database_password_is_redacted_in_both_forms(
 def text_root() -> Iterator[io.StringIO]:
     """The root logger set up as `python -m bot` does (text lines), writing to the stream
     yielded; restored after."""
-    root = logging.getLogger()
-    saved, level = list(root.handlers), root.level
     settings = Settings(  # type: ignore[call-arg]
         _env_file=None,
         telegram_bot_token=SecretStr(TOKEN),
@@ -87,19 +86,8 @@ def text_root() -> Iterator[io.StringIO]:
         admin_database_url=SecretStr("postgresql+asyncpg://bot_ro:ro@db/bot"),
         dashboard_password=SecretStr("a long dashboard passphrase"),
     )
-    setup_logging("DEBUG", settings_secrets(settings))
-    out = io.StringIO()
-    (handler,) = root.handlers
-    assert isinstance(handler, logging.StreamHandler)
-    handler.setStream(out)
-    try:
+    with captured_root(settings_secrets(settings)) as out:
         yield out
-    finally:
-        for handler in list(root.handlers):
-            root.removeHandler(handler)
-        for handler in saved:
-            root.addHandler(handler)
-        root.setLevel(level)
 
 
 def test_a_short_database_password_is_masked_in_its_url_only(text_root: io.StringIO) -> None:

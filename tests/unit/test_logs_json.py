@@ -11,7 +11,8 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from bot.logs import log_context, setup_logging
+from bot.logs import log_context
+from tests.support.logcapture import captured_root
 
 TOKEN = "1234567890:FAKE-json-log-redaction-test-token0"  # not a real token
 SECRET = "webhook-Secret-value_0123"
@@ -22,21 +23,8 @@ PASSWORD = 'db"pass\\word-77'  # characters JSON escapes: redaction must happen 
 def json_root() -> Iterator[io.StringIO]:
     """The root logger set up as `python -m bot run` does with LOG_FORMAT=json, writing to the
     stream yielded; restored after."""
-    root = logging.getLogger()
-    saved, level = list(root.handlers), root.level
-    setup_logging("DEBUG", [TOKEN, SECRET, PASSWORD], "json")
-    out = io.StringIO()
-    (handler,) = root.handlers
-    assert isinstance(handler, logging.StreamHandler)
-    handler.setStream(out)
-    try:
+    with captured_root([TOKEN, SECRET, PASSWORD], "json") as out:
         yield out
-    finally:
-        for handler in list(root.handlers):
-            root.removeHandler(handler)
-        for handler in saved:
-            root.addHandler(handler)
-        root.setLevel(level)
 
 
 def _lines(out: io.StringIO) -> list[dict[str, object]]:
