@@ -209,6 +209,10 @@ async def test_two_replicas_on_postgres_answer_every_chat_when_one_worker_hangs(
                     await api.wait_for_texts(
                         chat, 1, timeout_s=60 - (time.monotonic() - stopped_at)
                     )
+                # The hung replica notices its worker (it may have taken no chat at all).
+                await api.wait_for(
+                    lambda: "worker stalled" in first.output(), STALL_S + 5, "the stall noticed"
+                )
                 await asyncio.sleep(2.0)  # would a duplicate follow once it is woken?
             for bot in (first, second):
                 bot.proc.send_signal(signal.SIGTERM)
