@@ -2,7 +2,7 @@
 
     python -m bench.sharing [--conversations 1000] [--quick]
 
-Every case starts its own model worker processes (bot.engine.client.WorkerHandle, spawn,
+Every case starts its own model worker processes (bot.engine.client.ModelProcess, spawn,
 exactly as the service does), on the BlenderBot-90M-architecture model
 (bench/common.build_bench_model), and answers one turn on each so that everything lazy is
 loaded. Cases:
@@ -36,9 +36,9 @@ from typing import Any
 from bench import common
 from bot.config import Settings
 from bot.db.conversations import MessageRow, SessionRow
-from bot.engine.client import WorkerHandle
+from bot.engine.client import ModelProcess
 from bot.engine.protocol import ConversationContext
-from bot.inference.worker import WorkerSpec
+from bot.inference.process import ProcessSpec
 
 MB = 2**20
 
@@ -72,14 +72,14 @@ def _settings(model_file: str, **generation: Any) -> Settings:
     )
 
 
-async def _workers(specs: list[WorkerSpec]) -> list[WorkerHandle]:
-    handles = [WorkerHandle(spec, _Contexts()) for spec in specs]
+async def _workers(specs: list[ProcessSpec]) -> list[ModelProcess]:
+    handles = [ModelProcess(spec, _Contexts()) for spec in specs]
     await asyncio.gather(*(h.start() for h in handles))
     await asyncio.gather(*(h.generate(_session(1000 + i), "hello") for i, h in enumerate(handles)))
     return handles
 
 
-async def _case(specs: list[WorkerSpec]) -> dict[str, float]:
+async def _case(specs: list[ProcessSpec]) -> dict[str, float]:
     handles = await _workers(specs)
     try:
         figures = [await h.stats() for h in handles]
@@ -92,7 +92,7 @@ async def _case(specs: list[WorkerSpec]) -> dict[str, float]:
     }
 
 
-async def _per_conversation(spec: WorkerSpec, n: int) -> dict[str, float]:
+async def _per_conversation(spec: ProcessSpec, n: int) -> dict[str, float]:
     [handle] = await _workers([spec])
     try:
         before = await handle.stats()
@@ -125,8 +125,8 @@ async def _per_conversation(spec: WorkerSpec, n: int) -> dict[str, float]:
     }
 
 
-def _spec(name: str, settings: Settings, share: bool = True) -> WorkerSpec:
-    return WorkerSpec(name, settings, threads=1, log_level="WARNING", share_weights=share)
+def _spec(name: str, settings: Settings, share: bool = True) -> ProcessSpec:
+    return ProcessSpec(name, settings, threads=1, log_level="WARNING", share_weights=share)
 
 
 def _copy_model(model: str, directory: str) -> str:

@@ -127,12 +127,10 @@ class Service:
         self.store = ConversationStore(sessionmaker)
         self.responder = responder
         self.application = application
-        self.chat = ChatActions(
-            self.store, responder, settings, experiment=getattr(responder, "experiment", None)
-        )
-        restarts = getattr(responder, "restart_reasons", None)
-        if restarts is not None:  # bot_worker_restarts_total{variant,reason}
-            self.metrics.watch_worker_restarts(restarts)
+        self.chat = ChatActions(self.store, responder, settings)
+        variants = responder.abilities.variants
+        if variants is not None:  # bot_worker_restarts_total{variant,reason}
+            self.metrics.watch_worker_restarts(variants.restart_reasons)
         self.handlers = Handlers(self.chat, settings, sessionmaker, budget)
         self.handlers.register(application)
         bot = application.bot
@@ -180,7 +178,7 @@ class Service:
             backoff=backoff,
             leases=self.leases[0],
             metrics=self.metrics,
-            lanes=responder if hasattr(responder, "lane_of") else None,  # type: ignore[arg-type]
+            lanes=variants,  # a slot share per variant, and no turn for one that is down
             # Another replica may have stored the rows (it polls, or nginx sent it the POST):
             # look often enough that its chats never wait long for a free replica.
             poll_interval_s=1.0,

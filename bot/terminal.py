@@ -140,11 +140,12 @@ async def run_terminal(
     db = make_engine(settings.db_url)
     store = ConversationStore(make_sessionmaker(db))
     responder = await VariantResponder.start(settings, store, tuple(settings_secrets(settings)))
-    chat = ChatActions(store, responder, settings, experiment=responder.experiment)
+    chat = ChatActions(store, responder, settings)
     await chat.safety.warm_up()
     interactive = stdin.isatty()
     # Redrawing a line needs a terminal: in a file the escape sequences would be litter.
-    drafts = GrowingLine(stdout) if settings.stream_replies and stdout.isatty() else None
+    streams = settings.stream_replies and responder.abilities.drafts and stdout.isatty()
+    drafts = GrowingLine(stdout) if streams else None
     try:
         if interactive:
             stdout.write(f"Chat {chat_id}. Commands: /persona, /done, /forget, /help, /quit.\n")

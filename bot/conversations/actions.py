@@ -81,8 +81,8 @@ class ChatActions:
     def experiment(self) -> Experiment | None:
         """The variants served now: the responder's own (it follows the database's changes),
         else the one given."""
-        live: Experiment | None = getattr(self.responder, "experiment", None)
-        return live if live is not None else self._experiment
+        variants = self.responder.abilities.variants
+        return variants.experiment if variants is not None else self._experiment
 
     async def notice(self, chat_id: int, text: str, *, update_id: int | None = None) -> None:
         """Send a short message that is not part of the conversation, and close the update."""
@@ -126,16 +126,16 @@ class ChatActions:
     async def context(self, chat_id: int, *, texts: Texts, update_id: int | None = None) -> None:
         """/context: the persona lines and the turns the model reads now, and how many older
         ones were dropped to fit its input."""
-        inspect = getattr(self.responder, "inspect", None)
+        inspector = self.responder.abilities.inspect
         session = await self.store.active_session_row(chat_id)
         if session is None or session.last_message_id is None:
             await self.notice(chat_id, texts.CONTEXT_EMPTY, update_id=update_id)
             return
-        if inspect is None:
+        if inspector is None:
             await self.notice(chat_id, texts.CONTEXT_UNAVAILABLE, update_id=update_id)
             return
         try:
-            view = await inspect(session)
+            view = await inspector.inspect(session)
         except GenerationError as err:
             log.warning("/context for chat %s failed: %s", chat_id, err)
             await self.notice(chat_id, texts.CONTEXT_UNAVAILABLE, update_id=update_id)
@@ -542,12 +542,11 @@ class ChatActions:
     # --- arena ---------------------------------------------------------------------------
 
     def _duel_responder(self) -> DuelResponder | None:
-        duelists = getattr(self.responder, "duelists", None)
-        if not self.settings.arena or not hasattr(self.responder, "duel") or not duelists:
+        """The responder's /arena, where it is on and has two variants to draw."""
+        duel = self.responder.abilities.duel
+        if not self.settings.arena or duel is None or len(duel.duelists) < 2:
             return None
-        if len(duelists) < 2:
-            return None
-        return self.responder  # type: ignore[return-value]
+        return duel
 
     async def arena(
         self, chat_id: int, user_id: int | None, *, texts: Texts, update_id: int | None = None

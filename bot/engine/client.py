@@ -1,4 +1,4 @@
-"""The service's side of a model worker process (bot.inference.worker): start it, send it
+"""The service's side of a model worker process (bot.inference.process): start it, send it
 turns, watch that it answers, restart it when it dies or hangs.
 
 Nothing here may block the event loop on the worker: messages to it go through a bounded queue
@@ -6,7 +6,7 @@ to a writer thread of its own (a stopped worker fills its pipe, and a blocking `
 loop would freeze the whole service), and replies come back through a reader thread.
 
 A worker that dies (kill -9, out of memory, a CUDA error) fails the turns it was working on
-with WorkerLost; `generate` waits for the restarted worker and sends them again, so they are
+with ModelProcessLost; `generate` waits for the restarted worker and sends them again, so they are
 answered once it is back, while other variants' workers keep answering. A worker that hangs
 (SIGSTOP, a deadlock, a swapped-out machine) is treated the same way: the service pings it once
 a second, and the worker answers from its event loop with how long its inference thread has
@@ -37,7 +37,7 @@ from bot.config import Settings
 from bot.db.conversations import SessionRow
 from bot.engine import pipe
 from bot.engine.protocol import DraftSink, Generated, GenerationError, ModelView
-from bot.inference.worker import WorkerSpec
+from bot.inference.process import ProcessSpec
 
 if TYPE_CHECKING:  # the service process never imports torch or ParlAI: the workers do
     from bot.engine.protocol import ContextSource, ConversationContext
@@ -69,19 +69,19 @@ SEND_QUEUE_SIZE = 1000
 EXITED, STALLED, PIPE_FULL = "exited", "stalled", "pipe_full"
 
 
-class WorkerStartError(Exception):
+class ModelStartError(Exception):
     """The worker could not load its model; the message says why."""
 
 
-class WorkerLost(Exception):
+class ModelProcessLost(Exception):
     """The worker process died, or was killed for hanging, while a request was in flight."""
 
 
-class WorkerHandle:
+class ModelProcess:
     """One variant's worker process, as the service sees it (the engine interface of
     bot.engine.router: generate, evict, turn_stored, set_persona, close)."""
 
-    def __init__(self, spec: WorkerSpec, store: ContextSource) -> None:
+    def __init__(self, spec: ProcessSpec, store: ContextSource) -> None:
         self.spec = spec
         self.name = spec.variant
         self.store = store
@@ -130,7 +130,7 @@ class WorkerHandle:
         return "worker down; restarting"
 
     async def start(self) -> None:
-        """Start the worker and wait until its model is loaded; WorkerStartError if it cannot."""
+        """Start the worker and wait until its model is loaded; ModelStartError if it cannot."""
         await self._spawn()
         self._supervisor = asyncio.create_task(self._supervise(), name=f"worker:{self.name}")
         self._watcher = asyncio.create_task(self._watch(), name=f"worker-ping:{self.name}")
@@ -146,7 +146,7 @@ class WorkerHandle:
         proc, conn = self._proc, self._conn
         answering = self._ready.is_set() and self._quiet_s() < 3 * PING_INTERVAL_S
         self._ready.clear()
-        with contextlib.suppress(WorkerLost):
+        with contextlib.suppress(ModelProcessLost):
             self._send(pipe.Stop())
         if proc is not None:
             await asyncio.to_thread(proc.join, STOP_TIMEOUT_S if answering else 0.0)
@@ -209,7 +209,7 @@ class WorkerHandle:
             await self._ready.wait()
             try:
                 answer = await self._request(partial(request, context=context), on_draft)
-            except WorkerLost:
+            except ModelProcessLost:
                 lost += 1
                 if lost >= MAX_LOST:
                     raise GenerationError(
@@ -233,7 +233,7 @@ class WorkerHandle:
         try:
             async with asyncio.timeout(STATS_TIMEOUT_S):
                 answer = await self._request(pipe.StatsRequest)
-        except (TimeoutError, WorkerLost):
+        except (TimeoutError, ModelProcessLost):
             return {}
         assert isinstance(answer, pipe.Stats)
         return answer.figures
@@ -252,20 +252,20 @@ class WorkerHandle:
     def _tell(self, message: pipe.Message) -> None:
         if not self._ready.is_set():
             return
-        with contextlib.suppress(WorkerLost):  # a hung worker: the watcher restarts it
+        with contextlib.suppress(ModelProcessLost):  # a hung worker: the watcher restarts it
             self._send(message)
 
     def _send(self, message: pipe.Message) -> None:
-        """Queue a message for the writer thread, never blocking; WorkerLost when the worker
+        """Queue a message for the writer thread, never blocking; ModelProcessLost when the worker
         is down, or has stopped reading (its pipe and the queue are full: it is restarted)."""
         sending = self._sending
         if sending is None:
-            raise WorkerLost
+            raise ModelProcessLost
         try:
             sending.put_nowait(message)
         except queue.Full:
             self._stall(PIPE_FULL, f"{sending.maxsize} messages waiting: it stopped reading")
-            raise WorkerLost from None
+            raise ModelProcessLost from None
 
     async def _request(
         self, build: Callable[[int], pipe.Request], on_draft: DraftSink | None = None
@@ -313,7 +313,7 @@ class WorkerHandle:
         self._down = self._down or (EXITED, "the process exited")
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(WorkerLost())
+                future.set_exception(ModelProcessLost())
         self._lost.set()
 
     # --- liveness --------------------------------------------------------------------------
@@ -333,7 +333,7 @@ class WorkerHandle:
             elif self._stuck_s > self.stall_s:
                 self._stall(STALLED, f"no decoding step for {self._stuck_s:.1f} s")
             else:
-                with contextlib.suppress(WorkerLost):
+                with contextlib.suppress(ModelProcessLost):
                     self._send(pipe.Ping())
 
     def _stall(self, reason: str, detail: str) -> None:
@@ -364,7 +364,7 @@ class WorkerHandle:
     async def _spawn(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
-        from bot.inference.worker import main
+        from bot.inference.process import main
 
         proc = ctx.Process(
             target=main, args=(child, self.spec), name=f"bot-variant-{self.name}", daemon=True
@@ -385,7 +385,7 @@ class WorkerHandle:
                 proc.kill()
                 await asyncio.to_thread(proc.join, STOP_TIMEOUT_S)
             parent.close()
-            raise WorkerStartError(first.reason)
+            raise ModelStartError(first.reason)
         self.info = dict(first.info)
         self._conn, self._proc = parent, proc
         self._sending = queue.Queue(self.send_queue_size)
@@ -431,7 +431,7 @@ class WorkerHandle:
                 await asyncio.sleep(min(RESTART_CAP_S, RESTART_FIRST_S * 2 ** (failures - 1)))
                 try:
                     await self._spawn()
-                except WorkerStartError as err:
+                except ModelStartError as err:
                     log.error("variant %s: restarting the worker failed: %s", self.name, err)
                     continue
                 self.restarts += 1
@@ -463,7 +463,7 @@ def _first_message(conn: Connection, proc: BaseProcess) -> pipe.Ready | pipe.Fai
     return pipe.Failed(f"the model did not load within {START_TIMEOUT_S:.0f} s")
 
 
-def _read(conn: Connection, loop: asyncio.AbstractEventLoop, handle: WorkerHandle) -> None:
+def _read(conn: Connection, loop: asyncio.AbstractEventLoop, handle: ModelProcess) -> None:
     """The pipe's reader thread: every message to the event loop; EOF means the worker died."""
     while True:
         try:
@@ -490,15 +490,15 @@ def _write(conn: Connection, sending: queue.Queue[pipe.Message | None], name: st
             log.exception("variant %s: a message could not be sent to the worker", name)
 
 
-def worker_spec(
+def process_spec(
     name: str,
     settings: Settings,
     parlai_overrides: dict[str, Any],
     threads: int | None,
     secrets: tuple[str, ...],
-) -> WorkerSpec:
+) -> ProcessSpec:
     """The spec of a variant's worker."""
-    return WorkerSpec(
+    return ProcessSpec(
         variant=name,
         settings=settings,
         parlai_overrides=parlai_overrides,

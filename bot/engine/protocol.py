@@ -5,7 +5,10 @@ The use cases (bot/conversations) talk to a ResponderProtocol; the service's res
 process (bot/engine/client.py, bot/inference/) or, for tests, in this process. What crosses the
 seam is defined here: a turn's Reply (and the model's Generated, inside a model process), the
 view of what the model reads (ModelView), the context a conversation is rebuilt from
-(ConversationContext), and where a turn's drafts go (DraftSink).
+(ConversationContext), where a turn's drafts go (DraftSink), and what a responder can do
+beyond answering (Abilities: drafts, /context, /arena, several variants). A caller asks
+`responder.abilities`, never the responder's attributes: an ability a responder does not
+declare is one it does not have.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db.conversations import MessageRow, SessionRow
 from bot.db.models import AssignmentSource
+from bot.engine.variants import Experiment
 
 # Where a streamed turn's drafts go: the best hypothesis so far, cleaned like the reply.
 DraftSink = Callable[[str], None]
@@ -35,7 +39,7 @@ class ConversationContext:
 
 class ContextSource(Protocol):
     """Where a conversation is rebuilt from on a cache miss: the ConversationStore in the
-    service, the context sent along with the turn in a model worker (bot.inference.worker)."""
+    service, the context sent along with the turn in a model worker (bot.inference.process)."""
 
     async def load_context(
         self, session_id: int, tail: int | None, upto: int | None = None
@@ -110,8 +114,64 @@ class DuelResponder(Protocol):
         ...
 
 
+class Inspects(Protocol):
+    """A responder that can show what its model reads for a conversation (/context)."""
+
+    async def inspect(self, session: SessionRow) -> ModelView:
+        """The token ids the model reads now for `session`, and how many turns fit."""
+        ...
+
+
+class ServesVariants(Protocol):
+    """A responder over an experiment's variants (bot.engine.router.VariantResponder): what
+    /model shows, the inbox's per-variant lanes, /readyz's model check and the restart
+    counter read from it."""
+
+    @property
+    def experiment(self) -> Experiment:
+        """The variants served now (it follows the database's changes)."""
+        ...
+
+    @property
+    def lanes(self) -> int:
+        """How many variants share the concurrency slots now."""
+        ...
+
+    async def lane_of(self, chat_id: int) -> str:
+        """The variant a chat's next turn goes to."""
+        ...
+
+    def lane_ready(self, name: str) -> bool:
+        """Whether variant `name` takes turns on this replica now."""
+        ...
+
+    def model_states(self) -> dict[str, str]:
+        """Every variant loaded here: "" while it takes turns, else why it does not."""
+        ...
+
+    def restart_reasons(self) -> dict[str, dict[str, int]]:
+        """Per variant: why and how often its model process was restarted."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Abilities:
+    """What a responder can do besides `respond()`: each ability is the object that has it,
+    or None (False) where the responder has not."""
+
+    drafts: bool = False  # it calls `on_draft` with the reply so far while it generates
+    inspect: Inspects | None = None  # /context
+    duel: DuelResponder | None = None  # /arena (it still needs two duelists to draw)
+    variants: ServesVariants | None = None  # several variants, each in its lane
+
+
 class ResponderProtocol(Protocol):
     """What the conversation layer needs from the model responder."""
+
+    @property
+    def abilities(self) -> Abilities:
+        """What it can do besides answering (fixed for its lifetime)."""
+        ...
 
     async def respond(
         self, session: SessionRow, user_text: str, *, on_draft: DraftSink | None = None

@@ -1,6 +1,6 @@
-"""The responder the service runs: every chat's turn goes to its variant's engine.
+"""The responder the service runs: every chat's turn goes to its variant's backend.
 
-An engine is a model worker process (bot.engine.client.WorkerHandle, MODEL_WORKERS=process)
+A backend is a model process (bot.engine.client.ModelProcess, MODEL_WORKERS=process)
 or an in-process Responder (MODEL_WORKERS=inline). The chat's variant comes with its session
 row (one statement); a chat without one gets the allocation's choice (bot.engine.bandit: the
 weights' shares, or the Thompson split), drawn from the chat's hash and stored at this turn
@@ -8,8 +8,8 @@ with the probability it had.
 
 The variants live in the database (bot.engine.live). Every POLL_S the router reads the
 experiment's version and, when it moved, follows: weights, the control and the allocation
-change at once; a new variant's engine starts in the background (its chats wait meanwhile, or
-go to a replica that has it); a removed variant takes no new chats at once, its engine stops
+change at once; a new variant's backend starts in the background (its chats wait meanwhile, or
+go to a replica that has it); a removed variant takes no new chats at once, its backend stops
 once its turns in flight are answered (at most DRAIN_S), and each of its chats is assigned
 again by the allocation at its next turn. A variant that cannot load is logged and shown in
 `load_errors` (the replica's status); the others keep serving, and it is tried again every
@@ -24,7 +24,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from bot.config import ConfigError, Settings
@@ -34,24 +34,31 @@ from bot.db.models import AssignmentSource
 from bot.engine import live
 from bot.engine.assign import choose
 from bot.engine.bandit import Allocator
-from bot.engine.protocol import DraftSink, Generated, ModelView, Reply, VariantStore
+from bot.engine.protocol import (
+    Abilities,
+    DraftSink,
+    Generated,
+    ModelView,
+    Reply,
+    VariantStore,
+)
 from bot.engine.variants import Experiment, Variant, load_experiment
 
 log = logging.getLogger(__name__)
 
-HOLDERS = 100_000  # sessions whose engine is remembered (about 100 bytes each)
+HOLDERS = 100_000  # sessions whose backend is remembered (about 100 bytes each)
 POLL_S = 2.0  # how often a replica reads the experiment's version (a change shows within this)
-DRAIN_S = 60.0  # the longest a removed variant's turns in flight keep its engine running
+DRAIN_S = 60.0  # the longest a removed variant's turns in flight keep its backend running
 RETRY_LOAD_S = 30.0  # a variant that could not load is tried again after this
-WAIT_LOAD_S = 120.0  # a turn for a variant whose engine is starting here waits this long
+WAIT_LOAD_S = 120.0  # a turn for a variant whose backend is starting here waits this long
 
 
 class VariantUnavailable(RuntimeError):
-    """The chat's variant has no engine on this replica (it cannot load here); the turn stays
+    """The chat's variant has no backend on this replica (it cannot load here); the turn stays
     pending and is retried, here or on a replica that serves the variant."""
 
 
-class Engine(Protocol):
+class Backend(Protocol):
     """One variant's model, wherever it runs."""
 
     async def generate(
@@ -76,18 +83,39 @@ class Engine(Protocol):
         """What the model reads now for the conversation."""
         ...
 
+    @property
+    def alive(self) -> bool:
+        """Whether it takes turns now (a model process that stalled or died does not)."""
+        ...
+
+    @property
+    def state(self) -> str:
+        """Why it takes no turns now ("" while it does), for /readyz."""
+        ...
+
+    @property
+    def restart_reasons(self) -> Mapping[str, int]:
+        """Why and how often it was restarted (never, in-process)."""
+        ...
+
     async def close(self) -> None:
         """Stop."""
         ...
 
 
 class VariantResponder:
-    """ResponderProtocol over the experiment's variants."""
+    """ResponderProtocol over the experiment's variants: it streams drafts, shows /context,
+    duels two variants for /arena, and serves every variant in its lane."""
+
+    @property
+    def abilities(self) -> Abilities:
+        """All of them."""
+        return Abilities(drafts=True, inspect=self, duel=self, variants=self)
 
     def __init__(
         self,
         experiment: Experiment,
-        engines: dict[str, Engine],
+        backends: dict[str, Backend],
         store: VariantStore,
         *,
         settings: Settings | None = None,
@@ -95,9 +123,9 @@ class VariantResponder:
         poll_s: float = POLL_S,
     ) -> None:
         self.experiment = experiment
-        self.engines = engines
+        self.backends = backends
         self.store = store
-        # Which engine holds a session's clone (the last one that answered it), for the most
+        # Which backend holds a session's clone (the last one that answered it), for the most
         # recent sessions: a forgotten entry only means an evict reaches no worker, whose LRU
         # drops the clone in time (and a stale clone is never used: see Responder).
         self._holder: OrderedDict[int, str] = OrderedDict()
@@ -105,11 +133,11 @@ class VariantResponder:
         self._secrets = secrets
         self.poll_s = poll_s
         self.allocator = Allocator(self._count_votes)
-        # The definition each engine was started from (a variant removed and added again
-        # with another model between two polls gets a new engine).
+        # The definition each backend was started from (a variant removed and added again
+        # with another model between two polls gets a new backend).
         self._defs: dict[str, Variant] = {v.name: v for v in experiment.variants}
-        self._inflight: dict[int, int] = {}  # id(engine) -> turns it is answering
-        self._idle: dict[int, asyncio.Event] = {}  # set when a draining engine's turns are done
+        self._inflight: dict[int, int] = {}  # id(backend) -> turns it is answering
+        self._idle: dict[int, asyncio.Event] = {}  # set when a draining backend's turns are done
         self._loading: dict[str, asyncio.Task[None]] = {}
         self._draining: set[asyncio.Task[None]] = set()
         # Variants this replica cannot serve: name -> why (its status and the log say so).
@@ -140,18 +168,18 @@ class VariantResponder:
             )
         names = experiment.names
         results = await asyncio.gather(
-            *(_start_engine(v, settings, store, secrets) for v in experiment.variants),
+            *(_start_backend(v, settings, store, secrets) for v in experiment.variants),
             return_exceptions=True,
         )
-        engines: dict[str, Engine] = {}
+        backends: dict[str, Backend] = {}
         failures: list[tuple[str, BaseException]] = []
         for name, result in zip(names, results, strict=True):
             if isinstance(result, BaseException):
                 failures.append((name, result))
             else:
-                engines[name] = result
+                backends[name] = result
         if failures:
-            await asyncio.gather(*(e.close() for e in engines.values()), return_exceptions=True)
+            await asyncio.gather(*(e.close() for e in backends.values()), return_exceptions=True)
             for _, err in failures:
                 if not isinstance(err, Exception):
                     raise err  # a cancellation or an interrupt, not a failure to load
@@ -167,7 +195,7 @@ class VariantResponder:
             experiment.allocation,
             ", ".join(f"{v.name} (weight {v.weight:g})" for v in experiment.variants),
         )
-        router = cls(experiment, engines, store, settings=settings, secrets=secrets, poll_s=poll_s)
+        router = cls(experiment, backends, store, settings=settings, secrets=secrets, poll_s=poll_s)
         router.follow()
         return router
 
@@ -210,7 +238,7 @@ class VariantResponder:
     def _apply(self, loaded: live.Loaded) -> None:
         new = loaded.experiment
         before = self.experiment
-        for name in list(self.engines):
+        for name in list(self.backends):
             if new.get(name) is None:
                 log.info("variant %s was removed: no new chats; its worker stops", name)
                 self._retire(name)
@@ -223,12 +251,12 @@ class VariantResponder:
             if name in self._loading:
                 continue
             running = self._defs.get(name)
-            if name in self.engines and running is not None and running.same_engine(variant):
+            if name in self.backends and running is not None and running.same_model(variant):
                 continue
             failed = self._failed.get(name)
             if (
                 failed is not None
-                and failed[0].same_engine(variant)
+                and failed[0].same_model(variant)
                 and time.monotonic() - failed[1] < RETRY_LOAD_S
             ):
                 continue
@@ -260,23 +288,23 @@ class VariantResponder:
         self._failed[variant.name] = (variant, time.monotonic())
 
     async def _load(self, variant: Variant) -> None:
-        """Start a variant's engine (off the event loop: a worker process, or a thread for
+        """Start a variant's backend (off the event loop: a worker process, or a thread for
         an inline model) and serve it once it is up, if it is still wanted."""
         name = variant.name
         assert self._settings is not None
         try:
-            engine = await _start_engine(variant, self._settings, self.store, self._secrets)
+            backend = await _start_backend(variant, self._settings, self.store, self._secrets)
         except Exception as err:  # noqa: BLE001 - one variant's failure, reported
             self._fail(variant, str(err) or type(err).__name__)
             return
         finally:
             self._loading.pop(name, None)
         wanted = self.experiment.get(name)
-        if wanted is None or not wanted.same_engine(variant):
-            await engine.close()  # removed or changed again while it loaded
+        if wanted is None or not wanted.same_model(variant):
+            await backend.close()  # removed or changed again while it loaded
             return
-        old = self.engines.get(name)
-        self.engines[name] = engine
+        old = self.backends.get(name)
+        self.backends[name] = backend
         self._defs[name] = variant
         self.load_errors.pop(name, None)
         self._failed.pop(name, None)
@@ -285,17 +313,17 @@ class VariantResponder:
         log.info("variant %s is serving (%s)", name, variant.model)
 
     def _retire(self, name: str) -> None:
-        engine = self.engines.pop(name)
+        backend = self.backends.pop(name)
         self._defs.pop(name, None)
-        self._drain(name, engine)
+        self._drain(name, backend)
 
-    def _drain(self, name: str, engine: Engine) -> None:
-        task = asyncio.create_task(self._stop_when_idle(name, engine), name=f"variant-stop:{name}")
+    def _drain(self, name: str, backend: Backend) -> None:
+        task = asyncio.create_task(self._stop_when_idle(name, backend), name=f"variant-stop:{name}")
         self._draining.add(task)
         task.add_done_callback(self._draining.discard)
 
-    async def _stop_when_idle(self, name: str, engine: Engine) -> None:
-        key = id(engine)
+    async def _stop_when_idle(self, name: str, backend: Backend) -> None:
+        key = id(backend)
         if self._inflight.get(key, 0) > 0:
             idle = self._idle.setdefault(key, asyncio.Event())
             with contextlib.suppress(TimeoutError):
@@ -304,37 +332,37 @@ class VariantResponder:
         left = self._inflight.pop(key, 0)
         if left:
             log.warning("variant %s: stopping with %d turn(s) still in flight", name, left)
-        await engine.close()
+        await backend.close()
         log.info("variant %s: its old worker stopped", name)
 
     @contextlib.contextmanager
-    def _serving(self, engine: Engine) -> Iterator[None]:
-        key = id(engine)
+    def _serving(self, backend: Backend) -> Iterator[None]:
+        key = id(backend)
         self._inflight[key] = self._inflight.get(key, 0) + 1
         try:
             yield
         finally:
             self._inflight[key] -= 1
             if not self._inflight[key] and key in self._idle:
-                self._idle[key].set()  # a removed variant's last turn: its engine may stop
+                self._idle[key].set()  # a removed variant's last turn: its backend may stop
 
-    async def _engine(self, name: str) -> Engine:
-        """The variant's engine; waits for one that is starting here."""
-        engine = self.engines.get(name)
-        if engine is not None:
-            return engine
+    async def _backend(self, name: str) -> Backend:
+        """The variant's backend; waits for one that is starting here."""
+        backend = self.backends.get(name)
+        if backend is not None:
+            return backend
         loading = self._loading.get(name)
         if loading is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(loading), WAIT_LOAD_S)
-            engine = self.engines.get(name)
-            if engine is not None:
-                return engine
-        why = self.load_errors.get(name, "its engine is not started here")
+            backend = self.backends.get(name)
+            if backend is not None:
+                return backend
+        why = self.load_errors.get(name, "its backend is not started here")
         raise VariantUnavailable(f"variant {name} cannot answer on this replica: {why}")
 
     async def close(self) -> None:
-        """Stop following, and stop every engine."""
+        """Stop following, and stop every backend."""
         tasks = [t for t in (self._watcher, *self._loading.values()) if t is not None]
         for task in tasks:
             task.cancel()
@@ -345,12 +373,12 @@ class VariantResponder:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        await asyncio.gather(*(e.close() for e in self.engines.values()), return_exceptions=True)
+        await asyncio.gather(*(e.close() for e in self.backends.values()), return_exceptions=True)
 
     @property
     def ready(self) -> list[str]:
         """The variants this replica answers now, in the experiment's order."""
-        return [name for name in self.experiment.names if name in self.engines]
+        return [name for name in self.experiment.names if name in self.backends]
 
     async def variant_for(self, session: SessionRow) -> str:
         """The session's chat's variant, assigned and stored now if it has none."""
@@ -402,25 +430,25 @@ class VariantResponder:
         """The reply of the chat's variant."""
         started = time.perf_counter()
         name = await self.variant_for(session)
-        engine = await self._engine(name)
+        backend = await self._backend(name)
         self._moved(session.id, name)
-        with self._serving(engine):
-            result = await engine.generate(session, user_text, on_draft=on_draft)
+        with self._serving(backend):
+            result = await backend.generate(session, user_text, on_draft=on_draft)
         latency_ms = (time.perf_counter() - started) * 1000.0
         return _reply(result, latency_ms, name)
 
     async def inspect(self, session: SessionRow) -> ModelView:
         """What the chat's variant's model reads now (the /context command)."""
         name = await self.variant_for(session)
-        engine = await self._engine(name)
+        backend = await self._backend(name)
         self._moved(session.id, name)
-        with self._serving(engine):
-            return await engine.inspect(session)
+        with self._serving(backend):
+            return await backend.inspect(session)
 
     def _moved(self, session_id: int, name: str) -> None:
         previous = self._holder.get(session_id)
         if previous is not None and previous != name:
-            old = self.engines.get(previous)
+            old = self.backends.get(previous)
             if old is not None:
                 old.evict(session_id)  # moved: the old clone is dead weight
         self._hold(session_id, name)
@@ -429,7 +457,9 @@ class VariantResponder:
     def duelists(self) -> list[str]:
         """The variants /arena pairs: those with a weight above 0 served here (a drained one
         is on its way out, and its duels would still rank it)."""
-        return [v.name for v in self.experiment.variants if v.weight > 0 and v.name in self.engines]
+        return [
+            v.name for v in self.experiment.variants if v.weight > 0 and v.name in self.backends
+        ]
 
     async def duel(self, session: SessionRow, user_text: str) -> tuple[Reply, Reply]:
         """Two variants' replies to one message (/arena), in random order: the chat's own
@@ -443,16 +473,16 @@ class VariantResponder:
             pair = random.sample(duelists, 2)
         random.shuffle(pair)
         started = time.perf_counter()
-        engines = [self.engines[name] for name in pair]
+        backends = [self.backends[name] for name in pair]
         try:
-            with self._serving(engines[0]), self._serving(engines[1]):
+            with self._serving(backends[0]), self._serving(backends[1]):
                 results = await asyncio.gather(
-                    *(engine.generate(session, user_text) for engine in engines)
+                    *(backend.generate(session, user_text) for backend in backends)
                 )
         finally:
             self.evict(session.id)
-            for engine in engines:
-                engine.evict(session.id)
+            for backend in backends:
+                backend.evict(session.id)
         latency_ms = (time.perf_counter() - started) * 1000.0
         a, b = (_reply(r, latency_ms, name) for name, r in zip(pair, results, strict=True))
         return a, b
@@ -464,29 +494,30 @@ class VariantResponder:
             self._holder.popitem(last=False)
 
     def set_persona(self, session_id: int, persona: str) -> None:
-        """Tell the engine holding the conversation."""
-        engine = self.engines.get(self._holder.get(session_id, ""))
-        if engine is not None:
-            engine.set_persona(session_id, persona)
+        """Tell the backend holding the conversation."""
+        backend = self.backends.get(self._holder.get(session_id, ""))
+        if backend is not None:
+            backend.set_persona(session_id, persona)
 
     def evict(self, session_id: int) -> None:
         """Drop the conversation's clone wherever it is."""
-        engine = self.engines.get(self._holder.pop(session_id, ""))
-        if engine is not None:
-            engine.evict(session_id)
+        backend = self.backends.get(self._holder.pop(session_id, ""))
+        if backend is not None:
+            backend.evict(session_id)
 
     def turn_stored(self, session_id: int, last_message_id: int) -> None:
-        """Tell the engine holding the conversation."""
-        engine = self.engines.get(self._holder.get(session_id, ""))
-        if engine is not None:
-            engine.turn_stored(session_id, last_message_id)
+        """Tell the backend holding the conversation."""
+        backend = self.backends.get(self._holder.get(session_id, ""))
+        if backend is not None:
+            backend.turn_stored(session_id, last_message_id)
 
     def restart_reasons(self) -> dict[str, dict[str, int]]:
         """Per variant: why and how often its worker was restarted (empty for inline ones)."""
-        return {
-            name: dict(getattr(engine, "restart_reasons", {}))
-            for name, engine in self.engines.items()
-        }
+        return {name: dict(backend.restart_reasons) for name, backend in self.backends.items()}
+
+    def model_states(self) -> dict[str, str]:
+        """Every variant loaded here: "" while its backend takes turns, else why not."""
+        return {name: backend.state for name, backend in self.backends.items()}
 
     async def lane_of(self, chat_id: int) -> str:
         """The variant a chat's next turn goes to (its stored one, or the one its first turn
@@ -503,29 +534,29 @@ class VariantResponder:
         return choose(self.experiment.name, chat_id, weights)
 
     def lane_ready(self, name: str) -> bool:
-        """Whether the variant's engine takes turns now (a stalled or restarting worker does
+        """Whether the variant's backend takes turns now (a stalled or restarting worker does
         not, nor one still starting or unable to start here: its chats wait, or go to a
         replica whose worker is up). A variant no longer in the experiment is "ready": its
         chat is assigned again at the turn."""
         if self.experiment.get(name) is None:
             return True
-        engine = self.engines.get(name)
-        return engine is not None and bool(getattr(engine, "alive", True))
+        backend = self.backends.get(name)
+        return backend is not None and backend.alive
 
     @property
     def lanes(self) -> int:
         """How many variants share the concurrency slots now (it follows the experiment)."""
-        return max(1, len(self.engines))
+        return max(1, len(self.backends))
 
     async def worker_stats(self) -> dict[str, dict[str, Any]]:
         """Per variant: pid, restarts and (for workers) cache and memory figures."""
-        from bot.engine.client import WorkerHandle
+        from bot.engine.client import ModelProcess
 
         out: dict[str, dict[str, Any]] = {}
-        for name, engine in self.engines.items():
-            if isinstance(engine, WorkerHandle):
-                figures = await engine.stats() if engine.alive else {}
-                out[name] = {"pid": engine.pid, "restarts": engine.restarts, **figures}
+        for name, backend in self.backends.items():
+            if isinstance(backend, ModelProcess):
+                figures = await backend.stats() if backend.alive else {}
+                out[name] = {"pid": backend.pid, "restarts": backend.restarts, **figures}
             else:
                 out[name] = {"pid": None, "restarts": 0}
         return out
@@ -546,9 +577,9 @@ def _reply(result: Generated, latency_ms: float, variant: str) -> Reply:
     )
 
 
-async def _start_engine(
+async def _start_backend(
     variant: Variant, settings: Settings, store: VariantStore, secrets: tuple[str, ...]
-) -> Engine:
+) -> Backend:
     own = variant.settings(settings)
     if settings.model_workers == "inline":
         from bot.inference.responder import Responder
@@ -559,14 +590,14 @@ async def _start_engine(
             raise
         except Exception as err:
             raise ConfigError(str(err) or type(err).__name__) from err
-    from bot.engine.client import WorkerHandle, WorkerStartError, worker_spec
+    from bot.engine.client import ModelProcess, ModelStartError, process_spec
 
-    handle = WorkerHandle(
-        worker_spec(variant.name, own, variant.parlai_overrides(), variant.threads, secrets),
+    handle = ModelProcess(
+        process_spec(variant.name, own, variant.parlai_overrides(), variant.threads, secrets),
         store,
     )
     try:
         await handle.start()
-    except WorkerStartError as err:
+    except ModelStartError as err:
         raise ConfigError(str(err)) from err
     return handle

@@ -81,7 +81,7 @@ class Variant:
     # threads only where given, unresolved): what the database stores.
     options: dict[str, Any] = field(default_factory=dict, compare=False)
 
-    def same_engine(self, other: Variant) -> bool:
+    def same_model(self, other: Variant) -> bool:
         """Whether both load the same model the same way (weight and control aside)."""
         return (self.model, self.threads, self.generation) == (
             other.model,

@@ -1,5 +1,6 @@
 """The responder: shared model, agent cache and batcher behind ResponderProtocol
-(bot.conversations.actions)."""
+(bot.engine.protocol), in the process that loaded the model: a model process's, or the
+service's own with MODEL_WORKERS=inline."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
+from types import MappingProxyType
 from typing import Any
 
 from bot.config import Settings
 from bot.db.conversations import SessionRow
 from bot.engine.protocol import (
+    Abilities,
     ContextSource,
     DraftSink,
     Generated,
@@ -44,7 +47,7 @@ class Responder:
         self.store = store
         self.settings = settings
         self.cache = AgentCache(shared_agent, settings.agent_cache_size)
-        self.batcher: Batcher | Scheduler = make_engine(shared_agent, settings)
+        self.batcher: Batcher | Scheduler = make_decoder(shared_agent, settings)
         count_steps(shared_agent, self.batcher.liveness)
 
     @classmethod
@@ -61,6 +64,17 @@ class Responder:
         responder = cls(agent, store, settings)
         await responder.batcher.start()
         return responder
+
+    @property
+    def abilities(self) -> Abilities:
+        """It streams drafts and shows /context; one model, so no variants and no /arena."""
+        return Abilities(drafts=True, inspect=self)
+
+    # As a variant's backend in the router (bot.engine.router.Backend): in this process it is
+    # up from start to close, and nothing restarts it.
+    alive = True
+    state = ""
+    restart_reasons: Mapping[str, int] = MappingProxyType({})
 
     async def close(self) -> None:
         """Stop the batcher (a running batch finishes first)."""
@@ -186,7 +200,7 @@ def count_steps(shared_agent: Any, liveness: Liveness) -> None:
         embeddings.register_forward_hook(lambda *_: liveness.beat())
 
 
-def make_engine(shared_agent: Any, settings: Settings) -> Batcher | Scheduler:
+def make_decoder(shared_agent: Any, settings: Settings) -> Batcher | Scheduler:
     """The continuous scheduler where it applies (SCHEDULER=continuous and a search it covers:
     greedy, beam, delayed beam on the stock transformer), else the micro-batcher."""
     from bot.inference.fastgen.continuous import continuous_supported

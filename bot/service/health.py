@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db import inbox, outbox
 from bot.db.models import utcnow
+from bot.engine.protocol import ResponderProtocol
 from bot.logs import RedactingFilter
 from bot.service.metrics import Metrics
 
@@ -58,19 +59,16 @@ async def read_backlog(
     return Backlog(depth, lag, waiting)
 
 
-def model_check(responder: object) -> tuple[bool, str]:
-    """Whether every model variant's worker is up (a responder without workers: yes)."""
-    engines: dict[str, Any] | None = getattr(responder, "engines", None)
-    if not engines:
+def model_check(responder: ResponderProtocol) -> tuple[bool, str]:
+    """Whether every model variant takes turns (a responder without variants: yes)."""
+    variants = responder.abilities.variants
+    states = variants.model_states() if variants is not None else {}
+    if not states:
         return True, "loaded"
-    down = {
-        name: getattr(engine, "state", "") or "worker down; restarting"
-        for name, engine in engines.items()
-        if not getattr(engine, "alive", True)
-    }
+    down = {name: why for name, why in states.items() if why}
     if down:
         return False, "; ".join(f"variant {name}: {why}" for name, why in sorted(down.items()))
-    return True, f"{len(engines)} variant(s) loaded"
+    return True, f"{len(states)} variant(s) loaded"
 
 
 class Health:
@@ -79,7 +77,7 @@ class Health:
     def __init__(
         self,
         sessionmaker: async_sessionmaker[AsyncSession],
-        responder: object,
+        responder: ResponderProtocol,
         *,
         max_inbox_lag_s: float,
         secrets: Iterable[str] = (),

@@ -148,7 +148,7 @@ class Metrics:
     def watch_worker_restarts(self, source: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
         """bot_worker_restarts_total{variant,reason}, read from the workers at scrape time
         (`source`: variant -> reason -> restarts): exited, stalled or pipe_full."""
-        self.registry.register(_WorkerRestarts(source))
+        self.registry.register(_ModelRestarts(source))
 
     # --- one-line hooks for the components that count -------------------------------------
 
@@ -204,7 +204,7 @@ class Metrics:
         self.outbox_depth.set(outbox_depth)
 
 
-class _WorkerRestarts(Collector):
+class _ModelRestarts(Collector):
     """The model workers' restarts, counted by their handles (bot/engine/client.py)."""
 
     def __init__(self, source: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:

@@ -418,8 +418,10 @@ class Handlers:
         self, bot: Bot, chat_id: int, chat_type: str
     ) -> AsyncIterator[None]:
         """While a reply generates: drafts in private chats (STREAM_REPLIES=on), else the
-        typing indicator (groups: drafts are for private chats only)."""
-        if chat_type != ChatType.PRIVATE or not self.settings.stream_replies:
+        typing indicator (groups: drafts are for private chats only; and a responder that
+        makes no drafts gets the typing indicator too)."""
+        streams = self.settings.stream_replies and self.chat.responder.abilities.drafts
+        if chat_type != ChatType.PRIVATE or not streams:
             async with typing_action(bot, chat_id):
                 yield
             return

@@ -155,7 +155,7 @@ async def test_add_weight_promote_remove_reach_a_running_service_within_10s(
 
         took_promote = await eventually(control_is_c, t0, "the service kept control a")
 
-        # remove: a (no longer the control); its engine stops, its chats move at their next turn.
+        # remove: a (no longer the control); its backend stops, its chats move at their next turn.
         a_chats = [c for c in old_chats if expected[c] == "a"]
         t0 = time.monotonic()
         proc = cli(settings, tmp_path, "variants", "remove", "a")
@@ -165,8 +165,8 @@ async def test_add_weight_promote_remove_reach_a_running_service_within_10s(
             status = await service.status()
             return "a" not in {w["variant"] for w in status["workers"]}  # type: ignore[attr-defined]
 
-        took_remove = await eventually(a_stopped, t0, "variant a kept its engine")
-        assert "a" not in service.responder.engines  # type: ignore[attr-defined]
+        took_remove = await eventually(a_stopped, t0, "variant a kept its backend")
+        assert "a" not in service.responder.backends  # type: ignore[attr-defined]
         moved = await variant_of_reply(service, api, a_chats[0], "still there?")
         assert moved == "c"  # the only variant with a weight left
         [(source, probability)] = await rows(

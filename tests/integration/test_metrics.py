@@ -200,7 +200,7 @@ async def test_per_variant_figures_and_the_clone_cache_on_the_tiny_model(
         return
 
     # The model check of /readyz: a worker that died is "not ready" until it is back.
-    engine: Any = svc.responder.engines["b"]  # type: ignore[attr-defined]
+    engine: Any = svc.responder.backends["b"]  # type: ignore[attr-defined]
     pid = engine.pid
     assert (await readyz(port))[0] == 200
     os.kill(pid, signal.SIGKILL)

@@ -16,7 +16,7 @@ from bot.engine.protocol import Generated
 from bot.inference.batcher import Batcher
 from bot.inference.fastgen import continuous
 from bot.inference.model import load_shared_agent
-from bot.inference.responder import make_engine
+from bot.inference.responder import make_decoder
 from bot.inference.scheduler import Scheduler, whole_words
 from tests.integration.test_fastgen import generation
 
@@ -200,12 +200,12 @@ async def test_drafts_are_rate_limited_per_chat(agent: Any) -> None:
 
 
 def test_which_engine(agent: Any, tiny_model_file: str, tmp_path: Path) -> None:
-    assert isinstance(make_engine(agent, _settings(tiny_model_file, tmp_path)), Scheduler)
+    assert isinstance(make_decoder(agent, _settings(tiny_model_file, tmp_path)), Scheduler)
     batch = _settings(tiny_model_file, tmp_path, scheduler="batch")
-    assert isinstance(make_engine(agent, batch), Batcher)
+    assert isinstance(make_decoder(agent, batch), Batcher)
     with generation(agent, inference="nucleus", topp=0.9):
         assert continuous.continuous_supported(agent) == "inference=nucleus"
-        assert isinstance(make_engine(agent, _settings(tiny_model_file, tmp_path)), Batcher)
+        assert isinstance(make_decoder(agent, _settings(tiny_model_file, tmp_path)), Batcher)
 
 
 async def test_a_failing_step_fails_its_chats_and_the_engine_goes_on(

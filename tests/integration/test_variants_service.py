@@ -132,7 +132,7 @@ async def workers(tmp_path: Path, tiny_model_file: str, sqlite_url: str) -> Any:
 async def _turn(router: VariantResponder, store: ConversationStore, chat: int, text: str) -> Any:
     session = await store.active_session(chat)
     variant = await router.variant_for(session)
-    result = await router.engines[variant].generate(session, text)
+    result = await router.backends[variant].generate(session, text)
     stored = await store.record_turn(session.id, chat, text, result.text, variant=variant)
     router._holder[session.id] = variant
     router.turn_stored(session.id, stored.bot_message_id)

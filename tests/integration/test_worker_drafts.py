@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bot.config import Settings
 from bot.db.conversations import SessionRow
-from bot.engine.client import WorkerHandle, worker_spec
+from bot.engine.client import ModelProcess, process_spec
 from bot.engine.protocol import ConversationContext
 
 
@@ -33,7 +33,7 @@ async def test_a_streamed_turn_gets_drafts_over_the_pipe(
     settings = Settings(  # type: ignore[call-arg]
         _env_file=None, bot_model=tiny_model_file, data_dir=tmp_path / "data"
     )
-    handle = WorkerHandle(worker_spec("tiny", settings, {}, 1, ()), NoHistory())
+    handle = ModelProcess(process_spec("tiny", settings, {}, 1, ()), NoHistory())
     await handle.start()
     try:
         drafts: list[str] = []

@@ -14,18 +14,18 @@ from pathlib import Path
 import pytest
 
 from bot.config import Settings
-from bot.engine.client import PIPE_FULL, WorkerHandle, worker_spec
+from bot.engine.client import PIPE_FULL, ModelProcess, process_spec
 from bot.engine.protocol import GenerationError
 from tests.integration.test_worker_drafts import NoHistory, _session
 
 LONG = "tell me about the weather and your family and your work " * 30
 
 
-def _handle(tiny_model_file: str, tmp_path: Path, **settings: float) -> WorkerHandle:
+def _handle(tiny_model_file: str, tmp_path: Path, **settings: float) -> ModelProcess:
     own = Settings(  # type: ignore[call-arg]
         _env_file=None, bot_model=tiny_model_file, data_dir=tmp_path / "data", **settings
     )
-    return WorkerHandle(worker_spec("tiny", own, {}, 1, ()), NoHistory())
+    return ModelProcess(process_spec("tiny", own, {}, 1, ()), NoHistory())
 
 
 async def _loop_lag(until: asyncio.Future[object]) -> float:

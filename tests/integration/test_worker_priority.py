@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 from bot.config import Settings
-from bot.engine.client import WorkerHandle, worker_spec
-from bot.inference.worker import WORKER_NICE
+from bot.engine.client import ModelProcess, process_spec
+from bot.inference.process import MODEL_PROCESS_NICE
 from tests.integration.test_worker_drafts import NoHistory
 
 
@@ -19,7 +19,7 @@ async def test_a_model_worker_is_nicer_than_the_service(
     settings = Settings(  # type: ignore[call-arg]
         _env_file=None, bot_model=tiny_model_file, data_dir=tmp_path / "data"
     )
-    handle = WorkerHandle(worker_spec("tiny", settings, {}, 1, ()), NoHistory())
+    handle = ModelProcess(process_spec("tiny", settings, {}, 1, ()), NoHistory())
     await handle.start()
     try:
         assert handle.pid is not None
@@ -27,4 +27,4 @@ async def test_a_model_worker_is_nicer_than_the_service(
     finally:
         await handle.close()
     service = os.getpriority(os.PRIO_PROCESS, 0)
-    assert worker == min(service + WORKER_NICE, 19)
+    assert worker == min(service + MODEL_PROCESS_NICE, 19)

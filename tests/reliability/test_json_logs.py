@@ -93,7 +93,7 @@ async def test_a_real_run_logs_json_lines_with_the_update_context(
     assert_clean(output)
     assert_clean(json.dumps(records, ensure_ascii=False))
     loggers = {r["logger"] for r in records}
-    assert "bot.inference.worker" in loggers  # the model worker process logs JSON too
+    assert "bot.inference.process" in loggers  # the model worker process logs JSON too
     sending = [r for r in records if r["message"].startswith(f"sending to chat {chat} failed")]
     assert sending and all(r.get("chat_id") == chat for r in sending), sending
     processed = [r for r in records if r["message"].startswith(f"update {update_id} processed")]

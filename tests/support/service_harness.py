@@ -21,7 +21,7 @@ from bot.app import Service
 from bot.config import Settings
 from bot.db import migrate
 from bot.db.conversations import SessionRow
-from bot.engine.protocol import DraftSink, Reply
+from bot.engine.protocol import Abilities, DraftSink, Reply
 from bot.service.retry import Backoff
 from tests.support.fakebotapi import FakeBotAPI
 
@@ -46,6 +46,11 @@ class EchoResponder:
         self.in_progress = 0
         self.closed = False
         self.drafted: list[int] = []  # chats whose turn had a draft sink
+
+    @property
+    def abilities(self) -> Abilities:
+        """It streams (one draft a turn); no /context, no variants."""
+        return Abilities(drafts=True)
 
     async def respond(
         self, session: SessionRow, user_text: str, *, on_draft: DraftSink | None = None

@@ -18,7 +18,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("bot.conversations",),  # the use cases
     ("bot.engine",),  # the seam: router, variants, the model-process client
     ("bot.inference",),  # what runs inside a model process
-    ("bot.engine.protocol", "bot.engine.pipe"),  # the types that cross the seam
+    # The types that cross the seam, and the variants' definitions they name.
+    ("bot.engine.protocol", "bot.engine.pipe", "bot.engine.variants"),
     ("bot.db",),
     ("bot.config", "bot.logs", "bot.texts", "bot.persona", "bot.presets", "bot.safety", "bot"),
 ]

@@ -33,11 +33,11 @@ log = logging.getLogger(__name__)
 # Workers run this much nicer than the service: when the cores are short, the service's event
 # loop (heartbeats, leases, delivery) comes first, and a long generation waits instead. Measured
 # in docs/benchmarks.md ("Scale-out"): a starved loop misses heartbeats and fences itself.
-WORKER_NICE = 5
+MODEL_PROCESS_NICE = 5
 
 
 @dataclass(frozen=True)
-class WorkerSpec:
+class ProcessSpec:
     """Everything a worker needs to start (it is pickled to the new process)."""
 
     variant: str
@@ -85,7 +85,7 @@ def rss_bytes() -> dict[str, int]:
     return {"rss": int(info.rss), "pss": int(getattr(info, "pss", info.rss))}
 
 
-def main(conn: Connection, spec: WorkerSpec) -> None:
+def main(conn: Connection, spec: ProcessSpec) -> None:
     """The worker's entry point (the `spawn` target)."""
     from bot.inference import compat
     from bot.inference.model import load_shared_agent, route_parlai_logging, set_torch_threads
@@ -93,7 +93,7 @@ def main(conn: Connection, spec: WorkerSpec) -> None:
 
     # Ctrl-C reaches the whole process group; the service stops its workers in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os.nice(WORKER_NICE)
+    os.nice(MODEL_PROCESS_NICE)
     setup_logging(spec.log_level, spec.secrets, spec.log_format)
     compat.apply()
     set_torch_threads(spec.threads)
@@ -123,7 +123,7 @@ def main(conn: Connection, spec: WorkerSpec) -> None:
     asyncio.run(_serve(conn, agent, spec))
 
 
-async def _serve(conn: Connection, agent: Any, spec: WorkerSpec) -> None:
+async def _serve(conn: Connection, agent: Any, spec: ProcessSpec) -> None:
     from bot.inference.responder import Responder
     from bot.logs import log_context
 
