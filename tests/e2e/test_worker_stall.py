@@ -216,8 +216,11 @@ async def test_two_replicas_on_postgres_answer_every_chat_when_one_worker_hangs(
                 await asyncio.sleep(2.0)  # would a duplicate follow once it is woken?
             for bot in (first, second):
                 bot.proc.send_signal(signal.SIGTERM)
-            assert await first.wait(GRACE_S + 5) == 0
-            assert await second.wait(GRACE_S + 5) == 0
+            # Both stop cleanly. (How fast a replica with a hung worker stops is the test
+            # above; here the first one is restarting its worker, which on a loaded machine
+            # took 9 s of the stop once.)
+            assert await first.wait(GRACE_S + 15) == 0
+            assert await second.wait(GRACE_S + 15) == 0
         finally:
             first.kill()
             second.kill()
