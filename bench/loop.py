@@ -54,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -228,34 +228,64 @@ def read_only(db: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
 
 
-def variants_of(db: Path, chat_ids: Iterable[int]) -> dict[int, str]:
-    """The variant each of these chats is assigned to, where it has one."""
+Assigned = dict[int, tuple[str, str | None]]  # chat -> (variant, how: "weights"/"thompson")
+
+
+def assignments_of(db: Path, chat_ids: Iterable[int]) -> Assigned:
+    """Each of these chats' variant and the allocation that chose it, where it has one."""
     ids = list(chat_ids)
     marks = ",".join("?" * len(ids))
     with closing(read_only(db)) as conn:
         rows = conn.execute(
-            f"SELECT chat_id, variant FROM assignments WHERE chat_id IN ({marks})", ids
+            f"SELECT chat_id, variant, allocation FROM assignments WHERE chat_id IN ({marks})",
+            ids,
         ).fetchall()
-    return {int(chat): str(variant) for chat, variant in rows}
+    return {int(chat): (str(variant), allocated_by(how)) for chat, variant, how in rows}
 
 
-def first_reply_of(
-    variant: str, sent_at: Mapping[int, Sequence[float]], assigned: Mapping[int, str]
+def allocated_by(allocation: str | None) -> str | None:
+    """`by` of an assignments.allocation JSON ("weights", "thompson"), or None."""
+    return None if allocation is None else json.loads(allocation).get("by")
+
+
+def on_candidate(variant: str, by: str | None) -> bool:
+    """The service picked up the add: a new chat went to the candidate."""
+    return variant == CANDIDATE
+
+
+def by_bandit(variant: str, by: str | None) -> bool:
+    """The service picked up `admin variants allocation thompson`."""
+    return by == "thompson"
+
+
+def first_reply_where(
+    sent_at: Mapping[int, Sequence[float]],
+    assigned: Assigned,
+    served: Callable[[str, str | None], bool],
 ) -> float | None:
-    """When the first reply to a chat assigned to `variant` reached the server, or None."""
-    times = [ts[0] for chat, ts in sent_at.items() if ts and assigned.get(chat) == variant]
+    """When the first reply to a chat whose assignment is `served` reached the server."""
+    times = [
+        ts[0] for chat, ts in sent_at.items() if ts and chat in assigned and served(*assigned[chat])
+    ]
     return min(times) if times else None
 
 
-async def wait_for_candidate(
-    replies: e2e.Replies, db: Path, added_at: float, setup: Setup
-) -> tuple[float, list[int]]:
-    """Probe chats, PROBES_AT_ONCE at a time (PROBE_PAUSE_S apart), one message each, until the
-    candidate answers one; (seconds from `added_at` to that reply, the probe chats used)."""
+async def wait_until_served(
+    replies: e2e.Replies,
+    db: Path,
+    changed_at: float,
+    setup: Setup,
+    served: Callable[[str, str | None], bool],
+    probes: list[int],
+) -> float:
+    """New probe chats, PROBES_AT_ONCE at a time (PROBE_PAUSE_S apart), one message each,
+    until one's assignment is `served` (the running service followed the change); seconds
+    from `changed_at` to that chat's reply. The chats used are appended to `probes`."""
     deadline = time.monotonic() + setup.wait_s
     used: list[int] = []
     while time.monotonic() < deadline:
-        batch = chats(PROBE_CHATS + len(used), PROBES_AT_ONCE)
+        batch = chats(PROBE_CHATS + len(probes), PROBES_AT_ONCE)
+        probes += batch
         used += batch
         for chat in batch:
             replies.api.user_message(chat, "hello there")
@@ -263,13 +293,13 @@ async def wait_for_candidate(
             if not await replies.wait(chat, 1, setup.wait_s):
                 raise RuntimeError(f"no reply to probe chat {chat}")
         sent_at = {chat: replies.sent_at.get(chat, []) for chat in used}
-        first = first_reply_of(CANDIDATE, sent_at, variants_of(db, used))
+        first = first_reply_where(sent_at, assignments_of(db, used), served)
         if first is not None:
-            return first - added_at, used
+            return first - changed_at
         await asyncio.sleep(PROBE_PAUSE_S)
     raise RuntimeError(
-        f"the running service did not answer any new chat with {CANDIDATE} within "
-        f"{setup.wait_s:g}s of `admin variants add` ({len(used)} probe chats; see bot.log)"
+        f"the running service did not follow the change within {setup.wait_s:g}s "
+        f"({served.__doc__}; {len(used)} probe chats; see bot.log)"
     )
 
 
@@ -315,15 +345,18 @@ def stored_time(value: str) -> datetime:
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
-def check_new(db: Path, since: float) -> int:
-    """Every chat left in the (trimmed) copy was assigned after `since` (time.time());
-    the number of chats."""
+def check_new(db: Path, since: float, by: str | None = None) -> int:
+    """Every chat left in the (trimmed) copy was assigned after `since` (time.time()), and
+    by the allocation `by` where given; the number of chats."""
     with closing(sqlite3.connect(db)) as conn:
-        rows = conn.execute("SELECT chat_id, assigned_at FROM assignments").fetchall()
+        rows = conn.execute("SELECT chat_id, assigned_at, allocation FROM assignments").fetchall()
     limit = datetime.fromtimestamp(since, UTC)
-    old = [int(chat) for chat, at in rows if stored_time(at) < limit]
+    old = [int(chat) for chat, at, _ in rows if stored_time(at) < limit]
     if old:
         raise RuntimeError(f"chats assigned before the change counted as new: {old[:5]}")
+    other = [int(chat) for chat, _, how in rows if by is not None and allocated_by(how) != by]
+    if other:
+        raise RuntimeError(f"chats not assigned by {by} counted as such: {other[:5]}")
     return len(rows)
 
 
@@ -387,6 +420,8 @@ class Window:
     since: float  # time.time() when the change (add, allocation) was committed
     phase: Phase
     copy: Path
+    by: str  # the allocation every one of its chats must have been assigned by
+    followed_s: float | None = None  # the change (allocation) to its first chat assigned by it
 
 
 async def serve_loop(
@@ -438,7 +473,8 @@ async def serve_loop(
         argv = add_argv(str(out / "model"))
         await bot_async(env, *argv)
         added_at = time.time()
-        live_s, probes = await wait_for_candidate(replies, db, added_at, setup)
+        probes: list[int] = []
+        live_s = await wait_until_served(replies, db, added_at, setup, on_candidate, probes)
         print(
             f"4. `python -m bot {' '.join(argv)}`: the running service answered a new chat "
             f"with the candidate {live_s:.1f}s after the command returned "
@@ -446,6 +482,7 @@ async def serve_loop(
             flush=True,
         )
 
+        followed_s: dict[str, float] = {}
         runs: list[tuple[str, str | None, int]] = [("weighted", None, COMPARE_CHATS)]
         if setup.allocation == "thompson":
             runs.append(("thompson", "thompson", THOMPSON_CHATS))
@@ -454,13 +491,21 @@ async def serve_loop(
             if allocation is not None:
                 await bot_async(env, *allocation_argv(allocation))
                 since = time.time()
-                print(f"   `python -m bot {' '.join(allocation_argv(allocation))}`", flush=True)
+                followed_s[label] = await wait_until_served(
+                    replies, db, since, setup, by_bandit, probes
+                )
+                print(
+                    f"   `python -m bot {' '.join(allocation_argv(allocation))}`: a new chat "
+                    f"was assigned by it {followed_s[label]:.1f}s after the command returned",
+                    flush=True,
+                )
             new = chats(group, setup.compare_users)
             print(f"5. compare ({label}): {len(new)} new users", flush=True)
             phase = await users(replies, new, setup, setup.seed + 1)
             copy = tmp / f"{label}.sqlite3"
             snapshot(db, copy)
-            windows.append(Window(label, new, since, phase, copy))
+            windows.append(Window(label, new, since, phase, copy, allocation or "weights"))
+            windows[-1].followed_s = followed_s.get(label)
     return collected, recipe, out, live_s, len(probes), windows
 
 
@@ -481,7 +526,7 @@ def run(setup: Setup) -> dict[str, Any]:
         results["probe_chats"] = probes
         for w in windows:
             keep_only_chats(w.copy, w.chats)
-            n_chats = check_new(w.copy, w.since)
+            n_chats = check_new(w.copy, w.since, w.by)
             plot = common.RESULTS_DIR / (
                 f"{name}.png" if w.label == "weighted" else f"{name}-{w.label}.png"
             )
@@ -495,6 +540,7 @@ def run(setup: Setup) -> dict[str, Any]:
                 **figures,
                 "new_chats": n_chats,
                 "recorded_candidate_share": recorded_share(w.copy, CANDIDATE),
+                "followed_s": w.followed_s,
                 "replies": w.phase.replies,
                 "wall_s": round(w.phase.wall_s),
             }
@@ -503,7 +549,8 @@ def run(setup: Setup) -> dict[str, Any]:
         results["wall_s"] = round(time.monotonic() - started)
         if setup.keep is not None:
             setup.keep.mkdir(parents=True, exist_ok=True)
-            for path in (tmp / "feedback.txt", out / "recipe.json", tmp / "bot.log"):
+            kept = [tmp / "feedback.txt", out / "recipe.json", tmp / "bot.log"]
+            for path in [*kept, *(w.copy for w in windows)]:
                 if path.exists():
                     shutil.copyfile(path, setup.keep / path.name)
     common.write_json(name, results)
@@ -544,6 +591,7 @@ def report(results: dict[str, Any]) -> None:
     }
     if "thompson" in results:
         t = results["thompson"]
+        extra["loop_thompson_followed_s"] = t["followed_s"]
         extra["loop_thompson_candidate_share"] = t["candidate_chat_share"]
         if t["recorded_candidate_share"] is not None:
             extra["loop_thompson_recorded_split"] = t["recorded_candidate_share"]
@@ -577,7 +625,12 @@ def parse(argv: Sequence[str] | None = None) -> Setup:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--wait-s", type=float, default=300.0)
-    parser.add_argument("--keep", type=Path, default=None, help="keep the export and logs here")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="keep the export, the log and the new-chats snapshots here",
+    )
     a = parser.parse_args(argv)
     quick = bool(a.quick)
     return Setup(

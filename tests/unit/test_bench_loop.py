@@ -57,12 +57,22 @@ def test_group_chat_ids_never_overlap() -> None:
     assert sum(len(s) for s in ids) == len(set().union(*ids))
 
 
-def test_the_first_reply_of_a_variant() -> None:
-    sent_at = {1: [10.0, 12.0], 2: [11.0], 3: [9.0], 4: []}
-    assigned = {1: "candidate", 2: "candidate", 3: "control"}
-    assert loop.first_reply_of("candidate", sent_at, assigned) == 10.0
-    assert loop.first_reply_of("control", sent_at, assigned) == 9.0
-    assert loop.first_reply_of("other", sent_at, assigned) is None
+def test_the_first_reply_after_the_service_followed_a_change() -> None:
+    sent_at = {1: [10.0, 12.0], 2: [11.0], 3: [9.0], 4: [], 5: [8.0]}
+    assigned: loop.Assigned = {
+        1: (loop.CANDIDATE, "weights"),
+        2: (loop.CANDIDATE, "thompson"),
+        3: (loop.CONTROL, "weights"),
+        4: (loop.CANDIDATE, "thompson"),
+    }  # 5: not assigned yet
+    assert loop.first_reply_where(sent_at, assigned, loop.on_candidate) == 10.0
+    assert loop.first_reply_where(sent_at, assigned, loop.by_bandit) == 11.0
+    assert loop.first_reply_where(sent_at, {3: assigned[3]}, loop.on_candidate) is None
+
+
+def test_how_an_assignment_was_made() -> None:
+    assert loop.allocated_by('{"by": "thompson", "split": {"a": 1.0}}') == "thompson"
+    assert loop.allocated_by(None) is None  # an admin move, or a row older than 0008
 
 
 def _db(path: Path, assigned: dict[int, str]) -> None:
@@ -96,8 +106,11 @@ def test_the_snapshot_keeps_only_the_new_chats(tmp_path: Path) -> None:
         assert conn.execute("SELECT count(*) FROM experiments").fetchone() == (1,)
     since = datetime(2026, 12, 1, 12, 0, tzinfo=UTC).timestamp()
     assert loop.check_new(path, since) == 1
+    assert loop.check_new(path, since, "thompson") == 1
     with pytest.raises(RuntimeError, match="before the change"):
         loop.check_new(path, since + 1)
+    with pytest.raises(RuntimeError, match="not assigned by weights"):
+        loop.check_new(path, since, "weights")
     assert loop.recorded_share(path, "candidate") == pytest.approx(0.8)
 
 
