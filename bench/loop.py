@@ -88,6 +88,7 @@ class Setup:
     wait_s: float
     quick: bool
     keep: Path | None
+    log_level: str = "WARNING"
 
 
 @dataclass
@@ -206,12 +207,15 @@ async def bot_async(env: Mapping[str, str], *argv: str) -> str:
     return await asyncio.to_thread(bot, env, *argv)
 
 
-def env_for(tmp: Path, variants: Path, model: str, db: Path | None = None) -> dict[str, str]:
+def env_for(
+    tmp: Path, variants: Path, model: str, db: Path | None = None, log_level: str = "WARNING"
+) -> dict[str, str]:
     """The service's environment: a real database file, the variants file, one thread each
     (2 shared cores), no flood gate in the way of the simulated users."""
     env = e2e.bot_env(
         tmp,
         model,
+        log_level=log_level,
         extra={
             "VARIANTS_FILE": str(variants),
             "DATABASE_URL": f"sqlite+aiosqlite:///{db or tmp / DB_FILE}",
@@ -520,7 +524,7 @@ def run(setup: Setup) -> dict[str, Any]:
         common.corpus()
         seed_file = tmp / "variants.toml"
         variants_file(seed_file, setup.model)
-        env = env_for(tmp, seed_file, setup.model)
+        env = env_for(tmp, seed_file, setup.model, log_level=setup.log_level)
         collected, recipe, out, live_s, probes, windows = asyncio.run(serve_loop(setup, tmp, env))
         results["candidate_live_s"] = live_s
         results["probe_chats"] = probes
@@ -631,6 +635,9 @@ def parse(argv: Sequence[str] | None = None) -> Setup:
         default=None,
         help="keep the export, the log and the new-chats snapshots here",
     )
+    parser.add_argument(
+        "--log-level", default="WARNING", help="the service's (INFO shows when it follows)"
+    )
     a = parser.parse_args(argv)
     quick = bool(a.quick)
     return Setup(
@@ -645,6 +652,7 @@ def parse(argv: Sequence[str] | None = None) -> Setup:
         wait_s=a.wait_s,
         quick=quick,
         keep=a.keep,
+        log_level=a.log_level,
     )
 
 
