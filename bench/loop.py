@@ -30,8 +30,10 @@ the real `admin variants` report reads it. Without this the control's figures wo
 collect phase's votes.
 
 With `--allocation thompson` the comparison runs once more, still on the same service:
-`python -m bot admin variants allocation thompson`, then another fresh set of users; only the
-chats assigned after the switch count. The bandit's posteriors count every vote on each
+`python -m bot admin variants allocation thompson`, probe chats until one is assigned by the
+bandit (`loop_thompson_followed_s`; users who came sooner would still get the weights, the
+service polls every 2 s), then another fresh set of users; only their chats count, each checked
+to be assigned after the switch and by thompson. The bandit's posteriors count every vote on each
 variant's replies (bot.engine.bandit), so it starts from what the collect and weighted phases
 said; the candidate's share of these chats and the split recorded at assignment are printed.
 
