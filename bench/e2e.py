@@ -131,7 +131,7 @@ def missing_parts() -> str | None:
     """Why the end-to-end benchmark cannot run yet, or None."""
     if not (common.ROOT / "tests" / "support" / "fakebotapi.py").exists():
         return "tests/support/fakebotapi.py (the loopback Bot API server) does not exist yet"
-    if not (common.ROOT / "bot" / "tg" / "app.py").exists():
+    if not (common.ROOT / "bot" / "app.py").exists():
         return "bot/app.py (`python -m bot run`) does not exist yet"
     return None
 

@@ -1,24 +1,41 @@
-"""The learning loop, end to end, on simulated users whose preference we know.
+"""The learning loop, end to end, on simulated users whose preference we know, against ONE
+running service: the candidate joins it live, as an operator adds it, without a restart.
 
     python -m bench.loop [--quick] [--allocation thompson]
 
-1. Collect: `python -m bot run` serves the control (the shipped model by default) against the
-   loopback Bot API, with a real SQLite database. Simulated users set a persona, chat, and press
-   👍 under a reply that asks a question back (it contains "?") and 👎 under any other, each
-   vote flipped with probability `--noise` (seeded per chat and turn).
-2. Export: `python -m bot admin export --format parlai`.
-3. Fine-tune: `python -m bot train --from-feedback ... --base CONTROL --minutes N`.
-4. Compare: the service restarts with a variants file of the control and the candidate at
-   weight 1 each (the candidate gets half of the new chats), on a fresh database, so that the
-   comparison counts only new users; a fresh set of users chats with both, with the same
-   preference. The service's variants are read from the file at start, so the bench restarts
-   the service between phases rather than adding the candidate while it runs.
-5. Decide: `python -m bot admin variants --json` (the two-proportion z-test of the 👍 rates) and
-   `--plot` (the rates with their 95% intervals).
+`python -m bot run` starts once, serving the control (the shipped model by default) against the
+loopback Bot API with a real SQLite database, and runs until every step is done:
 
-With `--allocation thompson` step 4 runs once more with `allocation = "thompson"` in the
-variants file, and the share of new chats the candidate got is printed; a checkout whose
-variants file does not know the key stops at once with the configuration's own message.
+1. Collect: simulated users set a persona, chat, and press 👍 under a reply that asks a question
+   back (it contains "?") and 👎 under any other, each vote flipped with probability `--noise`
+   (seeded per chat and turn).
+2. Export, while the service runs: `python -m bot admin export --format parlai`.
+3. Fine-tune, while the service runs: `python -m bot train --from-feedback ... --base CONTROL`.
+4. Add, live: `python -m bot admin variants add candidate --model OUT/model --weight 1` (the
+   control keeps its weight 1: half of the new chats). Then new "probe" chats, a few at a time,
+   send one message each until one of them is answered by the candidate: the service picked it
+   up. `loop_candidate_live_s` = that reply's arrival at the loopback server minus the moment the
+   add command returned (the change is committed by then). Probe chats do not vote and are left
+   out of every figure.
+5. Compare: a fresh set of users (chat ids never seen before) chats with the same preference.
+6. Decide: `python -m bot admin variants --json --plot` (the two-proportion z-test of the 👍
+   rates, the 95% Wilson intervals; the sample-ratio check).
+
+Only new chats count. The experiment stays the one the service runs (a new experiment would
+need a new VARIANTS_FILE, i.e. a restart), and `admin variants` has no filter by time, so the
+bench decides on a snapshot of the database (SQLite's backup, taken while the service runs)
+from which every row of the other chats was deleted: what is left are the chats of the users
+who first wrote after the add (checked: each of their assignments is later than the add), and
+the real `admin variants` report reads it. Without this the control's figures would include the
+collect phase's votes.
+
+With `--allocation thompson` the comparison runs once more, still on the same service:
+`python -m bot admin variants allocation thompson`, probe chats until one is assigned by the
+bandit (`loop_thompson_followed_s`; users who came sooner would still get the weights, the
+service polls every 2 s), then another fresh set of users; only their chats count, each checked
+to be assigned after the switch and by thompson. The bandit's posteriors count every vote on each
+variant's replies (bot.engine.bandit), so it starts from what the collect and weighted phases
+said; the candidate's share of these chats and the split recorded at assignment are printed.
 
 Output: `RESULT loop_*` lines, bench/results/loop.json and loop.png (loop-quick.* for
 `--quick`, a smoke run of a few minutes whose p-value means little).
@@ -28,7 +45,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
+import operator
 import os
 import random
 import shutil
@@ -37,8 +56,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +68,11 @@ from bench import common, e2e
 EXPERIMENT = "bench-loop"
 CONTROL, CANDIDATE = "control", "candidate"
 SHIPPED = common.ROOT / "models" / "chitchat" / "model"
+DB_FILE = "bot.sqlite3"
+# Chat ids of each group of users: never reused, so that every group's chats are new.
+COLLECT_CHATS, PROBE_CHATS, COMPARE_CHATS, THOMPSON_CHATS = 0, 5_000, 10_000, 20_000
+PROBES_AT_ONCE = 4
+PROBE_PAUSE_S = 0.5  # between rounds of probes: the figure's resolution, a few probe chats
 
 
 @dataclass
@@ -64,11 +90,12 @@ class Setup:
     wait_s: float
     quick: bool
     keep: Path | None
+    log_level: str = "WARNING"
 
 
 @dataclass
 class Phase:
-    """What the simulated users of one bot run saw and did."""
+    """What one group of simulated users saw and did."""
 
     replies: int = 0
     up: int = 0
@@ -91,6 +118,11 @@ def vote_data(markup: Mapping[str, Any] | None, value: int) -> str | None:
             if data.startswith("v:") and data.endswith(f":{value}"):
                 return data
     return None
+
+
+def chats(group: int, n: int) -> list[int]:
+    """The chat ids of `n` users of a group (COLLECT_CHATS, PROBE_CHATS, ...)."""
+    return [e2e.FIRST_CHAT + group + u for u in range(n)]
 
 
 async def _user(
@@ -117,40 +149,44 @@ async def _user(
             phase.errors.append(f"chat {chat}: reply {k + 1} has no vote buttons")
             continue
         _, query = api.press(chat, sent.message_id, data)
-        await e2e.wait_until(lambda q=query: q in api.callback_answers, setup.wait_s, "a vote")
+        answered = functools.partial(operator.contains, api.callback_answers, query)
+        await e2e.wait_until(answered, setup.wait_s, "a vote")
         phase.up += liked
         phase.down += not liked
 
 
-async def chat_phase(
-    env: Mapping[str, str], tmp: Path, chats: Sequence[int], setup: Setup, seed: int
-) -> Phase:
-    """Start the bot, let `chats` talk and vote, stop it (its database is then complete)."""
+async def users(replies: e2e.Replies, group: Sequence[int], setup: Setup, seed: int) -> Phase:
+    """Let the users of `group` talk and vote, all at once, on the running service."""
     phase = Phase()
     started = time.monotonic()
-    async with e2e.loopback_bot(env, tmp) as replies:
-        await asyncio.gather(
-            *(
-                _user(replies, chat, chat, setup, phase, random.Random(seed * 1_000_003 + chat))
-                for chat in chats
-            )
+    await asyncio.gather(
+        *(
+            _user(replies, chat, chat, setup, phase, random.Random(seed * 1_000_003 + chat))
+            for chat in group
         )
+    )
     phase.wall_s = time.monotonic() - started
     if phase.errors:
         raise RuntimeError("simulated users got no answer: " + "; ".join(phase.errors[:5]))
     return phase
 
 
-def variants_file(path: Path, models: Mapping[str, str], allocation: str | None = None) -> None:
-    """Control first (and marked), each variant at weight 1."""
+def variants_file(path: Path, model: str) -> None:
+    """The seed of the experiment: the control alone (the candidate is added live)."""
     quoted = json.dumps  # a JSON string is a valid TOML basic string
-    lines = [f"experiment = {quoted(EXPERIMENT)}"]
-    if allocation is not None:
-        lines.append(f"allocation = {quoted(allocation)}")
-    for name, model in models.items():
-        lines += ["", "[[variants]]", f"name = {quoted(name)}", f"model = {quoted(model)}"]
-        lines += ["weight = 1", *(["control = true"] if name == CONTROL else [])]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    lines = [f"experiment = {quoted(EXPERIMENT)}", "", "[[variants]]"]
+    lines += [f"name = {quoted(CONTROL)}", f"model = {quoted(model)}", "weight = 1"]
+    path.write_text("\n".join([*lines, "control = true"]) + "\n", encoding="utf-8")
+
+
+def add_argv(model: str, weight: float = 1.0) -> list[str]:
+    """`python -m bot` arguments that add the candidate to the running experiment."""
+    return ["admin", "variants", "add", CANDIDATE, "--model", model, "--weight", f"{weight:g}"]
+
+
+def allocation_argv(allocation: str) -> list[str]:
+    """`python -m bot` arguments that change how the experiment splits new chats."""
+    return ["admin", "variants", "allocation", allocation]
 
 
 def bot(env: Mapping[str, str], *argv: str, timeout: float = 3600) -> str:
@@ -168,15 +204,23 @@ def bot(env: Mapping[str, str], *argv: str, timeout: float = 3600) -> str:
     return proc.stdout
 
 
-def env_for(tmp: Path, db: str, variants: Path, model: str) -> dict[str, str]:
+async def bot_async(env: Mapping[str, str], *argv: str) -> str:
+    """`bot` off the event loop: the loopback server (and so the service) keeps running."""
+    return await asyncio.to_thread(bot, env, *argv)
+
+
+def env_for(
+    tmp: Path, variants: Path, model: str, db: Path | None = None, log_level: str = "WARNING"
+) -> dict[str, str]:
     """The service's environment: a real database file, the variants file, one thread each
     (2 shared cores), no flood gate in the way of the simulated users."""
     env = e2e.bot_env(
         tmp,
         model,
+        log_level=log_level,
         extra={
             "VARIANTS_FILE": str(variants),
-            "DATABASE_URL": f"sqlite+aiosqlite:///{tmp / db}",
+            "DATABASE_URL": f"sqlite+aiosqlite:///{db or tmp / DB_FILE}",
             "TORCH_THREADS": "1",
             "WORKER_THREADS": "1",
             "FLOOD_MAX_MESSAGES": "1000",
@@ -185,30 +229,157 @@ def env_for(tmp: Path, db: str, variants: Path, model: str) -> dict[str, str]:
     return env
 
 
-def check_allocation(tmp: Path, allocation: str, model: str) -> None:
-    """Stop at once if this checkout's variants file refuses `allocation`."""
-    path = tmp / "check.toml"
-    variants_file(path, {CONTROL: model, CANDIDATE: model}, allocation)
-    env = env_for(tmp, "check.sqlite3", path, model)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from bot.config import Settings; from bot.engine.variants "
-            "import load_experiment; load_experiment(Settings())",
-        ],
-        cwd=common.ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+def read_only(db: Path) -> sqlite3.Connection:
+    """A read-only connection (the service keeps writing; WAL lets both go on)."""
+    return sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+
+
+Assigned = dict[int, tuple[str, str | None]]  # chat -> (variant, how: "weights"/"thompson")
+
+
+def assignments_of(db: Path, chat_ids: Iterable[int]) -> Assigned:
+    """Each of these chats' variant and the allocation that chose it, where it has one."""
+    ids = list(chat_ids)
+    marks = ",".join("?" * len(ids))
+    with closing(read_only(db)) as conn:
+        rows = conn.execute(
+            f"SELECT chat_id, variant, allocation FROM assignments WHERE chat_id IN ({marks})",
+            ids,
+        ).fetchall()
+    return {int(chat): (str(variant), allocated_by(how)) for chat, variant, how in rows}
+
+
+def allocated_by(allocation: str | None) -> str | None:
+    """`by` of an assignments.allocation JSON ("weights", "thompson"), or None."""
+    return None if allocation is None else json.loads(allocation).get("by")
+
+
+def on_candidate(variant: str, by: str | None) -> bool:
+    """The service picked up the add: a new chat went to the candidate."""
+    return variant == CANDIDATE
+
+
+def by_bandit(variant: str, by: str | None) -> bool:
+    """The service picked up `admin variants allocation thompson`."""
+    return by == "thompson"
+
+
+def first_reply_where(
+    sent_at: Mapping[int, Sequence[float]],
+    assigned: Assigned,
+    served: Callable[[str, str | None], bool],
+) -> float | None:
+    """When the first reply to a chat whose assignment is `served` reached the server."""
+    times = [
+        ts[0] for chat, ts in sent_at.items() if ts and chat in assigned and served(*assigned[chat])
+    ]
+    return min(times) if times else None
+
+
+async def wait_until_served(
+    replies: e2e.Replies,
+    db: Path,
+    changed_at: float,
+    setup: Setup,
+    served: Callable[[str, str | None], bool],
+    probes: list[int],
+) -> float:
+    """New probe chats, PROBES_AT_ONCE at a time (PROBE_PAUSE_S apart), one message each,
+    until one's assignment is `served` (the running service followed the change); seconds
+    from `changed_at` to that chat's reply. The chats used are appended to `probes`."""
+    deadline = time.monotonic() + setup.wait_s
+    used: list[int] = []
+    while time.monotonic() < deadline:
+        batch = chats(PROBE_CHATS + len(probes), PROBES_AT_ONCE)
+        probes += batch
+        used += batch
+        for chat in batch:
+            replies.api.user_message(chat, "hello there")
+        for chat in batch:
+            if not await replies.wait(chat, 1, setup.wait_s):
+                raise RuntimeError(f"no reply to probe chat {chat}")
+        sent_at = {chat: replies.sent_at.get(chat, []) for chat in used}
+        first = first_reply_where(sent_at, assignments_of(db, used), served)
+        if first is not None:
+            return first - changed_at
+        await asyncio.sleep(PROBE_PAUSE_S)
+    raise RuntimeError(
+        f"the running service did not follow the change within {setup.wait_s:g}s "
+        f"({served.__doc__}; {len(used)} probe chats; see bot.log)"
     )
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
-        raise SystemExit(
-            f'bench.loop: the variants file refuses allocation = "{allocation}" on this '
-            f"checkout ({last}); it needs the Thompson allocation work merged"
-        )
+
+
+def snapshot(db: Path, out: Path) -> None:
+    """A consistent copy of the service's database while it runs (SQLite's backup API)."""
+    with closing(sqlite3.connect(db, timeout=30)) as src, closing(sqlite3.connect(out)) as dst:
+        src.backup(dst)
+
+
+def keep_only_chats(db: Path, keep: Iterable[int]) -> dict[str, int]:
+    """Delete every row of every other chat from each table with a chat_id column (a copy
+    of the service's database, for the report); rows deleted per table."""
+    ids = sorted(set(keep))
+    deleted: dict[str, int] = {}
+    conn = sqlite3.connect(db)
+    try:
+        conn.execute("CREATE TEMP TABLE keep_chats (chat_id INTEGER PRIMARY KEY)")
+        conn.executemany("INSERT INTO keep_chats VALUES (?)", [(i,) for i in ids])
+        tables = [
+            str(row[0])
+            for row in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+            )
+        ]
+        for table in tables:
+            columns = {str(c[1]) for c in conn.execute(f'PRAGMA table_info("{table}")')}
+            if "chat_id" not in columns:
+                continue
+            cur = conn.execute(
+                f'DELETE FROM "{table}" WHERE chat_id IS NULL '
+                "OR chat_id NOT IN (SELECT chat_id FROM keep_chats)"
+            )
+            deleted[table] = cur.rowcount
+        conn.commit()
+    finally:
+        conn.close()
+    return deleted
+
+
+def stored_time(value: str) -> datetime:
+    """A timestamp as SQLite holds the service's (naive UTC text)."""
+    when = datetime.fromisoformat(str(value))
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def check_new(db: Path, since: float, by: str | None = None) -> int:
+    """Every chat left in the (trimmed) copy was assigned after `since` (time.time()), and
+    by the allocation `by` where given; the number of chats."""
+    with closing(sqlite3.connect(db)) as conn:
+        rows = conn.execute("SELECT chat_id, assigned_at, allocation FROM assignments").fetchall()
+    limit = datetime.fromtimestamp(since, UTC)
+    old = [int(chat) for chat, at, _ in rows if stored_time(at) < limit]
+    if old:
+        raise RuntimeError(f"chats assigned before the change counted as new: {old[:5]}")
+    other = [int(chat) for chat, _, how in rows if by is not None and allocated_by(how) != by]
+    if other:
+        raise RuntimeError(f"chats not assigned by {by} counted as such: {other[:5]}")
+    return len(rows)
+
+
+def recorded_share(db: Path, variant: str) -> float | None:
+    """The mean probability the hash-assigned chats had of getting `variant` (the split
+    recorded at assignment), or None where none is recorded."""
+    with closing(sqlite3.connect(db)) as conn:
+        rows = conn.execute(
+            "SELECT allocation FROM assignments WHERE source = 'hash' AND allocation IS NOT NULL"
+        ).fetchall()
+    return mean_split([str(r[0]) for r in rows], variant)
+
+
+def mean_split(allocations: Sequence[str], variant: str) -> float | None:
+    """The mean of `variant`'s share over recorded splits (assignments.allocation JSON)."""
+    shares = [float(json.loads(a).get("split", {}).get(variant, 0.0)) for a in allocations]
+    return sum(shares) / len(shares) if shares else None
 
 
 def decide(env: Mapping[str, str], plot: Path | None) -> dict[str, Any]:
@@ -223,19 +394,22 @@ def decide(env: Mapping[str, str], plot: Path | None) -> dict[str, Any]:
         "control_up_rate": control["up_rate"],
         "control_interval": [control["up_low"], control["up_high"]],
         "control_votes": control["votes_up"] + control["votes_down"],
+        "control_chats": control["chats"],
         "candidate_up_rate": candidate["up_rate"],
         "candidate_interval": [candidate["up_low"], candidate["up_high"]],
         "candidate_votes": candidate["votes_up"] + candidate["votes_down"],
+        "candidate_chats": candidate["chats"],
         "uplift_pp": 100 * comparison["up_rate_diff"],
         "p": comparison["p_value"],
         "candidate_chat_share": candidate["chats"] / max(1, control["chats"] + candidate["chats"]),
+        "allocation": report.get("allocation"),
     }
 
 
 def distinct_shares(db: Path) -> dict[str, float]:
     """Per variant, distinct replies / replies: a candidate that learnt one question and asks
     it every time would win the vote and fail its users."""
-    with sqlite3.connect(db) as conn:
+    with closing(sqlite3.connect(db)) as conn:
         rows = conn.execute(
             "SELECT variant, count(DISTINCT text) * 1.0 / count(*) FROM messages "
             "WHERE role = 'bot' GROUP BY variant"
@@ -243,21 +417,30 @@ def distinct_shares(db: Path) -> dict[str, float]:
     return {str(name): float(share) for name, share in rows}
 
 
-def run(setup: Setup) -> dict[str, Any]:
-    """Every step, one after the other; the figures."""
-    started = time.monotonic()
-    results: dict[str, Any] = {"setup": {k: str(v) for k, v in setup.__dict__.items()}}
-    with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp_name:
-        tmp = Path(tmp_name)
-        if setup.allocation == "thompson":
-            check_allocation(tmp, "thompson", setup.model)
-        common.corpus()
-        one = tmp / "control.toml"
-        variants_file(one, {CONTROL: setup.model})
-        env = env_for(tmp, "collect.sqlite3", one, setup.model)
-        collect_chats = [e2e.FIRST_CHAT + u for u in range(setup.collect_users)]
-        print(f"1. collect: {len(collect_chats)} users x {setup.messages} messages", flush=True)
-        collected = asyncio.run(chat_phase(env, tmp, collect_chats, setup, setup.seed))
+@dataclass
+class Window:
+    """One comparison: its users, their chats, since when they count, the snapshot."""
+
+    label: str
+    chats: list[int]
+    since: float  # time.time() when the change (add, allocation) was committed
+    phase: Phase
+    copy: Path
+    by: str  # the allocation every one of its chats must have been assigned by
+    followed_s: float | None = None  # the change (allocation) to its first chat assigned by it
+
+
+async def serve_loop(
+    setup: Setup, tmp: Path, env: Mapping[str, str]
+) -> tuple[Phase, dict[str, Any], Path, float, int, list[Window]]:
+    """Steps 1-5 on one running service; (collected, recipe, candidate dir, live_s, probe
+    chats, windows)."""
+    db = tmp / DB_FILE
+    windows: list[Window] = []
+    async with e2e.loopback_bot(env, tmp) as replies:
+        collect = chats(COLLECT_CHATS, setup.collect_users)
+        print(f"1. collect: {len(collect)} users x {setup.messages} messages", flush=True)
+        collected = await users(replies, collect, setup, setup.seed)
         print(
             f"   {collected.replies} replies, {collected.questions} asked a question, "
             f"{collected.up} 👍 / {collected.down} 👎 ({collected.wall_s:.0f}s)",
@@ -265,13 +448,13 @@ def run(setup: Setup) -> dict[str, Any]:
         )
 
         export = tmp / "feedback.txt"
-        bot(env, "admin", "export", "--format", "parlai", "-o", str(export))
-        print(f"2. export: {len(export.read_text().splitlines())} replies", flush=True)
+        await bot_async(env, "admin", "export", "--format", "parlai", "-o", str(export))
+        print(f"2. export (service running): {len(export.read_text().splitlines())} replies")
 
         out = tmp / "candidate"
         t0 = time.monotonic()
-        print(f"3. fine-tune the control for {setup.minutes:g} minutes", flush=True)
-        bot(
+        print(f"3. fine-tune the control for {setup.minutes:g} minutes (service running)")
+        await bot_async(
             env,
             "train",
             "--from-feedback",
@@ -284,44 +467,96 @@ def run(setup: Setup) -> dict[str, Any]:
             str(setup.minutes),
         )
         recipe = json.loads((out / "recipe.json").read_text())
-        train_s = time.monotonic() - t0
         ppl = recipe["perplexity"]
         print(
-            f"   {recipe['data']['train_examples']} liked replies, {train_s:.0f}s; held-out "
-            f"liked ppl {ppl['heldout_feedback']['before'].get('ppl')} -> "
+            f"   {recipe['data']['train_examples']} liked replies, "
+            f"{time.monotonic() - t0:.0f}s; held-out liked ppl "
+            f"{ppl['heldout_feedback']['before'].get('ppl')} -> "
             f"{ppl['heldout_feedback']['after'].get('ppl')}",
             flush=True,
         )
-        models = {CONTROL: setup.model, CANDIDATE: str(out / "model")}
-        compare_chats = [e2e.FIRST_CHAT + 10_000 + u for u in range(setup.compare_users)]
-        name = "loop-quick" if setup.quick else "loop"
-        common.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        runs = [("weighted", None)] + (
-            [("thompson", "thompson")] if setup.allocation == "thompson" else []
+
+        argv = add_argv(str(out / "model"))
+        await bot_async(env, *argv)
+        added_at = time.time()
+        probes: list[int] = []
+        live_s = await wait_until_served(replies, db, added_at, setup, on_candidate, probes)
+        print(
+            f"4. `python -m bot {' '.join(argv)}`: the running service answered a new chat "
+            f"with the candidate {live_s:.1f}s after the command returned "
+            f"({len(probes)} probe chats)",
+            flush=True,
         )
-        for label, allocation in runs:
-            both = tmp / f"{label}.toml"
-            variants_file(both, models, allocation)
-            env2 = env_for(tmp, f"{label}.sqlite3", both, setup.model)
-            print(f"4. compare ({label}): {len(compare_chats)} new users", flush=True)
-            phase = asyncio.run(chat_phase(env2, tmp, compare_chats, setup, setup.seed + 1))
+
+        followed_s: dict[str, float] = {}
+        runs: list[tuple[str, str | None, int]] = [("weighted", None, COMPARE_CHATS)]
+        if setup.allocation == "thompson":
+            runs.append(("thompson", "thompson", THOMPSON_CHATS))
+        for label, allocation, group in runs:
+            since = added_at
+            if allocation is not None:
+                await bot_async(env, *allocation_argv(allocation))
+                since = time.time()
+                followed_s[label] = await wait_until_served(
+                    replies, db, since, setup, by_bandit, probes
+                )
+                print(
+                    f"   `python -m bot {' '.join(allocation_argv(allocation))}`: a new chat "
+                    f"was assigned by it {followed_s[label]:.1f}s after the command returned",
+                    flush=True,
+                )
+            new = chats(group, setup.compare_users)
+            print(f"5. compare ({label}): {len(new)} new users", flush=True)
+            phase = await users(replies, new, setup, setup.seed + 1)
+            copy = tmp / f"{label}.sqlite3"
+            snapshot(db, copy)
+            windows.append(Window(label, new, since, phase, copy, allocation or "weights"))
+            windows[-1].followed_s = followed_s.get(label)
+    return collected, recipe, out, live_s, len(probes), windows
+
+
+def run(setup: Setup) -> dict[str, Any]:
+    """Every step, one after the other; the figures."""
+    started = time.monotonic()
+    results: dict[str, Any] = {"setup": {k: str(v) for k, v in setup.__dict__.items()}}
+    name = "loop-quick" if setup.quick else "loop"
+    common.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp_name:
+        tmp = Path(tmp_name)
+        common.corpus()
+        seed_file = tmp / "variants.toml"
+        variants_file(seed_file, setup.model)
+        env = env_for(tmp, seed_file, setup.model, log_level=setup.log_level)
+        collected, recipe, out, live_s, probes, windows = asyncio.run(serve_loop(setup, tmp, env))
+        results["candidate_live_s"] = live_s
+        results["probe_chats"] = probes
+        for w in windows:
+            keep_only_chats(w.copy, w.chats)
+            n_chats = check_new(w.copy, w.since, w.by)
             plot = common.RESULTS_DIR / (
-                f"{name}.png" if label == "weighted" else f"{name}-{label}.png"
+                f"{name}.png" if w.label == "weighted" else f"{name}-{w.label}.png"
             )
-            distinct = distinct_shares(tmp / f"{label}.sqlite3")
-            results[label] = {
+            distinct = distinct_shares(w.copy)
+            figures = decide(env_for(tmp, seed_file, setup.model, w.copy), plot)
+            if figures["candidate_chats"] == 0:
+                raise RuntimeError(f"{w.label}: no new chat went to the candidate")
+            results[w.label] = {
                 "control_distinct_share": distinct.get(CONTROL, 0.0),
                 "candidate_distinct_share": distinct.get(CANDIDATE, 0.0),
-                **decide(env2, plot),
-                "replies": phase.replies,
-                "wall_s": round(phase.wall_s),
+                **figures,
+                "new_chats": n_chats,
+                "recorded_candidate_share": recorded_share(w.copy, CANDIDATE),
+                "followed_s": w.followed_s,
+                "replies": w.phase.replies,
+                "wall_s": round(w.phase.wall_s),
             }
         results["collect"] = collected.__dict__
         results["recipe"] = recipe
         results["wall_s"] = round(time.monotonic() - started)
         if setup.keep is not None:
             setup.keep.mkdir(parents=True, exist_ok=True)
-            for path in (export, out / "recipe.json", tmp / "bot.log"):
+            kept = [tmp / "feedback.txt", out / "recipe.json", tmp / "bot.log"]
+            for path in [*kept, *(w.copy for w in windows)]:
                 if path.exists():
                     shutil.copyfile(path, setup.keep / path.name)
     common.write_json(name, results)
@@ -333,21 +568,17 @@ def report(results: dict[str, Any]) -> None:
     w = results["weighted"]
     rows = [
         (
-            CONTROL,
-            w["control_votes"],
-            100 * w["control_up_rate"],
-            f"{100 * w['control_interval'][0]:.1f}-{100 * w['control_interval'][1]:.1f}",
-        ),
-        (
-            CANDIDATE,
-            w["candidate_votes"],
-            100 * w["candidate_up_rate"],
-            f"{100 * w['candidate_interval'][0]:.1f}-{100 * w['candidate_interval'][1]:.1f}",
-        ),
+            variant,
+            w[f"{variant}_chats"],
+            w[f"{variant}_votes"],
+            100 * w[f"{variant}_up_rate"],
+            f"{100 * w[f'{variant}_interval'][0]:.1f}-{100 * w[f'{variant}_interval'][1]:.1f}",
+        )
+        for variant in (CONTROL, CANDIDATE)
     ]
     common.print_table(
-        "👍 rate of new users, control vs candidate (50/50)",
-        ["variant", "votes", "👍 %", "95% interval"],
+        "👍 rate of new users, control vs candidate (weight 1 each, added live)",
+        ["variant", "chats", "votes", "👍 %", "95% interval"],
         rows,
     )
     out = {
@@ -358,13 +589,20 @@ def report(results: dict[str, Any]) -> None:
     }
     print("RESULT " + " ".join(f"{k}={v:.4g}" for k, v in out.items()), flush=True)
     extra = {
+        "loop_candidate_live_s": float(results["candidate_live_s"]),
         "loop_wall_s": float(results["wall_s"]),
+        "loop_candidate_chat_share": w["candidate_chat_share"],
         "loop_control_distinct_share": w["control_distinct_share"],
         "loop_candidate_distinct_share": w["candidate_distinct_share"],
     }
     if "thompson" in results:
         t = results["thompson"]
+        extra["loop_thompson_followed_s"] = t["followed_s"]
         extra["loop_thompson_candidate_share"] = t["candidate_chat_share"]
+        if t["recorded_candidate_share"] is not None:
+            extra["loop_thompson_recorded_split"] = t["recorded_candidate_share"]
+        extra["loop_thompson_control_up_rate"] = t["control_up_rate"]
+        extra["loop_thompson_candidate_up_rate"] = t["candidate_up_rate"]
         extra["loop_thompson_uplift_pp"] = t["uplift_pp"]
         extra["loop_thompson_p"] = t["p"]
     common.emit_results(extra)
@@ -380,7 +618,7 @@ def parse(argv: Sequence[str] | None = None) -> Setup:
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few minutes")
     parser.add_argument("--model", default=str(SHIPPED), help="the control (default: shipped)")
     parser.add_argument("--collect-users", type=int, default=None)
-    parser.add_argument("--compare-users", type=int, default=None)
+    parser.add_argument("--compare-users", type=int, default=None, help="per comparison")
     parser.add_argument("--messages", type=int, default=None, help="per user")
     parser.add_argument("--minutes", type=float, default=None, help="fine-tuning budget")
     parser.add_argument("--noise", type=float, default=0.1, help="share of votes flipped")
@@ -388,11 +626,20 @@ def parse(argv: Sequence[str] | None = None) -> Setup:
         "--allocation",
         choices=("weighted", "thompson"),
         default="weighted",
-        help='thompson: compare once more with allocation = "thompson"',
+        help="thompson: after the weighted comparison, `admin variants allocation thompson` "
+        "and one more set of new users",
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--wait-s", type=float, default=300.0)
-    parser.add_argument("--keep", type=Path, default=None, help="keep the export and logs here")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="keep the export, the log and the new-chats snapshots here",
+    )
+    parser.add_argument(
+        "--log-level", default="WARNING", help="the service's (INFO shows when it follows)"
+    )
     a = parser.parse_args(argv)
     quick = bool(a.quick)
     return Setup(
@@ -407,6 +654,7 @@ def parse(argv: Sequence[str] | None = None) -> Setup:
         wait_s=a.wait_s,
         quick=quick,
         keep=a.keep,
+        log_level=a.log_level,
     )
 
 
