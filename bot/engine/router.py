@@ -553,7 +553,8 @@ class VariantResponder:
         from bot.engine.client import ModelProcess
 
         out: dict[str, dict[str, Any]] = {}
-        for name, backend in self.backends.items():
+        # A copy: a variant that finishes loading while a process answers changes the dict.
+        for name, backend in list(self.backends.items()):
             if isinstance(backend, ModelProcess):
                 figures = await backend.stats() if backend.alive else {}
                 out[name] = {"pid": backend.pid, "restarts": backend.restarts, **figures}
