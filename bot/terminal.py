@@ -20,8 +20,8 @@ from typing import TextIO
 
 from bot.config import Settings
 from bot.conversations.actions import ChatActions
-from bot.conversations.drafts import streaming
 from bot.conversations.store import ConversationStore
+from bot.conversations.turn import Drafts, Turn
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import OutboxKind
 
@@ -65,48 +65,48 @@ async def dispatch(
     if not text:
         return True
     texts = await chat.texts_for(chat_id, language)
+    # The terminal's user is its chat; it has no inbox row to close and counts no outcome.
+    turn = Turn(chat_id=chat_id, user_id=chat_id, texts=texts)
     if text.startswith("/"):
         command, _, argument = text[1:].partition(" ")
         command = command.lower()
         if command in ("quit", "exit"):
             return False
         if command in ("start", "help"):
-            await chat.help(chat_id, texts=texts, start=command == "start")
+            await chat.help(turn, start=command == "start")
         elif command == "persona":
             if argument.strip():
-                await chat.set_persona(chat_id, chat_id, argument, texts=texts)
+                await chat.set_persona(turn, argument)
             else:
-                await chat.show_persona(chat_id, texts=texts)
+                await chat.show_persona(turn)
         elif command == "done":
-            await chat.done(chat_id, texts=texts)
+            await chat.done(turn)
             if chat.settings.feedback_buttons:
-                await chat.notice(chat_id, texts.TERMINAL_RATE_HINT)
+                await chat.notice(turn, texts.TERMINAL_RATE_HINT)
         elif command == "forget":
-            await chat.forget(chat_id, texts=texts)
+            await chat.forget(turn)
         elif command == "privacy":
-            await chat.privacy(chat_id, texts=texts)
+            await chat.privacy(turn)
         elif command == "context":
-            await chat.context(chat_id, texts=texts)
+            await chat.context(turn)
         elif command == "lang":
-            await chat.language(chat_id, argument, texts=texts, sender_language=language)
+            await chat.language(turn, argument, sender_language=language)
         elif command in ("good", "bad"):
             vote = 1 if command == "good" else -1
-            await chat.vote(chat_id, chat_id, None, vote, texts=texts, answer_in_chat=True)
+            await chat.vote(turn, chat_id, None, vote, answer_in_chat=True)
         elif command == "rate":
             value = argument.strip()
             if value not in ("1", "2", "3", "4", "5"):
-                await chat.notice(chat_id, texts.RATE_USAGE)
+                await chat.notice(turn, texts.RATE_USAGE)
             else:
-                await chat.rate(
-                    chat_id, chat_id, None, int(value), texts=texts, answer_in_chat=True
-                )
+                await chat.rate(turn, None, int(value), answer_in_chat=True)
         elif command == "model":
-            await chat.choose_variant(chat_id, argument, texts=texts)
+            await chat.choose_variant(turn, argument)
         else:
-            await chat.notice(chat_id, texts.unknown_terminal_command(command))
+            await chat.notice(turn, texts.unknown_terminal_command(command))
         return True
-    with streaming(drafts):
-        await chat.text(chat_id, chat_id, text, texts=texts)
+    turn.drafts = Drafts(drafts) if drafts is not None else None
+    await chat.text(turn, text)
     if drafts is not None:
         drafts.clear()
     return True

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from bot import texts as catalogs
 from bot.config import Settings
-from bot.conversations.drafts import current_sink, end_drafts
-from bot.conversations.outcome import ARENA, FLOODED, NO_REPLY, REPLIED, note_turn
+from bot.conversations.outcome import ARENA, FLOODED, NO_REPLY, REPLIED
 from bot.conversations.store import ConversationStore, StoredTurn
+from bot.conversations.turn import Turn
 from bot.db.conversations import SessionRow
 from bot.db.feedback import Outcome
 from bot.db.models import AssignmentSource, VoteSource
@@ -84,207 +84,169 @@ class ChatActions:
         variants = self.responder.abilities.variants
         return variants.experiment if variants is not None else self._experiment
 
-    async def notice(self, chat_id: int, text: str, *, update_id: int | None = None) -> None:
+    async def notice(self, turn: Turn, text: str) -> None:
         """Send a short message that is not part of the conversation, and close the update."""
-        await end_drafts()
-        await self.store.notice(chat_id, text, update_id=update_id)
+        await turn.end_drafts()
+        await self.store.notice(turn.chat_id, text, update=turn.update)
 
-    async def help(
-        self,
-        chat_id: int,
-        *,
-        texts: Texts,
-        update_id: int | None = None,
-        start: bool = False,
-        user_id: int | None = None,
-        payload: str = "",
-    ) -> None:
+    async def help(self, turn: Turn, *, start: bool = False, payload: str = "") -> None:
         """/start and /help; `/start persona_NAME` (a deep link) also takes that preset."""
-        greeting = texts.GREETING if start else ""
-        help_text = texts.help(self.settings.bot_model_language)
+        greeting = turn.texts.GREETING if start else ""
+        help_text = turn.texts.help(self.settings.bot_model_language)
         name = deep_link_preset(payload.strip()) if start else None
         if name is None:
-            await self.notice(chat_id, greeting + help_text, update_id=update_id)
+            await self.notice(turn, greeting + help_text)
             return
         preset = self.presets.get(name)
         if preset is None:
             await self.notice(
-                chat_id,
-                greeting + help_text + "\n\n" + texts.preset_unknown(name, self.presets.names),
-                update_id=update_id,
+                turn,
+                greeting + help_text + "\n\n" + turn.texts.preset_unknown(name, self.presets.names),
             )
             return
         session = await self.store.set_persona(
-            chat_id,
-            user_id,
+            turn.chat_id,
+            turn.user_id,
             preset,
-            notice=greeting + texts.persona_set(preset) + "\n\n" + help_text,
-            update_id=update_id,
+            notice=greeting + turn.texts.persona_set(preset) + "\n\n" + help_text,
+            update=turn.update,
         )
         self.responder.set_persona(session.id, preset)
 
-    async def context(self, chat_id: int, *, texts: Texts, update_id: int | None = None) -> None:
+    async def context(self, turn: Turn) -> None:
         """/context: the persona lines and the turns the model reads now, and how many older
         ones were dropped to fit its input."""
         inspector = self.responder.abilities.inspect
-        session = await self.store.active_session_row(chat_id)
+        session = await self.store.active_session_row(turn.chat_id)
         if session is None or session.last_message_id is None:
-            await self.notice(chat_id, texts.CONTEXT_EMPTY, update_id=update_id)
+            await self.notice(turn, turn.texts.CONTEXT_EMPTY)
             return
         if inspector is None:
-            await self.notice(chat_id, texts.CONTEXT_UNAVAILABLE, update_id=update_id)
+            await self.notice(turn, turn.texts.CONTEXT_UNAVAILABLE)
             return
         try:
             view = await inspector.inspect(session)
         except GenerationError as err:
-            log.warning("/context for chat %s failed: %s", chat_id, err)
-            await self.notice(chat_id, texts.CONTEXT_UNAVAILABLE, update_id=update_id)
+            log.warning("/context for chat %s failed: %s", turn.chat_id, err)
+            await self.notice(turn, turn.texts.CONTEXT_UNAVAILABLE)
             return
         ctx = await self.store.load_context(session.id, None)
         turns = join_turns([(m.role, m.text) for m in ctx.messages])
         shown = turns[len(turns) - view.visible_turns :] if view.visible_turns else []
-        text = texts.context_view(
+        text = turn.texts.context_view(
             persona_lines(session.persona), shown, len(turns) - view.visible_turns
         )
-        await self.notice(chat_id, text, update_id=update_id)
+        await self.notice(turn, text)
 
-    async def privacy(self, chat_id: int, *, texts: Texts, update_id: int | None = None) -> None:
+    async def privacy(self, turn: Turn) -> None:
         """/privacy: what is stored, for how long, who reads it, how to delete it."""
-        text = self.privacy_file_text or texts.privacy(self.settings.retention_days)
-        await self.notice(chat_id, text, update_id=update_id)
+        text = self.privacy_file_text or turn.texts.privacy(self.settings.retention_days)
+        await self.notice(turn, text)
 
-    async def show_persona(
-        self, chat_id: int, *, texts: Texts, update_id: int | None = None
-    ) -> None:
+    async def show_persona(self, turn: Turn) -> None:
         """/persona without text."""
-        persona = await self.store.current_persona(chat_id)
-        text = texts.persona_shown(persona) if persona else texts.NO_PERSONA
-        await self.notice(chat_id, text, update_id=update_id)
+        persona = await self.store.current_persona(turn.chat_id)
+        text = turn.texts.persona_shown(persona) if persona else turn.texts.NO_PERSONA
+        await self.notice(turn, text)
 
-    async def set_persona(
-        self,
-        chat_id: int,
-        user_id: int | None,
-        text: str,
-        *,
-        texts: Texts,
-        update_id: int | None = None,
-    ) -> None:
+    async def set_persona(self, turn: Turn, text: str) -> None:
         """/persona <text>: set it (or clear it with a clear word); `/persona list` shows the
         presets, `/persona use NAME` takes one."""
         word, _, rest = text.strip().partition(" ")
         if word.lower() == "list" and not rest.strip():
-            listing = texts.presets_list(self.presets.personas) if self.presets.personas else None
-            await self.notice(chat_id, listing or texts.NO_PRESETS, update_id=update_id)
+            listing = (
+                turn.texts.presets_list(self.presets.personas) if self.presets.personas else None
+            )
+            await self.notice(turn, listing or turn.texts.NO_PRESETS)
             return
         if word.lower() == "use" and rest.strip():
             preset = self.presets.get(rest)
             if preset is None:
-                unknown = texts.preset_unknown(rest.strip(), self.presets.names)
-                await self.notice(chat_id, unknown, update_id=update_id)
+                unknown = turn.texts.preset_unknown(rest.strip(), self.presets.names)
+                await self.notice(turn, unknown)
                 return
             text = preset
         persona = clean_text(text)
         if not persona and text.strip():
-            await self.notice(
-                chat_id,
-                texts.PERSONA_EMPTY,
-                update_id=update_id,
-            )
+            await self.notice(turn, turn.texts.PERSONA_EMPTY)
             return
         if persona.lower() in PERSONA_CLEAR_WORDS:
             persona = ""
         limit = self.settings.persona_max_chars
         if len(persona) > limit:
-            await self.notice(
-                chat_id,
-                texts.persona_too_long(len(persona), limit),
-                update_id=update_id,
-            )
+            await self.notice(turn, turn.texts.persona_too_long(len(persona), limit))
             return
         offensive = await self.safety.persona(persona)
         if offensive and self.safety.mode == "block":
-            log.info("chat %s: refused an offensive persona", chat_id)
-            await self.notice(chat_id, texts.PERSONA_REFUSED, update_id=update_id)
+            log.info("chat %s: refused an offensive persona", turn.chat_id)
+            await self.notice(turn, turn.texts.PERSONA_REFUSED)
             return
-        notice = texts.persona_set(persona) if persona else texts.PERSONA_CLEARED
+        notice = turn.texts.persona_set(persona) if persona else turn.texts.PERSONA_CLEARED
         session = await self.store.set_persona(
-            chat_id,
-            user_id,
+            turn.chat_id,
+            turn.user_id,
             persona,
             notice=notice,
-            update_id=update_id,
+            update=turn.update,
             safety=SafetyMark.FLAGGED if offensive else None,
         )
         self.responder.set_persona(session.id, persona)
 
-    async def done(
-        self,
-        chat_id: int,
-        *,
-        texts: Texts,
-        update_id: int | None = None,
-        rating_markup: Callable[[int], str] | None = None,
-    ) -> None:
+    async def done(self, turn: Turn, *, rating_markup: Callable[[int], str] | None = None) -> None:
         """/done: end the conversation; history stays for admins, the persona carries over.
 
         With `rating_markup` (a front end's 1-5 keyboard for a session id), a conversation
         that had messages also gets the rating prompt with that keyboard."""
         session = await self.store.end_session(
-            chat_id,
-            notice=texts.ENDED,
-            update_id=update_id,
-            rating_prompt=texts.RATE_PROMPT,
+            turn.chat_id,
+            notice=turn.texts.ENDED,
+            update=turn.update,
+            rating_prompt=turn.texts.RATE_PROMPT,
             rating_markup=rating_markup,
         )
         if session is not None:
             self.responder.evict(session.id)
 
-    async def forget(self, chat_id: int, *, texts: Texts, update_id: int | None = None) -> None:
+    async def forget(self, turn: Turn) -> None:
         """/forget: delete everything stored for this chat."""
-        active = await self.store.active_session_id(chat_id)
+        active = await self.store.active_session_id(turn.chat_id)
         await self.store.forget_chat(
-            chat_id,
-            notice=texts.FORGOTTEN,
-            update_id=update_id,
+            turn.chat_id,
+            notice=turn.texts.FORGOTTEN,
+            update=turn.update,
         )
         if active is not None:
             self.responder.evict(active)
 
     async def unanswered(
         self,
-        chat_id: int,
-        user_id: int | None,
+        turn: Turn,
         text: str,
         *,
         notice: str | None,
-        update_id: int | None = None,
         telegram_message_id: int | None = None,
     ) -> None:
         """Keep a user message without a model reply (flood limit); it joins the next turn."""
-        await end_drafts()
+        await turn.end_drafts()
         text = storable(text)
-        session = await self.store.active_session(chat_id, user_id)
+        session = await self.store.active_session(turn.chat_id, turn.user_id)
         await self.store.record_user_message(
             session.id,
-            chat_id,
+            turn.chat_id,
             text,
-            update_id=update_id,
+            update=turn.update,
             telegram_message_id=telegram_message_id,
             notice=notice,
         )
         # The cached clone has not seen this message; rebuilding it from the database will.
         self.responder.evict(session.id)
-        note_turn(FLOODED)
+        turn.decided(FLOODED)
 
     async def text(
         self,
-        chat_id: int,
-        user_id: int | None,
+        turn: Turn,
         text: str,
         *,
-        texts: Texts,
-        update_id: int | None = None,
         telegram_message_id: int | None = None,
         arena_markup: Callable[[int], str] | None = None,
     ) -> None:
@@ -293,53 +255,39 @@ class ChatActions:
         for a match id)."""
         text = clean_text(text)
         if not text:
-            await self.notice(chat_id, texts.SAY_SOMETHING, update_id=update_id)
+            await self.notice(turn, turn.texts.SAY_SOMETHING)
             return
         limit = self.settings.message_max_chars
         if len(text) > limit:
-            await self.notice(
-                chat_id,
-                texts.message_too_long(len(text), limit),
-                update_id=update_id,
-            )
+            await self.notice(turn, turn.texts.message_too_long(len(text), limit))
             return
-        session = await self.store.active_session(chat_id, user_id)
+        session = await self.store.active_session(turn.chat_id, turn.user_id)
         duel = self._duel_responder()
         if session.arena_match_id is not None and duel is not None:
             await self._duel(
-                duel,
-                session,
-                text,
-                arena_markup,
-                texts=texts,
-                update_id=update_id,
-                telegram_message_id=telegram_message_id,
+                turn, duel, session, text, arena_markup, telegram_message_id=telegram_message_id
             )
             return
         try:
-            reply = await self.responder.respond(session, text, on_draft=current_sink())
+            reply = await self.responder.respond(session, text, on_draft=turn.draft_sink)
         except GenerationError as err:
-            log.warning("generation failed for chat %s: %s", chat_id, err)
+            log.warning("generation failed for chat %s: %s", turn.chat_id, err)
             self.responder.evict(session.id)
             await self.unanswered(
-                chat_id,
-                user_id,
-                text,
-                notice=texts.NO_REPLY,
-                update_id=update_id,
-                telegram_message_id=telegram_message_id,
+                turn, text, notice=turn.texts.NO_REPLY, telegram_message_id=telegram_message_id
             )
-            note_turn(NO_REPLY, session.variant)
+            turn.decided(NO_REPLY, session.variant)
             return
         await self._keep(
+            turn,
             session.id,
             reply,
             lambda verdict, fields: self.store.record_turn(
                 session.id,
-                chat_id,
+                turn.chat_id,
                 text,
                 verdict.text,
-                update_id=update_id,
+                update=turn.update,
                 telegram_message_id=telegram_message_id,
                 **fields,
             ),
@@ -347,6 +295,7 @@ class ChatActions:
 
     async def _keep(
         self,
+        turn: Turn,
         session_id: int,
         reply: Reply,
         store: Callable[[Verdict, dict[str, Any]], Awaitable[StoredTurn]],
@@ -366,58 +315,48 @@ class ChatActions:
                 "safety": verdict.mark,
                 "unsafe_text": verdict.unsafe_text,
             }
-            await end_drafts()
+            await turn.end_drafts()
             stored = await store(verdict, fields)
         except BaseException:
             # The clone already heard this turn but the database did not keep it.
             self.responder.evict(session_id)
             raise
         self.responder.turn_stored(session_id, stored.bot_message_id)
-        note_turn(REPLIED, reply.variant, [reply])
+        turn.decided(REPLIED, reply.variant, [reply])
 
     # --- edits -----------------------------------------------------------------------------
 
-    async def edit(
-        self,
-        chat_id: int,
-        user_id: int | None,
-        telegram_message_id: int,
-        text: str,
-        *,
-        texts: Texts,
-        update_id: int | None = None,
-    ) -> None:
+    async def edit(self, turn: Turn, telegram_message_id: int, text: str) -> None:
         """The user edited a message: if it is the one the bot answered last, answer the new
         text instead, whether the old reply is out yet or not (ConversationStore.replace_turn:
         the history keeps only the edited turn); any other edit gets a short notice."""
-        target = await self.store.edit_target(chat_id, telegram_message_id)
+        target = await self.store.edit_target(turn.chat_id, telegram_message_id)
         text = clean_text(text)
         if target is None or not text:
-            await self.notice(chat_id, texts.EDITED, update_id=update_id)
+            await self.notice(turn, turn.texts.EDITED)
             return
         limit = self.settings.message_max_chars
         if len(text) > limit:
-            await self.notice(
-                chat_id, texts.message_too_long(len(text), limit), update_id=update_id
-            )
+            await self.notice(turn, turn.texts.message_too_long(len(text), limit))
             return
         session = target.session
         # The conversation as it was before the old turn: the clone is rebuilt from there.
         before = replace(session, last_message_id=target.previous_message_id)
         self.responder.evict(session.id)
         try:
-            reply = await self.responder.respond(before, text, on_draft=current_sink())
+            reply = await self.responder.respond(before, text, on_draft=turn.draft_sink)
         except GenerationError as err:
-            log.warning("regenerating after an edit failed for chat %s: %s", chat_id, err)
+            log.warning("regenerating after an edit failed for chat %s: %s", turn.chat_id, err)
             self.responder.evict(session.id)
-            await self.notice(chat_id, texts.NO_REPLY, update_id=update_id)
-            note_turn(NO_REPLY, session.variant)
+            await self.notice(turn, turn.texts.NO_REPLY)
+            turn.decided(NO_REPLY, session.variant)
             return
         await self._keep(
+            turn,
             session.id,
             reply,
             lambda verdict, fields: self.store.replace_turn(
-                target, text, verdict.text, update_id=update_id, **fields
+                target, text, verdict.text, update=turn.update, **fields
             ),
         )
 
@@ -429,114 +368,97 @@ class ChatActions:
         stored = await self.store.chat_language(chat_id)
         return catalogs.for_language(catalogs.choose(stored, sender_language))
 
-    async def language(
-        self,
-        chat_id: int,
-        argument: str,
-        *,
-        texts: Texts,
-        sender_language: str | None,
-        update_id: int | None = None,
-    ) -> None:
+    async def language(self, turn: Turn, argument: str, *, sender_language: str | None) -> None:
         """/lang shows the chat's language and the choices, /lang CODE sets it for the chat,
         /lang auto goes back to each sender's Telegram language."""
         word = argument.strip()
         if not word:
-            chosen = await self.store.chat_language(chat_id) is not None
-            await self.notice(chat_id, texts.language_shown(chosen), update_id=update_id)
+            chosen = await self.store.chat_language(turn.chat_id) is not None
+            await self.notice(turn, turn.texts.language_shown(chosen))
             return
         if word.lower() == "auto":
             now = catalogs.for_language(catalogs.choose(None, sender_language))
             await self.store.set_language(
-                chat_id, None, notice=now.language_auto(), update_id=update_id
+                turn.chat_id, None, notice=now.language_auto(), update=turn.update
             )
             return
         language = catalogs.normalize(word)
         if language is None:
-            await self.notice(chat_id, texts.language_unknown(word), update_id=update_id)
+            await self.notice(turn, turn.texts.language_unknown(word))
             return
         # The confirmation is the first sentence in the language just chosen.
         chosen_texts = catalogs.for_language(language)
         await self.store.set_language(
-            chat_id, language, notice=chosen_texts.language_set(), update_id=update_id
+            turn.chat_id, language, notice=chosen_texts.language_set(), update=turn.update
         )
 
     # --- feedback and variants -------------------------------------------------------------
 
     async def vote(
         self,
-        chat_id: int,
+        turn: Turn,
         user_id: int,
         message_id: int | None,
         value: int,
         *,
-        texts: Texts,
         source: VoteSource = VoteSource.BUTTON,
         telegram_message_id: int | None = None,
-        update_id: int | None = None,
         answer_in_chat: bool = False,
     ) -> Outcome:
         """👍 (+1) or 👎 (-1) on a bot reply; 0 takes a reaction back. `answer_in_chat` (the
         terminal) queues the answer as a notice; Telegram answers the button press instead."""
         notice = None
         if answer_in_chat:
-            notice = texts.VOTED_UP if value > 0 else texts.VOTED_DOWN
+            notice = turn.texts.VOTED_UP if value > 0 else turn.texts.VOTED_DOWN
         outcome = await self.store.vote(
-            chat_id,
+            turn.chat_id,
             user_id,
             message_id,
             value,
             source=source,
             telegram_message_id=telegram_message_id,
-            update_id=update_id,
+            update=turn.update,
             notice=notice,
         )
         if answer_in_chat and outcome is Outcome.STALE:
-            await self.notice(chat_id, texts.NOTHING_TO_VOTE_ON)
+            await self.store.notice(turn.chat_id, turn.texts.NOTHING_TO_VOTE_ON)  # closed already
         return outcome
 
     async def rate(
-        self,
-        chat_id: int,
-        user_id: int | None,
-        session_id: int | None,
-        value: int,
-        *,
-        texts: Texts,
-        update_id: int | None = None,
-        answer_in_chat: bool = False,
+        self, turn: Turn, session_id: int | None, value: int, *, answer_in_chat: bool = False
     ) -> Outcome:
         """The 1-5 rating of a conversation (None: the chat's latest ended one)."""
-        outcome = await self.store.rate(chat_id, user_id, session_id, value, update_id=update_id)
+        outcome = await self.store.rate(
+            turn.chat_id, turn.user_id, session_id, value, update=turn.update
+        )
         if answer_in_chat:
-            await self.notice(chat_id, rating_answer(outcome, value, texts, terminal=True))
+            answer = rating_answer(outcome, value, turn.texts, terminal=True)
+            await self.store.notice(turn.chat_id, answer)  # the update is closed already
         return outcome
 
-    async def choose_variant(
-        self, chat_id: int, name: str, *, texts: Texts, update_id: int | None = None
-    ) -> None:
+    async def choose_variant(self, turn: Turn, name: str) -> None:
         """/model: list the variants, or move this chat to one (where the operator allows)."""
         experiment = self.experiment
         if experiment is None or not self.settings.allow_model_choice:
-            await self.notice(chat_id, texts.UNKNOWN_COMMAND, update_id=update_id)
+            await self.notice(turn, turn.texts.UNKNOWN_COMMAND)
             return
         names = experiment.names
         name = name.strip()
         if not name:
-            session = await self.store.active_session_row(chat_id)
+            session = await self.store.active_session_row(turn.chat_id)
             current = session.variant if session is not None else None
-            await self.notice(chat_id, texts.variants_list(names, current), update_id=update_id)
+            await self.notice(turn, turn.texts.variants_list(names, current))
             return
         if name not in names:
-            await self.notice(chat_id, texts.variant_unknown(name, names), update_id=update_id)
+            await self.notice(turn, turn.texts.variant_unknown(name, names))
             return
         await self.store.set_variant(
-            chat_id,
+            turn.chat_id,
             experiment.name,
             name,
             AssignmentSource.USER,
-            notice=texts.variant_chosen(name),
-            update_id=update_id,
+            notice=turn.texts.variant_chosen(name),
+            update=turn.update,
         )
 
     # --- arena ---------------------------------------------------------------------------
@@ -548,26 +470,23 @@ class ChatActions:
             return None
         return duel
 
-    async def arena(
-        self, chat_id: int, user_id: int | None, *, texts: Texts, update_id: int | None = None
-    ) -> None:
+    async def arena(self, turn: Turn) -> None:
         """/arena: the next message gets two variants' replies to choose from."""
         if self._duel_responder() is None:
-            await self.notice(chat_id, texts.ARENA_OFF, update_id=update_id)
+            await self.notice(turn, turn.texts.ARENA_OFF)
             return
         await self.store.request_arena(
-            chat_id, user_id, notice=texts.ARENA_READY, update_id=update_id
+            turn.chat_id, turn.user_id, notice=turn.texts.ARENA_READY, update=turn.update
         )
 
     async def _duel(
         self,
+        turn: Turn,
         duel: DuelResponder,
         session: SessionRow,
         text: str,
         markup: Callable[[int], str] | None,
         *,
-        texts: Texts,
-        update_id: int | None,
         telegram_message_id: int | None,
     ) -> None:
         assert session.arena_match_id is not None
@@ -576,36 +495,29 @@ class ChatActions:
         except GenerationError as err:
             log.warning("arena generation failed for chat %s: %s", session.chat_id, err)
             await self.unanswered(
-                session.chat_id,
-                session.user_id,
-                text,
-                notice=texts.NO_REPLY,
-                update_id=update_id,
-                telegram_message_id=telegram_message_id,
+                turn, text, notice=turn.texts.NO_REPLY, telegram_message_id=telegram_message_id
             )
-            note_turn(NO_REPLY, session.variant)
+            turn.decided(NO_REPLY, session.variant)
             return
         shown_a = (await self.safety.reply(a.text, a.candidates)).text
         shown_b = (await self.safety.reply(b.text, b.candidates)).text
-        await end_drafts()
+        await turn.end_drafts()
         await self.store.record_duel(
             session.id,
             session.chat_id,
             session.arena_match_id,
             text,
             ((a.variant, shown_a), (b.variant, shown_b)),
-            text=texts.arena_duel(shown_a, shown_b),
+            text=turn.texts.arena_duel(shown_a, shown_b),
             markup=markup(session.arena_match_id) if markup else None,
-            update_id=update_id,
+            update=turn.update,
             telegram_message_id=telegram_message_id,
         )
-        note_turn(ARENA, None, [a, b])
+        turn.decided(ARENA, None, [a, b])
 
-    async def arena_pick(
-        self, chat_id: int, match_id: int, winner: str, *, update_id: int | None = None
-    ) -> Outcome:
+    async def arena_pick(self, turn: Turn, match_id: int, winner: str) -> Outcome:
         """The pick of a duel: the chosen reply joins the conversation."""
-        decided = await self.store.decide_duel(chat_id, match_id, winner, update_id=update_id)
+        decided = await self.store.decide_duel(turn.chat_id, match_id, winner, update=turn.update)
         if decided.session_id is not None and decided.outcome is Outcome.STORED:
             self.responder.evict(decided.session_id)  # the history changed in the database
         return decided.outcome

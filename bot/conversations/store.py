@@ -12,6 +12,7 @@ from bot.db import arena, assignments, chat_settings, conversations, feedback, i
 from bot.db.arena import Decided
 from bot.db.conversations import SessionRow
 from bot.db.feedback import Outcome
+from bot.db.inbox import UpdateRef
 from bot.db.models import AssignmentSource, InboxStatus, OutboxKind, Role, Session, VoteSource
 from bot.engine.protocol import ConversationContext
 
@@ -38,11 +39,15 @@ class StoredTurn:
     outbox_id: int
 
 
+def _id(update: UpdateRef | None) -> int | None:
+    return update.update_id if update is not None else None
+
+
 async def _answer(
     db: AsyncSession,
     chat_id: int,
     notice: str | None,
-    update_id: int | None,
+    update: UpdateRef | None,
     status: InboxStatus = InboxStatus.DONE,
     markup: str | None = None,
 ) -> int | None:
@@ -55,11 +60,11 @@ async def _answer(
             chat_id=chat_id,
             kind=OutboxKind.NOTICE,
             text=notice,
-            update_id=update_id,
+            update_id=_id(update),
             markup=markup,
         )
-    if update_id is not None:
-        await inbox.finish(db, update_id, status=status)
+    if update is not None:
+        await inbox.finish(db, update, status=status)
     return outbox_id
 
 
@@ -68,7 +73,7 @@ async def _user_message(
     session_id: int,
     chat_id: int,
     text: str,
-    update_id: int | None,
+    update: UpdateRef | None,
     telegram_message_id: int | None,
 ) -> int:
     return await conversations.add_message(
@@ -77,7 +82,7 @@ async def _user_message(
         chat_id=chat_id,
         role=Role.USER,
         text=text,
-        update_id=update_id,
+        update_id=_id(update),
         telegram_message_id=telegram_message_id,
     )
 
@@ -87,7 +92,7 @@ async def _bot_reply(
     session_id: int,
     chat_id: int,
     reply: str,
-    update_id: int | None,
+    update: UpdateRef | None,
     *,
     reply_to_message_id: int | None = None,
     edit_message_id: int | None = None,
@@ -105,11 +110,11 @@ async def _bot_reply(
         kind=OutboxKind.REPLY,
         text=reply,
         message_id=bot_id,
-        update_id=update_id,
+        update_id=_id(update),
         reply_to_message_id=reply_to_message_id,
         edit_message_id=edit_message_id,
     )
-    await _answer(db, chat_id, None, update_id)
+    await _answer(db, chat_id, None, update)
     return bot_id, outbox_id
 
 
@@ -192,7 +197,7 @@ class ConversationStore:
         persona: str,
         *,
         notice: str,
-        update_id: int | None = None,
+        update: UpdateRef | None = None,
         safety: str | None = None,
     ) -> SessionRow:
         """Set (or clear, with '') the persona of the chat's conversation and confirm it;
@@ -200,7 +205,7 @@ class ConversationStore:
         async with self.sessionmaker.begin() as db:
             session = await self._active_or_new(db, chat_id, user_id)
             await conversations.set_session_persona(db, session.id, persona, safety)
-            await _answer(db, chat_id, notice, update_id)
+            await _answer(db, chat_id, notice, update)
             return session
 
     async def end_session(
@@ -208,7 +213,7 @@ class ConversationStore:
         chat_id: int,
         *,
         notice: str,
-        update_id: int | None = None,
+        update: UpdateRef | None = None,
         rating_prompt: str | None = None,
         rating_markup: Callable[[int], str] | None = None,
     ) -> SessionRow | None:
@@ -219,7 +224,7 @@ class ConversationStore:
             session = await conversations.get_active_session(db, chat_id)
             if session is not None:
                 await conversations.end_session(db, session.id)
-            await _answer(db, chat_id, notice, update_id)
+            await _answer(db, chat_id, notice, update)
             if (
                 session is not None
                 and session.last_message_id is not None
@@ -230,7 +235,7 @@ class ConversationStore:
             return session
 
     async def forget_chat(
-        self, chat_id: int, *, notice: str | None = None, update_id: int | None = None
+        self, chat_id: int, *, notice: str | None = None, update: UpdateRef | None = None
     ) -> int:
         """Delete everything stored for a chat; with a notice, queue only that confirmation.
 
@@ -238,11 +243,11 @@ class ConversationStore:
         redelivery of it is still recognised as a duplicate.
         """
         async with self.sessionmaker.begin() as db:
-            deleted = await conversations.delete_chat(db, chat_id, keep_after_update_id=update_id)
-            if update_id is not None:
+            deleted = await conversations.delete_chat(db, chat_id, keep_after_update_id=_id(update))
+            if update is not None:
                 await inbox.insert(
                     db,
-                    update_id=update_id,
+                    update_id=update.update_id,
                     chat_id=None,
                     user_id=None,
                     kind="forget",
@@ -252,7 +257,7 @@ class ConversationStore:
             if notice is not None:
                 # Not _answer: the update is closed already (the row inserted just above).
                 await outbox.enqueue(
-                    db, chat_id=chat_id, kind=OutboxKind.NOTICE, text=notice, update_id=update_id
+                    db, chat_id=chat_id, kind=OutboxKind.NOTICE, text=notice, update_id=_id(update)
                 )
             return deleted
 
@@ -261,12 +266,12 @@ class ConversationStore:
         chat_id: int,
         text: str,
         *,
-        update_id: int | None = None,
+        update: UpdateRef | None = None,
         inbox_status: InboxStatus = InboxStatus.DONE,
     ) -> int:
         """Queue a notice for a chat and close its update; returns the outbox id."""
         async with self.sessionmaker.begin() as db:
-            outbox_id = await _answer(db, chat_id, text, update_id, inbox_status)
+            outbox_id = await _answer(db, chat_id, text, update, inbox_status)
             assert outbox_id is not None
             return outbox_id
 
@@ -281,11 +286,11 @@ class ConversationStore:
             await outbox.sent(db, outbox_id, telegram_message_id)
 
     async def finish_update(
-        self, update_id: int, status: InboxStatus = InboxStatus.DONE, error: str | None = None
+        self, update: UpdateRef, status: InboxStatus = InboxStatus.DONE, error: str | None = None
     ) -> None:
         """Close an update that needs no reply."""
         async with self.sessionmaker.begin() as db:
-            await inbox.finish(db, update_id, status=status, error=error)
+            await inbox.finish(db, update, status=status, error=error)
 
     async def record_user_message(
         self,
@@ -293,16 +298,16 @@ class ConversationStore:
         chat_id: int,
         text: str,
         *,
-        update_id: int | None = None,
+        update: UpdateRef | None = None,
         telegram_message_id: int | None = None,
         notice: str | None = None,
     ) -> int:
         """Store a user message that gets no model reply (flood-limited, or the model failed)."""
         async with self.sessionmaker.begin() as db:
             message_id = await _user_message(
-                db, session_id, chat_id, text, update_id, telegram_message_id
+                db, session_id, chat_id, text, update, telegram_message_id
             )
-            await _answer(db, chat_id, notice, update_id)
+            await _answer(db, chat_id, notice, update)
             return message_id
 
     async def record_turn(
@@ -313,7 +318,7 @@ class ConversationStore:
         reply: str,
         *,
         latency_ms: float | None = None,
-        update_id: int | None = None,
+        update: UpdateRef | None = None,
         telegram_message_id: int | None = None,
         variant: str | None = None,
         model_ms: float | None = None,
@@ -323,14 +328,14 @@ class ConversationStore:
         """Store a user message, the bot's reply (queued for sending) and close the update."""
         async with self.sessionmaker.begin() as db:
             user_id = await _user_message(
-                db, session_id, chat_id, user_text, update_id, telegram_message_id
+                db, session_id, chat_id, user_text, update, telegram_message_id
             )
             bot_id, outbox_id = await _bot_reply(
                 db,
                 session_id,
                 chat_id,
                 reply,
-                update_id,
+                update,
                 reply_to_message_id=telegram_message_id,
                 latency_ms=latency_ms,
                 variant=variant,
@@ -368,7 +373,7 @@ class ConversationStore:
         reply: str,
         *,
         latency_ms: float | None = None,
-        update_id: int | None = None,
+        update: UpdateRef | None = None,
         variant: str | None = None,
         model_ms: float | None = None,
         safety: str | None = None,
@@ -391,7 +396,7 @@ class ConversationStore:
                 session.id,
                 session.chat_id,
                 reply,
-                update_id,
+                update,
                 reply_to_message_id=target.user_telegram_message_id,
                 edit_message_id=shown if shown is not None else to_edit,
                 latency_ms=latency_ms,
@@ -433,7 +438,7 @@ class ConversationStore:
         source: AssignmentSource,
         *,
         notice: str | None = None,
-        update_id: int | None = None,
+        update: UpdateRef | None = None,
         split: Mapping[str, float] | None = None,
         by: str = "weights",
     ) -> None:
@@ -443,7 +448,7 @@ class ConversationStore:
             await assignments.set_variant(
                 db, chat_id, experiment, variant, source, split=split, by=by
             )
-            await _answer(db, chat_id, notice, update_id)
+            await _answer(db, chat_id, notice, update)
 
     # --- the chat's language ----------------------------------------------------------------
 
@@ -458,12 +463,12 @@ class ConversationStore:
         language: str | None,
         *,
         notice: str | None = None,
-        update_id: int | None = None,
+        update: UpdateRef | None = None,
     ) -> None:
         """Store the chat's language (/lang CODE; None: /lang auto), confirming it."""
         async with self.sessionmaker.begin() as db:
             await chat_settings.set_language(db, chat_id, language)
-            await _answer(db, chat_id, notice, update_id)
+            await _answer(db, chat_id, notice, update)
 
     # --- feedback --------------------------------------------------------------------------
 
@@ -476,7 +481,7 @@ class ConversationStore:
         *,
         source: VoteSource = VoteSource.BUTTON,
         telegram_message_id: int | None = None,
-        update_id: int | None = None,
+        update: UpdateRef | None = None,
         notice: str | None = None,
     ) -> Outcome:
         """A vote on one of the chat's bot replies, by database id (buttons, /good) or by
@@ -505,9 +510,9 @@ class ConversationStore:
             elif value == 0:
                 outcome = await feedback.unvote(db, reply, user_id, source)
             else:
-                outcome = await feedback.vote(db, reply, user_id, value, source, update_id)
+                outcome = await feedback.vote(db, reply, user_id, value, source, _id(update))
             status = InboxStatus.IGNORED if outcome is Outcome.STALE else InboxStatus.DONE
-            await _answer(db, chat_id, notice, update_id, status)
+            await _answer(db, chat_id, notice, update, status)
             return outcome
 
     async def rate(
@@ -517,7 +522,7 @@ class ConversationStore:
         session_id: int | None,
         value: int,
         *,
-        update_id: int | None = None,
+        update: UpdateRef | None = None,
     ) -> Outcome:
         """The 1-5 rating of a conversation of this chat (None: its latest ended one)."""
         async with self.sessionmaker.begin() as db:
@@ -525,21 +530,21 @@ class ConversationStore:
                 session_id = await feedback.latest_ended_session(db, chat_id)
             outcome = Outcome.STALE
             if session_id is not None:
-                outcome = await feedback.rate(db, chat_id, session_id, user_id, value, update_id)
+                outcome = await feedback.rate(db, chat_id, session_id, user_id, value, _id(update))
             status = InboxStatus.IGNORED if outcome is Outcome.STALE else InboxStatus.DONE
-            await _answer(db, chat_id, None, update_id, status)
+            await _answer(db, chat_id, None, update, status)
             return outcome
 
     # --- arena -----------------------------------------------------------------------------
 
     async def request_arena(
-        self, chat_id: int, user_id: int | None, *, notice: str, update_id: int | None = None
+        self, chat_id: int, user_id: int | None, *, notice: str, update: UpdateRef | None = None
     ) -> int:
         """Mark the chat's next message for a duel of two variants, and say so."""
         async with self.sessionmaker.begin() as db:
             session = await self._active_or_new(db, chat_id, user_id)
             match_id = await arena.request(db, chat_id, session.id)
-            await _answer(db, chat_id, notice, update_id)
+            await _answer(db, chat_id, notice, update)
             return match_id
 
     async def record_duel(
@@ -552,26 +557,26 @@ class ConversationStore:
         *,
         text: str,
         markup: str | None,
-        update_id: int | None = None,
+        update: UpdateRef | None = None,
         telegram_message_id: int | None = None,
     ) -> int:
         """Store the duel's user message (its answer comes when the user picks) and the two
         replies, queue them as one message with the pick buttons, close the update."""
         async with self.sessionmaker.begin() as db:
             user_message_id = await _user_message(
-                db, session_id, chat_id, user_text, update_id, telegram_message_id
+                db, session_id, chat_id, user_text, update, telegram_message_id
             )
             await arena.fill(db, match_id, user_message_id, pair)
             await conversations.touch_session(db, session_id)
-            await _answer(db, chat_id, text, update_id, markup=markup)
+            await _answer(db, chat_id, text, update, markup=markup)
             return user_message_id
 
     async def decide_duel(
-        self, chat_id: int, match_id: int, winner: str, *, update_id: int | None = None
+        self, chat_id: int, match_id: int, winner: str, *, update: UpdateRef | None = None
     ) -> Decided:
         """The user's pick of a duel; closes the update."""
         async with self.sessionmaker.begin() as db:
             decided = await arena.decide(db, chat_id, match_id, winner)
             status = InboxStatus.IGNORED if decided.outcome is Outcome.STALE else InboxStatus.DONE
-            await _answer(db, chat_id, None, update_id, status)
+            await _answer(db, chat_id, None, update, status)
             return decided

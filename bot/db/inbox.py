@@ -9,8 +9,18 @@ from sqlalchemy import exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.dialect import insert_unless_present
-from bot.db.leases import LeaseLost, working_as
+from bot.db.leases import LeaseLost
 from bot.db.models import ChatLease, Inbox, InboxStatus, utcnow
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateRef:
+    """The inbox row a write closes, and who closes it: `owner` is the replica that holds the
+    chat's inbox lease (the inbox worker's), checked again in the closing commit; None where no
+    lease is held (a process without leases, an admin's tool)."""
+
+    update_id: int
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +100,7 @@ async def status_of(db: AsyncSession, update_id: int) -> str | None:
 
 async def finish(
     db: AsyncSession,
-    update_id: int,
+    ref: UpdateRef,
     status: InboxStatus = InboxStatus.DONE,
     error: str | None = None,
 ) -> None:
@@ -98,11 +108,10 @@ async def finish(
 
     This is the fence of every turn: if the update is no longer pending (another process took
     it over after our lease ran out, or an admin deleted it), or the chat's inbox lease is no
-    longer ours (`working_as`: taken over by another replica), raising rolls back the whole
-    turn.
+    longer `ref.owner`'s (taken over by another replica), raising rolls back the whole turn.
     """
+    update_id, owner = ref.update_id, ref.owner
     fence = [Inbox.update_id == update_id, Inbox.status == InboxStatus.PENDING]
-    owner = working_as.get()
     if owner is not None:
         ours = exists().where(
             ChatLease.chat_id == Inbox.chat_id,

@@ -3,7 +3,6 @@ Functions take an AsyncSession and never commit; bot/service/leases.py decides w
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from datetime import datetime
 
 from sqlalchemy import ColumnElement, delete, select, update
@@ -11,11 +10,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.dialect import db_now, insert_unless_present
 from bot.db.models import ChatLease
-
-# The owner whose inbox lease a turn is being made under (set by the inbox worker around each
-# row; None outside): the turn's commit re-checks that lease (bot.db.inbox.finish), so a
-# replica that lost the chat to another one meanwhile cannot commit its turn.
-working_as: ContextVar[str | None] = ContextVar("working_as", default=None)
 
 
 class LeaseLost(Exception):

@@ -18,8 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from bot import texts
 from bot.conversations.outcome import FAILED
 from bot.db import chat_settings, inbox, outbox
-from bot.db.inbox import InboxRow
-from bot.db.leases import LeaseLost, working_as
+from bot.db.inbox import InboxRow, UpdateRef
+from bot.db.leases import LeaseLost
 from bot.db.models import InboxStatus, OutboxKind
 from bot.logs import log_context
 from bot.service.chat_pool import ChatPool, Lanes
@@ -30,7 +30,9 @@ from bot.service.retry import Backoff
 log = logging.getLogger(__name__)
 
 
-Handle = Callable[[InboxRow], Awaitable[None]]
+# A row's handler, given the owner of the chat's inbox lease (None: no leases), which the
+# commit that closes the update checks again (bot.db.inbox.finish).
+Handle = Callable[[InboxRow, str | None], Awaitable[None]]
 
 
 class InboxWorker:
@@ -74,6 +76,8 @@ class InboxWorker:
             # worker is down takes no chat here (bot/service/chat_pool.py).
             lanes=lanes,
         )
+        # Whose inbox leases the rows are handled under (None: no leases, one process).
+        self._owner = leases.owner if leases is not None else None
 
     def wake(self) -> None:
         """New rows were committed: scan now."""
@@ -106,14 +110,8 @@ class InboxWorker:
 
     async def _work_one(self, row: InboxRow) -> bool:
         """Process one row (the chat's lease is held); False leaves the chat for later."""
-        leases = self.pool.leases
-        # The turn's commit re-checks that the lease is still ours (bot.db.inbox.finish).
-        fence = working_as.set(leases.owner if leases is not None else None)
-        try:
-            with log_context(chat_id=row.chat_id, update_id=row.update_id):
-                closed = await self._process(row)
-        finally:
-            working_as.reset(fence)
+        with log_context(chat_id=row.chat_id, update_id=row.update_id):
+            closed = await self._process(row)
         self.on_processed()
         return closed
 
@@ -131,7 +129,7 @@ class InboxWorker:
                     # Closed meanwhile (a redelivery race, another replica), or deleted by an
                     # admin's forget (a user's /forget keeps the updates that came after it).
                     return True
-                await self.handle(row)
+                await self.handle(row, self._owner)
                 return True
             except LeaseLost as err:
                 # Another replica has the chat now: our turn was rolled back; it answers. Forget
@@ -178,7 +176,10 @@ class InboxWorker:
                         update_id=row.update_id,
                     )
                 await inbox.finish(
-                    db, row.update_id, status=InboxStatus.FAILED, error=_describe(err)
+                    db,
+                    UpdateRef(row.update_id, self._owner),
+                    status=InboxStatus.FAILED,
+                    error=_describe(err),
                 )
         except Exception as db_err:  # noqa: BLE001 - the row stays pending for a later try
             log.error(

@@ -35,20 +35,11 @@ from telegram.ext import (
 from bot import commands, texts
 from bot.config import Settings
 from bot.conversations.actions import ChatActions, arena_answer, rating_answer
-from bot.conversations.drafts import streaming
-from bot.conversations.outcome import (
-    COMMAND,
-    FEEDBACK,
-    FLOODED,
-    IGNORED,
-    NOTICE,
-    TurnNote,
-    note_turn,
-    turn_scope,
-)
+from bot.conversations.outcome import COMMAND, FEEDBACK, FLOODED, IGNORED, NOTICE
+from bot.conversations.turn import Drafts, Turn
 from bot.db import inbox
 from bot.db.feedback import Outcome
-from bot.db.inbox import InboxRow
+from bot.db.inbox import InboxRow, UpdateRef
 from bot.db.models import InboxStatus, VoteSource
 from bot.reports.stats import format_stats, stats
 from bot.service.budget import SendBudget
@@ -71,7 +62,14 @@ class TurnContext(CallbackContext[Any, Any, Any, Any]):
     and nothing outside the update's own dispatch can see it.
     """
 
-    texts: Texts = ENGLISH
+    # The update's Turn (bot/conversations/turn.py), made by the runner before any handler
+    # runs: its texts, the lease it is answered under, where its drafts go, its outcome.
+    turn: Turn
+
+    @property
+    def texts(self) -> Texts:
+        """The texts of the update's language."""
+        return self.turn.texts
 
 
 Context = TurnContext
@@ -182,9 +180,7 @@ class Handlers:
         commands and edits over the chat's flood limit."""
         await self._for_us(update, context)
         if update.callback_query is not None:
-            await self._press_gate(
-                update.callback_query, _chat_id(update), update.update_id, context.texts
-            )
+            await self._press_gate(update.callback_query, context.turn)
             return
         if update.message_reaction is not None:
             # A reaction makes no Bot API call, and storing its vote is the one transaction
@@ -205,28 +201,25 @@ class Handlers:
         if verdict is Flood.OK:
             return
         if verdict is Flood.NOTICE:
-            await self.chat.notice(
-                _chat_id(update), self.flood.notice(context.texts), update_id=update.update_id
-            )
-        note_turn(FLOODED)
+            await self.chat.notice(context.turn, self.flood.notice(context.texts))
+        context.turn.decided(FLOODED)
         raise ApplicationHandlerStop
 
-    async def _press_gate(
-        self, query: CallbackQuery, chat_id: int, update_id: int, language: Texts
-    ) -> None:
+    async def _press_gate(self, query: CallbackQuery, turn: Turn) -> None:
         """Stop a button press over the chat's limit: it is not applied, the first one in the
         window is answered that it did not count, later ones make no Bot API call at all."""
         # A press carries no date of its own (its message's is when the bot sent it).
-        verdict = self.press_flood.check(chat_id, time.time(), update_id)
+        chat_id = turn.chat_id
+        verdict = self.press_flood.check(chat_id, time.time(), turn.update_id)
         if verdict is Flood.OK:
             return
         if verdict is Flood.NOTICE:
             limit, window = self.press_flood.max_messages, self.press_flood.window_s
             try:
-                await query.answer(language.pressing_too_fast(limit, window))
+                await query.answer(turn.texts.pressing_too_fast(limit, window))
             except TelegramError as err:
                 log.debug("answering a button press in chat %s failed: %s", chat_id, err)
-        note_turn(FLOODED)
+        turn.decided(FLOODED)
         raise ApplicationHandlerStop
 
     async def _for_us(self, update: Update, context: Context) -> None:
@@ -282,36 +275,27 @@ class Handlers:
     async def start(self, update: Update, context: Context) -> None:
         """/start: greeting and how to use; /start persona_NAME (a deep link) takes a preset."""
         assert update.message is not None
-        await self.chat.help(
-            _chat_id(update),
-            texts=context.texts,
-            update_id=update.update_id,
-            start=True,
-            user_id=_user_id(update),
-            payload=_command_argument(update.message),
-        )
+        await self.chat.help(context.turn, start=True, payload=_command_argument(update.message))
 
     async def context(self, update: Update, context: Context) -> None:
         """/context: what the model reads now."""
-        await self.chat.context(_chat_id(update), texts=context.texts, update_id=update.update_id)
+        await self.chat.context(context.turn)
 
     async def privacy(self, update: Update, context: Context) -> None:
         """/privacy."""
-        await self.chat.privacy(_chat_id(update), texts=context.texts, update_id=update.update_id)
+        await self.chat.privacy(context.turn)
 
     async def help(self, update: Update, context: Context) -> None:
         """/help."""
-        await self.chat.help(_chat_id(update), texts=context.texts, update_id=update.update_id)
+        await self.chat.help(context.turn)
 
     async def lang(self, update: Update, context: Context) -> None:
         """/lang shows the chat's language, /lang CODE sets it, /lang auto follows Telegram's."""
         assert update.message is not None
         await self.chat.language(
-            _chat_id(update),
+            context.turn,
             _command_argument(update.message),
-            texts=context.texts,
             sender_language=_sender_language(update),
-            update_id=update.update_id,
         )
 
     async def persona(self, update: Update, context: Context) -> None:
@@ -319,66 +303,45 @@ class Handlers:
         assert update.message is not None
         argument = _command_argument(update.message)
         if not argument.strip():
-            await self.chat.show_persona(
-                _chat_id(update), texts=context.texts, update_id=update.update_id
-            )
+            await self.chat.show_persona(context.turn)
         else:
-            await self.chat.set_persona(
-                _chat_id(update),
-                _user_id(update),
-                argument,
-                texts=context.texts,
-                update_id=update.update_id,
-            )
+            await self.chat.set_persona(context.turn, argument)
 
     async def done(self, update: Update, context: Context) -> None:
         """/done: end the conversation; history stays, the persona carries over; with feedback
         buttons on, a 1-5 rating keyboard follows."""
         await self.chat.done(
-            _chat_id(update),
-            texts=context.texts,
-            update_id=update.update_id,
+            context.turn,
             rating_markup=feedback.rating_markup_json if self.settings.feedback_buttons else None,
         )
 
     async def arena(self, update: Update, context: Context) -> None:
         """/arena: the next message is answered by two variants; the user picks one."""
-        await self.chat.arena(
-            _chat_id(update), _user_id(update), texts=context.texts, update_id=update.update_id
-        )
+        await self.chat.arena(context.turn)
 
     async def model(self, update: Update, context: Context) -> None:
         """/model lists the variants, /model NAME chooses one (where ALLOW_MODEL_CHOICE)."""
         assert update.message is not None
-        await self.chat.choose_variant(
-            _chat_id(update),
-            _command_argument(update.message),
-            texts=context.texts,
-            update_id=update.update_id,
-        )
+        await self.chat.choose_variant(context.turn, _command_argument(update.message))
 
     async def forget(self, update: Update, context: Context) -> None:
         """/forget: delete everything stored for this chat (idempotent)."""
-        await self.chat.forget(_chat_id(update), texts=context.texts, update_id=update.update_id)
+        await self.chat.forget(context.turn)
 
     async def stats(self, update: Update, context: Context) -> None:
         """/stats for admins; everyone else gets the unknown-command answer."""
         user_id = _user_id(update)
         if user_id is None or user_id not in self.admin_ids:
             log.info("refused /stats from user %s in chat %s", user_id, _chat_id(update))
-            await self.chat.notice(
-                _chat_id(update), context.texts.UNKNOWN_COMMAND, update_id=update.update_id
-            )
+            await self.chat.notice(context.turn, context.texts.UNKNOWN_COMMAND)
             return
         figures = await stats(self.sessionmaker, retention_days=self.settings.retention_days)
         text = format_stats(figures)
-        await self.chat.notice(_chat_id(update), text, update_id=update.update_id)
+        await self.chat.notice(context.turn, text)
 
     async def unknown_command(self, update: Update, context: Context) -> None:
         """Any other /command."""
-        await self.chat.notice(
-            _chat_id(update), context.texts.UNKNOWN_COMMAND, update_id=update.update_id
-        )
+        await self.chat.notice(context.turn, context.texts.UNKNOWN_COMMAND)
 
     # --- messages --------------------------------------------------------------------------
 
@@ -386,7 +349,7 @@ class Handlers:
         """A plain message: one model turn, unless the chat is over its flood limit."""
         message = update.message
         assert message is not None and message.text is not None
-        chat_id, user_id = _chat_id(update), _user_id(update)
+        chat_id = _chat_id(update)
         text = message.text
         if message.chat.type != ChatType.PRIVATE and context.bot.username:
             # "@bot how are you?" -> "how are you?"
@@ -394,32 +357,26 @@ class Handlers:
         verdict = self.flood.check(chat_id, _sent_at(message), update.update_id)
         if verdict is not Flood.OK:
             await self.chat.unanswered(
-                chat_id,
-                user_id,
+                context.turn,
                 text,
                 notice=self.flood.notice(context.texts) if verdict is Flood.NOTICE else None,
-                update_id=update.update_id,
                 telegram_message_id=message.message_id,
             )
             return
-        async with self._showing_progress(context.bot, chat_id, message.chat.type):
+        async with self._showing_progress(context.bot, context.turn, message.chat.type):
             await self.chat.text(
-                chat_id,
-                user_id,
+                context.turn,
                 text,
-                texts=context.texts,
-                update_id=update.update_id,
                 telegram_message_id=message.message_id,
                 arena_markup=lambda match_id: feedback.duel_markup_json(match_id, context.texts),
             )
 
     @contextlib.asynccontextmanager
-    async def _showing_progress(
-        self, bot: Bot, chat_id: int, chat_type: str
-    ) -> AsyncIterator[None]:
+    async def _showing_progress(self, bot: Bot, turn: Turn, chat_type: str) -> AsyncIterator[None]:
         """While a reply generates: drafts in private chats (STREAM_REPLIES=on), else the
         typing indicator (groups: drafts are for private chats only; and a responder that
         makes no drafts gets the typing indicator too)."""
+        chat_id = turn.chat_id
         streams = self.settings.stream_replies and self.chat.responder.abilities.drafts
         if chat_type != ChatType.PRIVATE or not streams:
             async with typing_action(bot, chat_id):
@@ -432,10 +389,11 @@ class Handlers:
         safety = self.chat.safety
         stream = DraftStream(self.drafts, chat_id, check=safety.offensive if safety.on else None)
         stream.start()
+        turn.drafts = Drafts(stream.send, stream.done)  # ChatActions awaits done() before the reply
         try:
-            with streaming(stream.send, stream.done):  # ChatActions awaits done() before the reply
-                yield
+            yield
         finally:
+            turn.drafts = None
             await stream.done()
 
     async def edited(self, update: Update, context: Context) -> None:
@@ -444,19 +402,10 @@ class Handlers:
         message = update.edited_message
         assert message is not None
         if message.text is None or _command_name(message) is not None:
-            await self.chat.notice(
-                _chat_id(update), context.texts.EDITED, update_id=update.update_id
-            )
+            await self.chat.notice(context.turn, context.texts.EDITED)
             return
         async with typing_action(context.bot, _chat_id(update)):
-            await self.chat.edit(
-                _chat_id(update),
-                _user_id(update),
-                message.message_id,
-                message.text,
-                texts=context.texts,
-                update_id=update.update_id,
-            )
+            await self.chat.edit(context.turn, message.message_id, message.text)
 
     async def not_text(self, update: Update, context: Context) -> None:
         """Stickers, photos, voice, files, locations, ...: only text is understood."""
@@ -465,7 +414,7 @@ class Handlers:
         if verdict is Flood.QUIET:
             return  # left pending -> closed as ignored
         text = context.texts.NOT_TEXT if verdict is Flood.OK else self.flood.notice(context.texts)
-        await self.chat.notice(_chat_id(update), text, update_id=update.update_id)
+        await self.chat.notice(context.turn, text)
 
     # --- feedback --------------------------------------------------------------------------
 
@@ -484,40 +433,25 @@ class Handlers:
         answer, markup = language.VOTE_STALE, None
         if isinstance(press, feedback.VotePress) and user_id is not None:
             outcome = await self.chat.vote(
-                chat_id,
-                user_id,
-                press.message_id,
-                press.value,
-                texts=language,
-                telegram_message_id=pressed_on,
-                update_id=update.update_id,
+                context.turn, user_id, press.message_id, press.value, telegram_message_id=pressed_on
             )
             if outcome is not Outcome.STALE:
                 answer = language.VOTED_UP if press.value > 0 else language.VOTED_DOWN
                 markup = feedback.vote_keyboard(press.message_id, press.value)
         elif isinstance(press, feedback.DuelPress):
-            outcome = await self.chat.arena_pick(
-                chat_id, press.match_id, press.winner, update_id=update.update_id
-            )
+            outcome = await self.chat.arena_pick(context.turn, press.match_id, press.winner)
             answer = arena_answer(outcome, press.winner, language)
             if outcome is Outcome.STORED:
                 markup = feedback.duel_keyboard(press.match_id, language, press.winner)
         elif isinstance(press, feedback.RatePress) and press.value > 0:
-            outcome = await self.chat.rate(
-                chat_id,
-                user_id,
-                press.session_id,
-                press.value,
-                texts=language,
-                update_id=update.update_id,
-            )
+            outcome = await self.chat.rate(context.turn, press.session_id, press.value)
             answer = rating_answer(outcome, press.value, language)
             if outcome is Outcome.STORED:
                 markup = feedback.rating_keyboard(press.session_id, press.value)
         else:
             if isinstance(press, feedback.RatePress):
                 answer = language.RATING_TWICE  # the tick of a rating already given
-            await self.chat.store.finish_update(update.update_id, InboxStatus.IGNORED)
+            await self._ignore(context.turn)
         try:
             await query.answer(answer)
         except TelegramError as err:
@@ -536,20 +470,23 @@ class Handlers:
         change = update.message_reaction
         assert change is not None
         if change.user is None:  # anonymous (a channel or an anonymous admin): no voter
-            await self.chat.store.finish_update(update.update_id, InboxStatus.IGNORED)
+            await self._ignore(context.turn)
             return
         emoji = {getattr(r, "emoji", None) for r in change.new_reaction}
         value = 1 if texts.VOTE_UP in emoji else -1 if texts.VOTE_DOWN in emoji else 0
         await self.chat.vote(
-            _chat_id(update),
+            context.turn,
             change.user.id,
             None,
             value,
-            texts=context.texts,
             source=VoteSource.REACTION,
             telegram_message_id=change.message_id,
-            update_id=update.update_id,
         )
+
+    async def _ignore(self, turn: Turn) -> None:
+        """Close the update unanswered."""
+        if turn.update is not None:
+            await self.chat.store.finish_update(turn.update, InboxStatus.IGNORED)
 
     # --- errors ----------------------------------------------------------------------------
 
@@ -558,7 +495,7 @@ class Handlers:
         log.error("error outside any update", exc_info=context.error)
 
 
-async def dispatch(application: App, update: Update, language: Texts = ENGLISH) -> None:
+async def dispatch(application: App, update: Update, turn: Turn) -> None:
     """Run the update through the application's handlers, as Application.process_update does
     (per group, in group order, the first handler whose check matches; ApplicationHandlerStop
     ends it), except that a handler's exception propagates to the caller.
@@ -566,7 +503,7 @@ async def dispatch(application: App, update: Update, language: Texts = ENGLISH) 
     process_update hands exceptions to the error handler instead, which would leave the inbox
     worker no way to retry the update but shared state keyed by update_id. Every handler here
     is blocking (PTB's default), so running it in this task is what PTB would do too.
-    Every handler's context is a TurnContext that carries `language`, the update's texts.
+    Every handler's context is a TurnContext that carries `turn`.
     """
     context: Context | None = None
     for group in sorted(application.handlers):
@@ -576,7 +513,7 @@ async def dispatch(application: App, update: Update, language: Texts = ENGLISH) 
                 continue
             if context is None:
                 context = TurnContext.from_update(update, application)
-                context.texts = language
+                context.turn = turn
                 await context.refresh_data()
             try:
                 await handler.handle_update(update, application, check, context)
@@ -600,39 +537,52 @@ class UpdateRunner:
         self.sessionmaker = sessionmaker
         self.metrics = metrics
 
-    async def __call__(self, row: InboxRow) -> None:
-        """Process the update; raise what its handler raised, so the inbox worker can retry."""
+    async def __call__(self, row: InboxRow, owner: str | None = None) -> None:
+        """Process the update as `owner` (the holder of the chat's inbox lease, checked again
+        when the update is closed); raise what its handler raised, so the inbox worker can
+        retry."""
         update = Update.de_json(json.loads(row.payload), self.application.bot)
         started = time.perf_counter()
-        # The language first, once for the whole update: every text it gets is in it.
-        chat = update.effective_chat
-        language = (
-            await self.handlers.chat.texts_for(chat.id, _sender_language(update))
-            if chat is not None
-            else ENGLISH
-        )
-        with turn_scope() as note:
-            await dispatch(self.application, update, language)
+        turn = await self.turn_of(update, row, owner)
+        await dispatch(self.application, update, turn)
         unanswered = False
         async with self.sessionmaker.begin() as db:
             # No handler closed it (a group message not for us, a service message): done with it.
             if await inbox.status_of(db, row.update_id) == InboxStatus.PENDING:
-                await inbox.finish(db, row.update_id, status=InboxStatus.IGNORED)
+                await inbox.finish(db, UpdateRef(row.update_id, owner), status=InboxStatus.IGNORED)
                 unanswered = True
         log.debug(
             "update %s processed in %.0f ms", row.update_id, (time.perf_counter() - started) * 1000
         )
         if self.metrics is not None:
             # Counted once the update is closed: a failed attempt that is retried counts nothing.
-            self.metrics.turn(_outcome(update, note, unanswered), note.variant)
-            for reply in note.replies:
+            self.metrics.turn(_outcome(update, turn, unanswered), turn.variant)
+            for reply in turn.replies:
                 self.metrics.replied(reply, row.received_at)
 
+    async def turn_of(self, update: Update, row: InboxRow, owner: str | None) -> Turn:
+        """The update's Turn, in its language (chosen once for the whole update: every text
+        it gets is in it)."""
+        chat = update.effective_chat
+        texts = (
+            await self.handlers.chat.texts_for(chat.id, _sender_language(update))
+            if chat is not None
+            else ENGLISH
+        )
+        return Turn(
+            chat_id=chat.id if chat is not None else 0,  # (the gate stops an update without one)
+            update_id=row.update_id,
+            user_id=_user_id(update),
+            at=row.received_at,
+            texts=texts,
+            owner=owner,
+        )
 
-def _outcome(update: Update, note: TurnNote, unanswered: bool) -> str:
-    """The turn's outcome: what the use case noted, else what the update was."""
-    if note.outcome is not None:
-        return note.outcome
+
+def _outcome(update: Update, turn: Turn, unanswered: bool) -> str:
+    """The turn's outcome: what the use case decided, else what the update was."""
+    if turn.outcome is not None:
+        return turn.outcome
     if unanswered:
         return IGNORED
     if update.callback_query is not None or update.message_reaction is not None:

@@ -26,6 +26,7 @@ from bot.config import Settings
 from bot.conversations.store import ConversationStore
 from bot.db import outbox
 from bot.db.engine import make_engine, make_sessionmaker
+from bot.db.inbox import UpdateRef
 from bot.db.models import Base, Message, Session, utcnow
 from bot.reports import admin as reports
 from bot.reports import stats as service_stats
@@ -73,7 +74,7 @@ async def _turn(
     await _ingest(store, update_id, chat_id, user_id)
     user_text, reply, latency = texts
     await store.record_turn(
-        session_id, chat_id, user_text, reply, latency_ms=latency, update_id=update_id
+        session_id, chat_id, user_text, reply, latency_ms=latency, update=UpdateRef(update_id)
     )
 
 
@@ -108,32 +109,36 @@ async def seed(store: ConversationStore) -> Seed:
     today = now.replace(hour=0, minute=0, second=0, microsecond=0)
 
     await _ingest(store, 1, 1001, 1001)
-    s1 = (await store.set_persona(1001, 1001, CATS, notice="Persona set.", update_id=1)).id
+    s1 = (await store.set_persona(1001, 1001, CATS, notice="Persona set.", update=UpdateRef(1))).id
     await _turn(store, s1, 1001, 1001, 2, "hi", "hello there", 100.0)
     await _turn(store, s1, 1001, 1001, 3, "do you like cats?", "i love cats.", 200.0)
     await _turn(store, s1, 1001, 1001, 4, "bye", "goodbye", 300.0)
     await _ingest(store, 5, 1001, 1001)
-    await store.end_session(1001, notice="Conversation ended.", update_id=5)
+    await store.end_session(1001, notice="Conversation ended.", update=UpdateRef(5))
     await _ingest(store, 6, 1001, 1001)
-    s2 = (await store.set_persona(1001, 1001, PIRATE, notice="Persona set.", update_id=6)).id
+    s2 = (
+        await store.set_persona(1001, 1001, PIRATE, notice="Persona set.", update=UpdateRef(6))
+    ).id
     await _turn(store, s2, 1001, 1001, 7, "ahoy", "arr matey", 400.0)
 
     await _ingest(store, 8, 1002, 1002)
-    s3 = (await store.set_persona(1002, 1002, PIRATE, notice="Persona set.", update_id=8)).id
+    s3 = (
+        await store.set_persona(1002, 1002, PIRATE, notice="Persona set.", update=UpdateRef(8))
+    ).id
     await _turn(store, s3, 1002, 1002, 9, "hello", "arr", 500.0)
     await _turn(store, s3, 1002, 1002, 10, "where is the treasure?", "buried", 600.0)
 
     s4 = (await store.active_session(1003, 1003)).id
     await _turn(store, s4, 1003, 1003, 11, "hey", "hi!", 1000.0)
     await _ingest(store, 12, 1003, 1003)
-    await store.end_session(1003, notice="Conversation ended.", update_id=12)
+    await store.end_session(1003, notice="Conversation ended.", update=UpdateRef(12))
 
     # Inbox trouble: two updates failed, one still pending.
     await _ingest(store, 13, 1002, 1002)
-    await store.finish_update(13, status="failed", error="model crashed")
+    await store.finish_update(UpdateRef(13), status="failed", error="model crashed")
     await _ingest(store, 14, 1003, 1003)
     await _ingest(store, 15, 1001, 1001)
-    await store.finish_update(15, status="failed", error="boom")
+    await store.finish_update(UpdateRef(15), status="failed", error="boom")
 
     # Delivery: everything went out except two replies.
     async with store.sessionmaker.begin() as db:

@@ -13,6 +13,7 @@ from telegram import Update
 from telegram.ext import ApplicationHandlerStop, BaseHandler
 
 from bot.app import build_application
+from bot.conversations.turn import Turn
 from bot.service.budget import SendBudget
 from bot.tg.handlers import Handlers, dispatch
 from tests.support.fakebotapi import FakeBotAPI
@@ -114,7 +115,7 @@ async def test_dispatch_runs_what_ptbs_process_update_runs(api: FakeBotAPI, tmp_
             await application.process_update(update)
         by_ptb, ran[:] = list(ran), []
         for update in updates:
-            await dispatch(application, update)
+            await dispatch(application, update, Turn(chat_id=0, update_id=update.update_id))
         ours = list(ran)
     finally:
         await application.shutdown()

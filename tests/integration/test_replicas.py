@@ -16,7 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db import inbox, replicas
 from bot.db.engine import make_engine, make_sessionmaker
-from bot.db.leases import LeaseLost, working_as
+from bot.db.inbox import UpdateRef
+from bot.db.leases import LeaseLost
 from bot.db.models import ChatLease, Inbox, InboxStatus, Replica, utcnow
 from bot.service.heartbeat import HOST, PID_NAMESPACE, Heartbeat, new_owner
 from bot.service.leases import Leases
@@ -183,22 +184,14 @@ async def test_a_turn_cannot_commit_once_its_chat_was_taken_over(
     async with sessionmaker.begin() as db:
         db.add(Inbox(update_id=501, chat_id=7, kind="message", payload="{}", received_at=now))
     await _plant(sessionmaker, "someone-else", heartbeat_age_s=0.0)
-    fence = working_as.set("me")
-    try:
-        with pytest.raises(LeaseLost):
-            async with sessionmaker.begin() as db:
-                await inbox.finish(db, 501)
-    finally:
-        working_as.reset(fence)
+    with pytest.raises(LeaseLost):
+        async with sessionmaker.begin() as db:
+            await inbox.finish(db, UpdateRef(501, owner="me"))
     async with sessionmaker() as db:
         assert await inbox.status_of(db, 501) == InboxStatus.PENDING
     # The holder itself commits.
-    fence = working_as.set("someone-else")
-    try:
-        async with sessionmaker.begin() as db:
-            await inbox.finish(db, 501)
-    finally:
-        working_as.reset(fence)
+    async with sessionmaker.begin() as db:
+        await inbox.finish(db, UpdateRef(501, owner="someone-else"))
     async with sessionmaker() as db:
         assert await inbox.status_of(db, 501) == InboxStatus.DONE
 

@@ -16,6 +16,7 @@ import pytest
 from bot.config import Settings
 from bot.conversations.actions import ChatActions
 from bot.conversations.store import ConversationStore
+from bot.conversations.turn import Turn
 from bot.engine.protocol import GenerationError
 from bot.inference.batcher import Batcher, BatchError
 from bot.inference.cache import AgentCache
@@ -98,9 +99,11 @@ async def test_eviction_and_restart_are_invisible(
     tmp_path: Path,
 ) -> None:
     chat = ChatActions(store, responder, responder.settings)
-    await chat.set_persona(7, 7, "My name is Sarah. I love hiking.", texts=ENGLISH)
+    await chat.set_persona(
+        Turn(chat_id=7, user_id=7, texts=ENGLISH), "My name is Sarah. I love hiking."
+    )
     for text in ["hello", "how are you", "what do you like"]:
-        await chat.text(7, 7, text, texts=ENGLISH)
+        await chat.text(Turn(chat_id=7, user_id=7, texts=ENGLISH), text)
     session = await store.active_session(7)
     probe = "tell me about your family"
     cached = await responder.generate(session, probe)
@@ -138,10 +141,11 @@ async def test_persona_stays_at_head_after_200_turns(
 ) -> None:
     chat = ChatActions(store, responder, responder.settings)
     persona = "My name is Jessica. I love cats."
-    await chat.set_persona(9, 9, persona, texts=ENGLISH)
+    await chat.set_persona(Turn(chat_id=9, user_id=9, texts=ENGLISH), persona)
     for i in range(200):
         await chat.text(
-            9, 9, f"turn {['one', 'two', 'three'][i % 3]} do you like dogs", texts=ENGLISH
+            Turn(chat_id=9, user_id=9, texts=ENGLISH),
+            f"turn {['one', 'two', 'three'][i % 3]} do you like dogs",
         )
     session = await store.active_session(9)
     result = await responder.generate(session, "what is your name")
@@ -159,9 +163,9 @@ async def test_persona_change_takes_effect_next_turn(
     responder: Responder, store: ConversationStore
 ) -> None:
     chat = ChatActions(store, responder, responder.settings)
-    await chat.set_persona(11, 11, "I love dogs.", texts=ENGLISH)
-    await chat.text(11, 11, "hello", texts=ENGLISH)
-    await chat.set_persona(11, 11, "I love cats.", texts=ENGLISH)
+    await chat.set_persona(Turn(chat_id=11, user_id=11, texts=ENGLISH), "I love dogs.")
+    await chat.text(Turn(chat_id=11, user_id=11, texts=ENGLISH), "hello")
+    await chat.set_persona(Turn(chat_id=11, user_id=11, texts=ENGLISH), "I love cats.")
     session = await store.active_session(11)
     result = await responder.generate(session, "hello again")
     text = _normalize(_decode(responder.shared_agent, result.model_input))
@@ -172,8 +176,8 @@ async def test_two_user_messages_in_a_row_become_one_turn(
     responder: Responder, store: ConversationStore
 ) -> None:
     chat = ChatActions(store, responder, responder.settings)
-    await chat.text(12, 12, "hello", texts=ENGLISH)
-    await chat.unanswered(12, 12, "are you there", notice=None)
+    await chat.text(Turn(chat_id=12, user_id=12, texts=ENGLISH), "hello")
+    await chat.unanswered(Turn(chat_id=12, user_id=12, texts=ENGLISH), "are you there", notice=None)
     session = await store.active_session(12)
     await responder.generate(session, "please talk to me")
     history = responder.cache.get(session.id).clone.history  # type: ignore[union-attr]
@@ -238,7 +242,7 @@ async def test_engine_error_is_reported_and_message_kept(
         session = await store.active_session(13)
         with pytest.raises(GenerationError):
             await responder.respond(session, "hello")
-        await chat.text(13, 13, "hello", texts=ENGLISH)
+        await chat.text(Turn(chat_id=13, user_id=13, texts=ENGLISH), "hello")
     finally:
         responder.shared_agent.batch_act = original
     ctx = await store.load_context(session.id, tail=None)
@@ -256,11 +260,17 @@ async def test_a_clone_behind_the_database_is_rebuilt(
         await eng.batcher.start()
     try:
         await ChatActions(store, a, settings).set_persona(
-            21, 21, "My name is Sarah.", texts=ENGLISH
+            Turn(chat_id=21, user_id=21, texts=ENGLISH), "My name is Sarah."
         )
-        await ChatActions(store, a, settings).text(21, 21, "hello", texts=ENGLISH)
-        await ChatActions(store, b, settings).text(21, 21, "do you like dogs", texts=ENGLISH)
-        await ChatActions(store, a, settings).text(21, 21, "how are you", texts=ENGLISH)
+        await ChatActions(store, a, settings).text(
+            Turn(chat_id=21, user_id=21, texts=ENGLISH), "hello"
+        )
+        await ChatActions(store, b, settings).text(
+            Turn(chat_id=21, user_id=21, texts=ENGLISH), "do you like dogs"
+        )
+        await ChatActions(store, a, settings).text(
+            Turn(chat_id=21, user_id=21, texts=ENGLISH), "how are you"
+        )
         session = await store.active_session(21)
         probe = "what do you like"
         from_a = await a.generate(session, probe)
@@ -270,7 +280,9 @@ async def test_a_clone_behind_the_database_is_rebuilt(
         assert "do you like dogs" in text and "how are you" in text
         # ... and a clone that is up to date stays cached: no rebuild per turn.
         misses = a.cache.stats.misses
-        await ChatActions(store, a, settings).text(21, 21, "i love cats", texts=ENGLISH)
+        await ChatActions(store, a, settings).text(
+            Turn(chat_id=21, user_id=21, texts=ENGLISH), "i love cats"
+        )
         assert a.cache.stats.misses == misses
     finally:
         for eng in (a, b, fresh):

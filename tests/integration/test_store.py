@@ -8,6 +8,7 @@ from sqlalchemy.exc import IntegrityError
 
 from bot.conversations.store import ConversationStore
 from bot.db import conversations, inbox, outbox
+from bot.db.inbox import UpdateRef
 from bot.db.models import Inbox, Message, Outbox, OutboxKind, Session
 
 
@@ -49,7 +50,7 @@ async def test_persona_carries_over_after_done(store: ConversationStore) -> None
 async def test_record_turn_is_one_transaction_and_closes_update(store: ConversationStore) -> None:
     await store.ingest(update_id=1, chat_id=9, user_id=9, kind="message", payload="{}")
     session = await store.active_session(9, 9)
-    await store.record_turn(session.id, 9, "hi", "hello!", latency_ms=12.5, update_id=1)
+    await store.record_turn(session.id, 9, "hi", "hello!", latency_ms=12.5, update=UpdateRef(1))
     ctx = await store.load_context(session.id, tail=None)
     assert [(m.role, m.text) for m in ctx.messages] == [("user", "hi"), ("bot", "hello!")]
     async with store.sessionmaker() as db:
@@ -59,7 +60,7 @@ async def test_record_turn_is_one_transaction_and_closes_update(store: Conversat
     # The same update once more: its fence (the update is no longer pending) fails at the end,
     # after both messages and the outbox row were written; all of them go with it.
     with pytest.raises(inbox.StaleUpdate):
-        await store.record_turn(session.id, 9, "hi again", "hello again!", update_id=1)
+        await store.record_turn(session.id, 9, "hi again", "hello again!", update=UpdateRef(1))
     ctx = await store.load_context(session.id, tail=None)
     assert [(m.role, m.text) for m in ctx.messages] == [("user", "hi"), ("bot", "hello!")]
     assert await _count(store, Outbox, chat_id=9) == 1
@@ -73,13 +74,13 @@ async def test_failed_turn_leaves_nothing_behind(store: ConversationStore) -> No
     with pytest.raises(IntegrityError):
         # A reply without text violates NOT NULL in the middle of the turn, after the user's
         # message was written and before the outbox row and the update's closing.
-        await store.record_turn(session.id, 3, "a", None, update_id=3)  # type: ignore[arg-type]
+        await store.record_turn(session.id, 3, "a", None, update=UpdateRef(3))  # type: ignore[arg-type]
     assert await _count(store, Message) == 0
     assert await _count(store, Outbox) == 0
     async with store.sessionmaker() as db:
         assert await inbox.status_of(db, 3) == "pending"  # still to be answered
     # ... and the turn can then be stored for real.
-    await store.record_turn(session.id, 3, "a", "b", update_id=3)
+    await store.record_turn(session.id, 3, "a", "b", update=UpdateRef(3))
     assert await _count(store, Message, chat_id=3) == 2
 
 
@@ -105,7 +106,7 @@ async def test_outbox_delivery_marks_message(store: ConversationStore) -> None:
 async def test_forget_removes_every_row_of_the_chat(store: ConversationStore) -> None:
     await store.ingest(update_id=1, chat_id=8, user_id=8, kind="message", payload='{"x": 1}')
     session = await store.active_session(8, 8)
-    await store.record_turn(session.id, 8, "secret", "ok", update_id=1)
+    await store.record_turn(session.id, 8, "secret", "ok", update=UpdateRef(1))
     other = await store.active_session(99, 99)
     await store.record_turn(other.id, 99, "keep", "me")
     await store.forget_chat(8)
@@ -118,7 +119,7 @@ async def test_forget_removes_every_row_of_the_chat(store: ConversationStore) ->
 
 async def test_forget_keeps_update_deduplicated(store: ConversationStore) -> None:
     await store.ingest(update_id=5, chat_id=8, user_id=8, kind="message", payload="{}")
-    await store.forget_chat(8, notice="forgotten", update_id=5)
+    await store.forget_chat(8, notice="forgotten", update=UpdateRef(5))
     again = await store.ingest(update_id=5, chat_id=8, user_id=8, kind="message", payload="{}")
     assert again is False
     assert await _count(store, Inbox, chat_id=8) == 0
@@ -138,8 +139,8 @@ async def test_forget_keeps_updates_that_came_after_it(store: ConversationStore)
     it was never answered."""
     for update_id in (1, 2, 3):
         await store.ingest(update_id=update_id, chat_id=8, user_id=8, kind="message", payload="{}")
-    await store.finish_update(1)
-    await store.forget_chat(8, notice="forgotten", update_id=2)
+    await store.finish_update(UpdateRef(1))
+    await store.forget_chat(8, notice="forgotten", update=UpdateRef(2))
     async with store.sessionmaker() as db:
         assert await inbox.status_of(db, 1) is None
         assert await inbox.status_of(db, 3) == "pending"
@@ -151,9 +152,9 @@ async def test_a_turn_for_an_update_closed_elsewhere_is_rolled_back(
     """Fence: if another process already closed the update, this turn leaves no rows."""
     await store.ingest(update_id=40, chat_id=40, user_id=40, kind="message", payload="{}")
     session = await store.active_session(40, 40)
-    await store.finish_update(40)  # another replica answered it meanwhile
+    await store.finish_update(UpdateRef(40))  # another replica answered it meanwhile
     with pytest.raises(inbox.StaleUpdate):
-        await store.record_turn(session.id, 40, "hi", "hello", update_id=40)
+        await store.record_turn(session.id, 40, "hi", "hello", update=UpdateRef(40))
     assert await _count(store, Message, chat_id=40) == 0
     assert await _count(store, Outbox, chat_id=40) == 0
 

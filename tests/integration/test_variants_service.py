@@ -346,16 +346,21 @@ async def test_an_edit_regenerates_from_the_history_without_the_old_turn(
     """Through the worker: the regenerated reply's input holds the edited text and not the
     old one, and the history the next turn is rebuilt from holds only the edited turn."""
     from bot.conversations.actions import ChatActions
+    from bot.conversations.turn import Turn
 
     router, store = workers
     settings = Settings(_env_file=None, data_dir=tmp_path, safety="off")  # type: ignore[call-arg]
     chat_actions = ChatActions(store, router, settings)
     chat = 971
-    await chat_actions.text(chat, chat, "hello one", texts=texts, telegram_message_id=1)
-    await chat_actions.text(chat, chat, "tell me about cats", texts=texts, telegram_message_id=2)
+    await chat_actions.text(
+        Turn(chat_id=chat, user_id=chat, texts=texts), "hello one", telegram_message_id=1
+    )
+    await chat_actions.text(
+        Turn(chat_id=chat, user_id=chat, texts=texts), "tell me about cats", telegram_message_id=2
+    )
     for row in await store.pending_outbox(chat):  # delivered (only those are edited in place)
         await store.mark_sent(row.id, 1000 + row.id)
-    await chat_actions.edit(chat, chat, 2, "tell me about dogs", texts=texts)
+    await chat_actions.edit(Turn(chat_id=chat, user_id=chat, texts=texts), 2, "tell me about dogs")
     session = await store.active_session(chat)
     view = await router.inspect(session)
     assert "dogs" in view.text and "cats" not in view.text
