@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Annotated
 
 from sqlalchemy import (
     BigInteger,
@@ -88,6 +89,18 @@ class InboxStatus(StrEnum):
     IGNORED = "ignored"  # closed without an answer (not for us, unusable, over the flood limit)
 
 
+# The columns many tables declare alike (each use gets its own copy of the mapped_column):
+# a row id that is never handed out again, a Telegram chat or user id, a required UTC
+# timestamp that defaults to the moment the row is inserted, and the conversation a row
+# belongs to (deleted with it).
+Serial = Annotated[int, mapped_column(BigId, primary_key=True, autoincrement=True)]
+TelegramId = Annotated[int, mapped_column(BigInteger, nullable=False)]
+Stamp = Annotated[datetime, mapped_column(UtcDateTime, nullable=False, default=utcnow)]
+SessionRef = Annotated[
+    int, mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False)
+]
+
+
 class Base(DeclarativeBase):
     """Declarative base with the naming convention."""
 
@@ -115,14 +128,14 @@ class Session(Base):
         {"sqlite_autoincrement": True},
     )
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    chat_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    id: Mapped[Serial]
+    chat_id: Mapped[TelegramId]
     user_id: Mapped[int | None] = mapped_column(BigInteger)
     persona: Mapped[str] = mapped_column(Text, nullable=False, default="", server_default="")
     status: Mapped[str] = mapped_column(
         String(16), nullable=False, default="active", server_default="active"
     )
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    created_at: Mapped[Stamp]
     updated_at: Mapped[datetime] = mapped_column(
         UtcDateTime, nullable=False, default=utcnow, onupdate=utcnow
     )
@@ -155,17 +168,15 @@ class Message(Base):
         {"sqlite_autoincrement": True},
     )
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    session_id: Mapped[int] = mapped_column(
-        ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False
-    )
-    chat_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    id: Mapped[Serial]
+    session_id: Mapped[SessionRef]
+    chat_id: Mapped[TelegramId]
     role: Mapped[str] = mapped_column(String(8), nullable=False)
     text: Mapped[str] = mapped_column(Text, nullable=False)
     # Telegram ids: the update that carried a user message, and the message id on either side.
     update_id: Mapped[int | None] = mapped_column(BigInteger)
     telegram_message_id: Mapped[int | None] = mapped_column(BigInteger)
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    created_at: Mapped[Stamp]
     # Bot replies only: when Telegram accepted it, and how long the model took.
     delivered_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     latency_ms: Mapped[float | None] = mapped_column()
@@ -193,8 +204,8 @@ class Outbox(Base):
         {"sqlite_autoincrement": True},
     )
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    chat_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    id: Mapped[Serial]
+    chat_id: Mapped[TelegramId]
     kind: Mapped[str] = mapped_column(String(8), nullable=False)
     text: Mapped[str] = mapped_column(Text, nullable=False)
     message_id: Mapped[int | None] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"))
@@ -210,7 +221,7 @@ class Outbox(Base):
     parts_sent: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
     attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
     last_error: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    created_at: Mapped[Stamp]
     sent_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     failed_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
@@ -227,7 +238,7 @@ class Inbox(Base):
         {"sqlite_autoincrement": True},
     )
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    id: Mapped[Serial]
     update_id: Mapped[int] = mapped_column(BigInteger, nullable=False, unique=True)
     chat_id: Mapped[int | None] = mapped_column(BigInteger)
     user_id: Mapped[int | None] = mapped_column(BigInteger)
@@ -238,7 +249,7 @@ class Inbox(Base):
     )
     attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
     error: Mapped[str | None] = mapped_column(Text)
-    received_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    received_at: Mapped[Stamp]
     processed_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
 
@@ -259,8 +270,8 @@ class ChatLease(Base):
         {"sqlite_autoincrement": True},
     )
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    chat_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    id: Mapped[Serial]
+    chat_id: Mapped[TelegramId]
     kind: Mapped[str] = mapped_column(String(8), nullable=False)
     # "<host>:<pid namespace>:<pid>:<random>" (= replicas.owner), so a lease of a dead process
     # on this machine can be taken at once.
@@ -284,7 +295,7 @@ class Replica(Base):
     owner: Mapped[str] = mapped_column(String(128), primary_key=True)
     host: Mapped[str] = mapped_column(String(255), nullable=False)
     pid: Mapped[int] = mapped_column(Integer, nullable=False)
-    started_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    started_at: Mapped[Stamp]
     heartbeat_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, index=True)
     info: Mapped[str] = mapped_column(Text, nullable=False, default="{}", server_default="{}")
 
@@ -311,7 +322,7 @@ class Assignment(Base):
     experiment: Mapped[str] = mapped_column(String(64), nullable=False)
     variant: Mapped[str] = mapped_column(String(64), nullable=False)
     source: Mapped[str] = mapped_column(String(8), nullable=False)
-    assigned_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    assigned_at: Mapped[Stamp]
     # Source hash only (NULL for admin and user moves, and for rows older than migration
     # 0008): the probability this chat had of getting `variant` when it was assigned, and the
     # whole split it was drawn from (JSON: variant -> probability). The report weights by the
@@ -343,8 +354,8 @@ class ExperimentRow(Base):
         String(16), nullable=False, default="weights", server_default="weights"
     )
     version: Mapped[int] = mapped_column(Integer, nullable=False, default=1, server_default="1")
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    created_at: Mapped[Stamp]
+    updated_at: Mapped[Stamp]
 
 
 class VariantRow(Base):
@@ -380,8 +391,8 @@ class VariantRow(Base):
     )
     # The variant's other keys of the variants file as JSON (inference, beam_size, threads...).
     options: Mapped[str] = mapped_column(Text, nullable=False, default="{}", server_default="{}")
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    created_at: Mapped[Stamp]
+    updated_at: Mapped[Stamp]
 
 
 class VoteSource(StrEnum):
@@ -404,19 +415,19 @@ class Vote(Base):
         {"sqlite_autoincrement": True},
     )
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    chat_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    id: Mapped[Serial]
+    chat_id: Mapped[TelegramId]
     message_id: Mapped[int] = mapped_column(
         ForeignKey("messages.id", ondelete="CASCADE"), nullable=False
     )
-    user_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    user_id: Mapped[TelegramId]
     value: Mapped[int] = mapped_column(Integer, nullable=False)
     source: Mapped[str] = mapped_column(String(8), nullable=False)
     # The variant of the reply voted on (copied, so the reports need no join).
     variant: Mapped[str | None] = mapped_column(String(64))
     update_id: Mapped[int | None] = mapped_column(BigInteger)
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    created_at: Mapped[Stamp]
+    updated_at: Mapped[Stamp]
 
 
 class Rating(Base):
@@ -430,17 +441,15 @@ class Rating(Base):
         {"sqlite_autoincrement": True},
     )
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    chat_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    session_id: Mapped[int] = mapped_column(
-        ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False
-    )
+    id: Mapped[Serial]
+    chat_id: Mapped[TelegramId]
+    session_id: Mapped[SessionRef]
     user_id: Mapped[int | None] = mapped_column(BigInteger)
     value: Mapped[int] = mapped_column(Integer, nullable=False)
     # The variant that answered most of the conversation's replies.
     variant: Mapped[str | None] = mapped_column(String(64))
     update_id: Mapped[int | None] = mapped_column(BigInteger)
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    created_at: Mapped[Stamp]
 
 
 class ArenaMatch(Base):
@@ -457,11 +466,9 @@ class ArenaMatch(Base):
         {"sqlite_autoincrement": True},
     )
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    chat_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    session_id: Mapped[int] = mapped_column(
-        ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False
-    )
+    id: Mapped[Serial]
+    chat_id: Mapped[TelegramId]
+    session_id: Mapped[SessionRef]
     user_message_id: Mapped[int | None] = mapped_column(
         ForeignKey("messages.id", ondelete="CASCADE")
     )
@@ -474,7 +481,7 @@ class ArenaMatch(Base):
     bot_message_id: Mapped[int | None] = mapped_column(
         ForeignKey("messages.id", ondelete="SET NULL")
     )
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    created_at: Mapped[Stamp]
     decided_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
 
@@ -485,7 +492,7 @@ class Counter(Base):
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0, server_default="0")
-    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False, default=utcnow)
+    updated_at: Mapped[Stamp]
 
 
 class ChatSetting(Base):

@@ -91,6 +91,18 @@ class TranscriptMessage:
     latency_ms: float | None
 
 
+# A message's columns as the admin reports read it: TranscriptMessage's fields, in order, and
+# the message half of an ExportRow.
+_MESSAGE_COLUMNS = (
+    Message.id,
+    Message.role,
+    Message.text,
+    Message.created_at,
+    Message.delivered_at,
+    Message.latency_ms,
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Transcript:
     """A conversation: its session (with persona) and every message, oldest first."""
@@ -111,15 +123,7 @@ async def chat_transcripts(
         ).all()
         messages = (
             await db.execute(
-                select(
-                    Message.session_id,
-                    Message.id,
-                    Message.role,
-                    Message.text,
-                    Message.created_at,
-                    Message.delivered_at,
-                    Message.latency_ms,
-                )
+                select(Message.session_id, *_MESSAGE_COLUMNS)
                 .where(Message.chat_id == chat_id)
                 .order_by(Message.id)
             )
@@ -127,9 +131,7 @@ async def chat_transcripts(
     transcripts = {row[0]: Transcript(SessionSummary(*row)) for row in sessions}
     for m in messages:
         if m.session_id in transcripts:
-            transcripts[m.session_id].messages.append(
-                TranscriptMessage(m.id, m.role, m.text, m.created_at, m.delivered_at, m.latency_ms)
-            )
+            transcripts[m.session_id].messages.append(TranscriptMessage(*m[1:]))
     return list(transcripts.values())
 
 
@@ -164,12 +166,7 @@ async def export_rows(engine: AsyncEngine, chat_id: int | None = None) -> AsyncI
         Session.user_id,
         Session.persona,
         Session.status,
-        Message.id,
-        Message.role,
-        Message.text,
-        Message.created_at,
-        Message.delivered_at,
-        Message.latency_ms,
+        *_MESSAGE_COLUMNS,
     ).join(Session, Session.id == Message.session_id)
     if chat_id is not None:
         stmt = stmt.where(Message.chat_id == chat_id)

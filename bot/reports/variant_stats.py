@@ -174,19 +174,8 @@ def sample_ratio_mismatch(observed: Mapping[str, int], weights: Mapping[str, flo
     for name, count in observed.items():
         if count < 0:
             raise ValueError(f"count of {name!r} must be >= 0, got {count}")
-    active = [name for name, w in weights.items() if w > 0]
-    dof = max(len(active) - 1, 0)
-    counts = [observed.get(name, 0) for name in active]
-    total = sum(counts)
-    if len(active) < 2 or total == 0:
-        return SrmResult(chi2=0.0, dof=dof, p_value=1.0, warn=False)
-    weight_sum = sum(weights[name] for name in active)
-    chi2 = 0.0
-    for name, count in zip(active, counts, strict=True):
-        expected = total * weights[name] / weight_sum
-        chi2 += (count - expected) ** 2 / expected
-    p_value = float(scipy.stats.chi2.sf(chi2, dof))
-    return SrmResult(chi2=chi2, dof=dof, p_value=p_value, warn=p_value < SRM_ALPHA)
+    # Checked finite and >= 0 above: the weights are expected counts up to a scale.
+    return sample_ratio_against(observed, weights)
 
 
 def sample_ratio_against(observed: Mapping[str, int], expected: Mapping[str, float]) -> SrmResult:

@@ -25,39 +25,42 @@ SAMPLE_PROMPTS = (
 )
 
 
+def valid_figures(model_file: str, datapath: Path, max_examples: int) -> dict[str, float]:
+    """ppl, loss, token accuracy and examples of a model on the first `max_examples` examples
+    of a fromfile data set (`datapath` + _valid), in their file order, batch by batch."""
+    from parlai.scripts.eval_model import EvalModel
+
+    from bot.training.loop import metric_value
+    from bot.training.train import parlai_quiet
+
+    with parlai_quiet():
+        report = EvalModel.main(
+            task="fromfile:parlaiformat",
+            fromfile_datapath=str(datapath),
+            fromfile_datatype_extension=True,
+            model_file=model_file,
+            datatype="valid",
+            num_examples=max_examples,
+            batchsize=16,
+            skip_generation=True,
+            no_cuda=True,
+            log_every_n_secs=-1,
+            display_examples=False,
+            interactive_mode=False,
+        )
+    values = {k: metric_value(report, k) for k in ("ppl", "loss", "token_acc", "exs")}
+    return {k: v for k, v in values.items() if v is not None}
+
+
 def held_out_perplexity(
     model_file: str, recipe: Recipe = DEFAULT_RECIPE, max_examples: int | None = None
 ) -> dict[str, float]:
     """ppl, loss and token accuracy on the first `max_examples` held-out examples (the
     recipe's validation_max_exs by default), in their file order, batch by batch."""
-    from parlai.scripts.eval_model import EvalModel
-
-    from bot.training.train import parlai_quiet
-
     n = max_examples or recipe.validation_max_exs
     with tempfile.TemporaryDirectory(prefix="heldout-") as tmp:
         write_dataset(Path(tmp), load_conversations(), recipe)
-        with parlai_quiet():
-            report = EvalModel.main(
-                task="fromfile:parlaiformat",
-                fromfile_datapath=str(Path(tmp) / "chitchat"),
-                fromfile_datatype_extension=True,
-                model_file=model_file,
-                datatype="valid",
-                num_examples=n,
-                batchsize=16,
-                skip_generation=True,
-                no_cuda=True,
-                log_every_n_secs=-1,
-                display_examples=False,
-                interactive_mode=False,
-            )
-    return {k: _value(report[k]) for k in ("ppl", "loss", "token_acc", "exs") if k in report}
-
-
-def _value(metric: Any) -> float:
-    value = metric.value() if hasattr(metric, "value") else metric
-    return float(value)
+        return valid_figures(model_file, Path(tmp) / "chitchat", n)
 
 
 def sample_replies(

@@ -32,8 +32,9 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from bot.training.evaluate import valid_figures
 from bot.training.install import finalize_opt, install, model_exists, slim_weights, train_lock
-from bot.training.loop import BudgetTrainLoop, metric_value
+from bot.training.loop import BudgetTrainLoop
 from bot.training.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -284,27 +285,8 @@ def _args(
 
 def perplexity(model_file: Path, datapath: Path, max_examples: int) -> dict[str, float]:
     """ppl, loss and token accuracy of a model on a fromfile data set (`datapath` + _valid)."""
-    from parlai.scripts.eval_model import EvalModel
-
-    from bot.training.train import parlai_quiet
-
-    with parlai_quiet():
-        report = EvalModel.main(
-            task="fromfile:parlaiformat",
-            fromfile_datapath=str(datapath),
-            fromfile_datatype_extension=True,
-            model_file=str(model_file),
-            datatype="valid",
-            num_examples=max_examples,
-            batchsize=16,
-            skip_generation=True,
-            no_cuda=True,
-            log_every_n_secs=-1,
-            display_examples=False,
-            interactive_mode=False,
-        )
-    values = {k: metric_value(report, k) for k in ("ppl", "loss", "token_acc", "exs")}
-    return {k: round(v, 4) for k, v in values.items() if v is not None}
+    figures = valid_figures(str(model_file), datapath, max_examples)
+    return {k: round(v, 4) for k, v in figures.items()}
 
 
 def _base_validation(directory: Path, n: int) -> str:

@@ -9,7 +9,12 @@ import torch
 import torch.nn.functional as F
 
 from bot.inference.fastgen.kernels import NEG, block_context_ngrams, block_self_ngrams, row_topk
-from bot.inference.fastgen.steppers import FastDecoder, GenericDecoder, fast_decoder_supported
+from bot.inference.fastgen.steppers import (
+    FastDecoder,
+    GenericDecoder,
+    bare_model,
+    fast_decoder_supported,
+)
 
 
 class BatchedBeams:
@@ -86,9 +91,7 @@ def batched_generate(
     sampled steps of delayed beam draw for all chats at once: with one chat the draws are
     ParlAI's (same seed, same reply); with several they come in another order.
     """
-    model = agent.model
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        model = model.module
+    model = bare_model(agent)
     opt = agent.opt
     inference = opt.get("inference", "greedy")
     greedy = inference == "greedy"

@@ -34,7 +34,8 @@ from parlai.utils.torch import neginf
 
 from bot.inference.fastgen.beam import BatchedBeams
 from bot.inference.fastgen.kernels import NEG, block_context_ngrams, block_self_ngrams, row_topk
-from bot.inference.fastgen.steppers import after_self_attention, fast_decoder_supported
+from bot.inference.fastgen.policy import search_reason
+from bot.inference.fastgen.steppers import after_self_attention, bare_model, fast_decoder_supported
 
 # Private switch for the agreement test: False drops the padding and position masks, which must
 # make chats' replies depend on their companions.
@@ -51,23 +52,14 @@ def continuous_supported(agent: Any) -> str | None:
 
     if not is_accelerated(agent) or not getattr(agent, "fast_search", True):
         return "not the batched search"
-    opt = agent.opt
-    if opt.get("inference", "greedy") not in ("beam", "greedy", "delayedbeam"):
-        return f"inference={opt.get('inference')}"
-    if getattr(agent, "show_token_details", False):
-        return "token details"
-    if hasattr(agent, "_rerank_beams"):
-        return "reranking hook"
-    if getattr(agent, "beam_block_list", None):
-        return "beam block list"
+    why = search_reason(agent)
+    if why is not None:
+        return why
     if getattr(agent, "skip_generation", False):
         return "skip generation"
     if type(agent).get_prefix_tokens is not _base_prefix_tokens():
         return "prefix tokens"
-    model = agent.model
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        model = model.module
-    if not fast_decoder_supported(model):
+    if not fast_decoder_supported(bare_model(agent)):
         return "not the stock transformer decoder"
     return None
 
@@ -228,9 +220,7 @@ class ContinuousSearch:
     """
 
     def __init__(self, agent: Any) -> None:
-        model = agent.model
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model = model.module
+        model = bare_model(agent)
         self.agent = agent
         self.model = model
         self.dec = model.decoder

@@ -285,3 +285,11 @@ class FastDecoder:
 def agent_device(agent: Any) -> torch.device:
     """The device the agent's model lives on."""
     return next(agent.model.parameters()).device
+
+
+def bare_model(agent: Any) -> Any:
+    """The agent's model, unwrapped from DistributedDataParallel."""
+    model = agent.model
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return model.module
+    return model
