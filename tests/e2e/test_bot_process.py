@@ -16,6 +16,7 @@ from tests.support.botprocess import (
     bot_process,
     db_rows,
     free_port,
+    settled_on_disk,
 )
 from tests.support.fakebotapi import FakeBotAPI
 
@@ -126,7 +127,7 @@ async def test_kill_9_while_generating_then_restart_answers_everything_exactly_o
         async with bot_process(fast, tmp_path, api) as bot:
             await api.wait_for_texts(a, 3, timeout_s=30)
             await api.wait_for_texts(b, 1, timeout_s=30)
-            await asyncio.sleep(0.5)
+            await settled_on_disk(api, tmp_path)  # a duplicate would be pending or queued
             bot.proc.send_signal(signal.SIGTERM)
             assert await bot.wait(30) == 0
     assert len(api.texts(a)) == 3 and len(api.texts(b)) == 1

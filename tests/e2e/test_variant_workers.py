@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from bot.engine.assign import choose
-from tests.support.botprocess import TOKEN, bot_env, bot_process, db_rows
+from tests.support.botprocess import TOKEN, bot_env, bot_process, db_rows, settled_on_disk
 from tests.support.fakebotapi import FakeBotAPI
 
 WEIGHTS = {"a": 1.0, "b": 1.0}
@@ -69,7 +69,9 @@ async def test_a_killed_worker_is_restarted_and_its_turns_answered_once(
                 api.user_message(chat, "hi from b")
             for chat in on_a + on_b:
                 await api.wait_for_texts(chat, 1, timeout_s=60)
-            await asyncio.sleep(1.0)  # would a duplicate follow?
+            # Would a duplicate follow? (a's worker was killed: only a turn run again could
+            # make one, and it would be pending or queued until this returns)
+            await settled_on_disk(api, tmp_path)
             log = bot.output()
             bot.proc.send_signal(signal.SIGTERM)
             assert await bot.wait(30) == 0

@@ -386,9 +386,9 @@ async def test_sql_refuses_writes_and_multiple_statements(
             await admin_sql.readonly_sql(sql_url, sql)
         message = str(caught.value)
         assert message.startswith("refused: admin sql "), (sql, message)
-        if sql.startswith("DELETE") and ";" in sql:
+        if sql.startswith("DELETE") and ";" in sql and sql_url.startswith("sqlite"):
             # SQLite's authorizer refuses the DELETE before the second statement is seen.
-            assert "exactly one statement" in message or "read-only" in message, (sql, message)
+            assert "read-only" in message, (sql, message)
         elif ";" in sql:
             assert "exactly one statement" in message, (sql, message)
         else:

@@ -40,6 +40,7 @@ from tests.support.dbutil import (
     drop_pg_role,
     make_readonly_role,
 )
+from tests.support.waits import until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -169,8 +170,12 @@ class World:
         assert await self.superuser.fetchval("SELECT lo_get($1)", self.lo) == b"keep"
         for victim in self.victims:
             assert await victim.fetchval("SELECT 1") == 1
-        await asyncio.sleep(0.2)  # a notification would have arrived by now
-        assert self.notified == []
+        # Notifications arrive in the order their transactions committed: once a marker sent
+        # now is here, one that a statement above sent would be here too, before it.
+        await self.superuser.execute(f"SELECT pg_notify('{self.channel}', 'marker')")
+        await until(lambda: bool(self.notified), within_s=5, what="the marker notification")
+        assert self.notified == ["marker"]
+        self.notified.clear()
         assert await self.superuser.fetchval("SELECT pg_conf_load_time()") == self.conf_loaded
 
     async def _objects(self) -> list[int]:
@@ -223,7 +228,7 @@ async def test_a_read_only_transaction_alone_stops_none_of_this(pg_url: str, wor
         await conn.close()
     assert await world.superuser.fetchval("SELECT pg_stat_file($1, true)", prog) is not None
     assert len(await world._objects()) == len(world.objects) + 1
-    await asyncio.sleep(0.2)
+    await until(lambda: bool(world.notified), within_s=5, what="the notification")
     assert world.notified == ["y"]
     world.victims.remove(victim)  # terminated
     victim.terminate()
@@ -244,7 +249,7 @@ async def test_any_role_may_create_large_objects_and_notify_unless_revoked(
     finally:
         await conn.close()
     assert len(await world._objects()) == len(world.objects) + 1
-    await asyncio.sleep(0.2)
+    await until(lambda: bool(world.notified), within_s=5, what="the notification")
     assert world.notified == ["plain"]
 
 

@@ -24,6 +24,7 @@ from bot.service.leases import Leases
 from tests.support.fakebotapi import FakeBotAPI, Fault
 from tests.support.service_harness import TOKEN as IN_PROCESS_TOKEN
 from tests.support.service_harness import EchoResponder, make_settings, running_service
+from tests.support.waits import until
 
 # What a container restarted with the same host name (and so the same PID 1, or any reused
 # PID) looks like: our host, namespace and PID, another random part.
@@ -138,12 +139,12 @@ async def test_a_replica_whose_heartbeats_fail_fences_itself_then_resumes(
         # Its heartbeats stop landing (the loop is gone, as when the database is unreachable).
         assert heartbeat._task is not None
         heartbeat._task.cancel()
-        await asyncio.sleep(0.7)
-        # Fenced before anyone may take over (1.0 s): it forgets the lease and takes no row.
+        # Fenced (0.6 s) before anyone may take over (1.0 s): it forgets the lease, takes no row.
+        await until(lambda: not heartbeat.alive, within_s=5, what="the fence")
         assert not await leases.acquire(7)
         assert leases.held == frozenset()
-        await asyncio.sleep(0.5)
-        # Now its heartbeat is stale for the others: the lease moves.
+        # Then its heartbeat goes stale for the others: the lease moves.
+        await until(lambda: other.acquire(7), within_s=5, every_s=0.05, what="the takeover")
         assert await other.acquire(7)
         assert await _owner(sessionmaker) == other.owner
         # Heartbeats land again: back to work, but the chat is the other replica's now.
@@ -166,7 +167,8 @@ async def test_a_replica_whose_event_loop_stalled_forgets_its_leases_when_it_wak
         assert await leases.acquire(7)
         assert heartbeat._task is not None
         heartbeat._task.cancel()  # the stall: no heartbeat, and nobody looks at `alive`
-        await asyncio.sleep(1.2)
+        # (the other replica's acquire reads its own heartbeat, never this one's `alive`)
+        await until(lambda: other.acquire(7), within_s=5, every_s=0.05, what="the takeover")
         assert await other.acquire(7)  # the stalled replica is dead to the others
         await heartbeat.beat()  # it wakes, and its first heartbeat lands
         assert not await leases.acquire(7)
@@ -294,7 +296,7 @@ async def test_each_running_replica_reports_itself_in_its_heartbeat_row(
 
 
 async def test_a_fenced_replica_sends_nothing_more_after_a_failed_send(
-    sqlite_url: str, tmp_path: Path
+    sqlite_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Found in review: delivery retried a send (after a 5xx backoff, or a 429 wait) without
     # asking whether the chat's outbox lease was still its own; a fenced replica sent anyway.
@@ -306,7 +308,12 @@ async def test_a_fenced_replica_sends_nothing_more_after_a_failed_send(
             await api.wait_for(lambda: bool(api.calls_to("sendMessage")), 10, "the send")
             assert service.heartbeat._task is not None
             service.heartbeat._task.cancel()  # fenced 0.6 s later, while the send fails
-            await asyncio.sleep(3.5)
+            # The retry after the 502 (and its backoff) asks whether the lease is still ours.
+            await until(
+                lambda: "chat 403: outbox lease lost" in caplog.text,
+                within_s=10,
+                what="delivery noticing the fence",
+            )
             assert [c.status for c in api.calls_to("sendMessage")] == [502]
             assert api.texts(403) == []
             await service.heartbeat.beat()  # heartbeats land again: it sends after all

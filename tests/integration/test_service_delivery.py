@@ -11,7 +11,13 @@ from bot.db.engine import make_engine, make_sessionmaker
 from bot.service.delivery import split_message
 from tests.support.fakebotapi import FakeBotAPI, Fault
 from tests.support.fixtures import StartService
-from tests.support.service_harness import EchoResponder, make_settings, rows, running_service
+from tests.support.service_harness import (
+    EchoResponder,
+    make_settings,
+    rows,
+    running_service,
+    settled,
+)
 
 
 async def test_a_429_delays_the_reply_but_delivers_it_once(
@@ -24,7 +30,7 @@ async def test_a_429_delays_the_reply_but_delivers_it_once(
     refused, accepted = api.calls_to("sendMessage")
     assert refused.status == 429 and accepted.status == 200
     assert accepted.at - refused.at >= 0.95  # waited retry_after
-    await asyncio.sleep(0.2)
+    await settled(svc, api)
     assert api.texts(501) == ["echo 501: please answer"]
     assert await rows(svc, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]
     delivered = await rows(
@@ -76,7 +82,7 @@ async def test_a_blocked_chat_stops_retrying_and_others_are_unaffected(
         await asyncio.sleep(0.02)
     assert await both_failed()
     tries = len([c for c in api.calls_to("sendMessage") if c.params["chat_id"] == str(blocked)])
-    await asyncio.sleep(0.3)
+    await settled(svc, api)  # nothing left to send: a retry would have to come now
     assert tries == len(
         [c for c in api.calls_to("sendMessage") if c.params["chat_id"] == str(blocked)]
     )
@@ -102,7 +108,7 @@ async def test_a_long_reply_goes_out_in_parts_and_a_retry_resends_no_part(
     )
     api.user_message(701, "tell me a long story")
     await api.wait_for_texts(701, 5, timeout_s=15)
-    await asyncio.sleep(0.2)
+    await settled(svc, api)
     assert api.texts(701) == parts
     statuses = [c.status for c in api.calls_to("sendMessage")]
     assert statuses == [200, 200, 500, 429, 200, 200, 200]
@@ -152,7 +158,7 @@ async def test_a_reply_deleted_by_forget_while_queued_is_never_sent(
     await api.wait_for(lambda: api.calls_to("sendMessage") != [], what="sendMessage")
     api.user_message(chat, "/forget")  # while "reply to one" is on its way
     texts = await api.wait_for_texts(chat, 2)
-    await asyncio.sleep(1.0)  # time for a stale reply to go out
+    await settled(svc, api)  # no send in flight, none queued: no stale reply can follow
     assert (
         api.texts(chat)
         == texts

@@ -11,7 +11,13 @@ from bot.texts import ENGLISH
 from bot.tg import handlers
 from tests.support.fakebotapi import BOT_ID, BOT_USERNAME, FakeBotAPI
 from tests.support.fixtures import StartService
-from tests.support.service_harness import EchoResponder, make_settings, rows, running_service
+from tests.support.service_harness import (
+    EchoResponder,
+    make_settings,
+    rows,
+    running_service,
+    settled,
+)
 
 EDITED, NOT_TEXT, UNKNOWN_COMMAND = ENGLISH.EDITED, ENGLISH.NOT_TEXT, ENGLISH.UNKNOWN_COMMAND
 HELP = ENGLISH.help("en")  # BOT_MODEL_LANGUAGE's default
@@ -131,7 +137,7 @@ async def test_group_policy_mention(
     api.user_message(group, f"@{BOT_USERNAME}", chat_type="group", user_id=1,
                      kind="edited_message")  # fmt: skip
     texts = await api.wait_for_texts(group, 4)
-    await asyncio.sleep(0.3)
+    await settled(service, api)  # every update closed, nothing left to send
     assert api.texts(group) == texts
     assert texts == [
         f"echo {group}: how are you?",
@@ -159,13 +165,13 @@ async def test_group_policy_all_and_ignore(
     private = 5002
     responder = EchoResponder()
     settings = make_settings(sqlite_url, api, tmp_path, group_policy=policy)
-    await start_service(settings, responder)
+    service = await start_service(settings, responder)
     api.user_message(group, "hello group", chat_type="supergroup", user_id=1)
     api.user_message(group, "/help", chat_type="supergroup", user_id=1)
     api.user_message(private, "private still works")
     await api.wait_for_texts(private, 1)
     await api.wait_for(lambda: len(api.texts(group)) >= answered)
-    await asyncio.sleep(0.3)
+    await settled(service, api)
     assert len(api.texts(group)) == answered
 
 
@@ -181,7 +187,7 @@ async def test_flood_limit_keeps_messages_and_sends_one_notice(
     api.user_message(calm, "just one")
     await api.wait_for_texts(calm, 1)
     texts = await api.wait_for_texts(flooder, 4)
-    await asyncio.sleep(0.3)
+    await settled(service, api)
     texts = api.texts(flooder)
     assert texts[:3] == [f"echo {flooder}: spam {i}" for i in range(3)]
     assert len(texts) == 4 and "faster than I can answer" in texts[3]
@@ -213,7 +219,9 @@ async def test_typing_indicator_is_repeated_while_the_model_works(
     assert len(actions) >= 4
     assert {a.params["action"] for a in actions} == {"typing"}
     count = len(actions)
-    await asyncio.sleep(0.5)
+    # Nothing may follow: a typing loop still running would send within one interval (0.2 s);
+    # no event says it stopped, so this waits one and a half intervals.
+    await asyncio.sleep(0.3)
     assert len(api.calls_to("sendChatAction")) == count  # stopped with the turn
 
 
@@ -258,7 +266,7 @@ async def test_bot_id_and_username_come_from_getme(
     api.user_message(group, "to the old one", chat_type="group", user_id=3, extra=to_old)
     api.user_message(group, "/help", chat_type="group", user_id=1)  # answered: in order
     texts = await api.wait_for_texts(group, 3)
-    await asyncio.sleep(0.3)
+    await settled(service, api)
     assert (
         api.texts(group)
         == texts

@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from bot.app import serve
 from tests.support.botprocess import free_port
@@ -17,6 +18,7 @@ from tests.support.service_harness import (
     make_settings,
     rows,
     running_service,
+    settled,
     sqlite_rows,
 )
 
@@ -59,7 +61,7 @@ async def test_a_duplicated_update_produces_one_turn(
     polls = len(api.offsets)
     # The next poll starts only once the duplicate went through ingest.
     await api.wait_for(lambda: len(api.offsets) >= polls + 1, what="another poll")
-    await asyncio.sleep(0.2)
+    await settled(service, api)  # a duplicate taken in would be pending, or its reply queued
     assert responder.calls == [(21, "only once")]
     assert api.texts(21) == ["echo 21: only once"]
     messages = await rows(service, "SELECT role, text FROM messages ORDER BY id")
@@ -68,17 +70,26 @@ async def test_a_duplicated_update_produces_one_turn(
     assert inbox == [(first, "done")]
 
 
+@pytest.mark.parametrize(
+    ("honours_allowed_updates", "stored_as"), [(True, None), (False, "ignored")]
+)
 async def test_channel_posts_are_stored_closed_and_never_answered(
-    sqlite_url: str, tmp_path: Path, api: FakeBotAPI
+    sqlite_url: str,
+    tmp_path: Path,
+    api: FakeBotAPI,
+    honours_allowed_updates: bool,
+    stored_as: str | None,
 ) -> None:
+    # allowed_updates keeps channel posts away (as Telegram does): never handed out, so never
+    # stored. An API that sends them anyway: stored already closed.
+    api.honours_allowed_updates = honours_allowed_updates
     responder = EchoResponder()
     async with running_service(make_settings(sqlite_url, api, tmp_path), responder) as service:
         post = api.channel_post(-100123, "news")
         api.user_message(22, "after the post")
         await api.wait_for_texts(22, 1)
         inbox = dict(await rows(service, "SELECT update_id, status FROM inbox"))
-    # allowed_updates keeps channel posts away from a real Telegram; ours sends them anyway.
-    assert inbox.get(post) in (None, "ignored")
+    assert inbox.get(post) == stored_as
     assert api.texts(-100123) == []
     assert responder.calls == [(22, "after the post")]
 
@@ -125,7 +136,7 @@ async def test_webhook_answers_403_without_the_secret_and_stores_nothing(
         # A webhook retry of an already stored update changes nothing.
         update = api.history[-1]
         assert await api.post_to_webhook(update, secret=SECRET) == 200
-        await asyncio.sleep(0.3)
+        await settled(service, api)  # answered 200 once committed: any new turn is pending
         assert responder.calls == [(31, "hello over the webhook")]
         assert len(api.texts(31)) == 1
     assert api.calls_to("getUpdates") == []

@@ -25,8 +25,10 @@ from tests.support.service_harness import (
     make_settings,
     rows,
     running_service,
+    settled,
     sqlite_file,
 )
+from tests.support.waits import until
 
 CHATS = list(range(2001, 2006))
 TECHNICAL = ("Traceback", "Error", "Exception", "sqlalchemy", "asyncpg", "sqlite")
@@ -53,7 +55,9 @@ async def assert_each_once(svc: object, api: FakeBotAPI, rounds: int) -> None:
         assert [r for (r,) in roles] == ["user", "bot"] * rounds
 
 
-async def test_postgres_stopped_during_traffic_then_back(tmp_path: Path) -> None:
+async def test_postgres_stopped_during_traffic_then_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     pg = PrivatePostgres()
     try:
         async with FakeBotAPI(TOKEN) as api:
@@ -63,21 +67,24 @@ async def test_postgres_stopped_during_traffic_then_back(tmp_path: Path) -> None
             async with running_service(settings, responder) as svc:
                 for chat in CHATS:
                     api.user_message(chat, "before the outage")
-                await asyncio.sleep(0.15)  # turns are generating now
+                await until(lambda: responder.in_progress > 0, what="turns generating")
                 await asyncio.to_thread(pg.stop)
                 during = [api.user_message(chat, "during the outage") for chat in CHATS]
-                await asyncio.sleep(2.0)
+                # The outage reached ingest: storing an update failed (it is retried).
+                await until(
+                    lambda: "storing update" in caplog.text, within_s=30, what="a failed store"
+                )
                 # Nothing could be stored, so nothing was acknowledged: Telegram still has them.
                 assert {u["update_id"] for u in api.updates} >= set(during)
                 assert all(len(api.texts(chat)) <= 1 for chat in CHATS)
                 await asyncio.to_thread(pg.start)
                 for chat in CHATS:
                     await api.wait_for_texts(chat, 2, timeout_s=30)
-                await asyncio.sleep(1.0)  # a duplicate would show up now
+                await settled(svc, api)  # nothing queued any more: a duplicate would be out
                 for chat in CHATS:
                     texts = api.texts(chat)
-                    # Turns cut by the outage failed their retries but stayed pending (the
-                    # apology could not be written either) and were answered after recovery.
+                    # Turns cut by the outage stayed pending (retried, or past their retries
+                    # with no apology written either) and were answered after recovery.
                     assert len(texts) == 2
                     assert texts[0] == f"echo {chat}: before the outage"
                     assert texts[1] == f"echo {chat}: during the outage"
@@ -113,7 +120,7 @@ async def test_sqlite_held_by_a_long_write_transaction_delays_but_loses_nothing(
             release = threading.Event()
 
             def hold_the_write_lock() -> None:
-                # Another program (an admin's sqlite3 shell, a backup) writes for 3 seconds.
+                # Another program (an admin's sqlite3 shell, a backup) writes for a second.
                 conn = sqlite3.connect(sqlite_file(sqlite_url), timeout=30)
                 try:
                     conn.execute("BEGIN IMMEDIATE")
@@ -129,13 +136,16 @@ async def test_sqlite_held_by_a_long_write_transaction_delays_but_loses_nothing(
             await asyncio.to_thread(locked.wait, 10)
             for chat in CHATS:
                 api.user_message(chat, "second")
-            await asyncio.sleep(3.0)
+            # The service's writes wait in SQLite's busy handler (15 s), so nothing fails or
+            # logs: this is the lock's duration, not a wait for something. A second is ample for
+            # the updates to be fetched and their storing to block.
+            await asyncio.sleep(1.0)
             assert all(len(api.texts(c)) == 1 for c in CHATS)  # nothing could be written yet
             release.set()
             await asyncio.to_thread(holder.join, 10)
             for chat in CHATS:
                 await api.wait_for_texts(chat, 2, timeout_s=30)
-            await asyncio.sleep(0.5)
+            await settled(svc, api)  # nothing queued any more: a duplicate would be out
             await assert_each_once(svc, api, 2)
         assert_user_facing(api)
     with sqlite3.connect(sqlite_file(sqlite_url)) as conn:
@@ -178,17 +188,25 @@ async def test_user_text_stays_out_of_logs_and_stored_errors_while_sqlite_is_loc
         try:
             # 1. Locked while the update is being stored.
             await _take_write_lock(conn)
-            api.user_message(
+            canary = api.user_message(
                 chat, text, extra={"from": {"id": chat, "is_bot": False, "first_name": name}}
             )
-            await asyncio.sleep(2.0)  # storing the update fails, and is retried
+            await until(  # storing the update fails, and is retried
+                lambda: f"storing update {canary} failed" in caplog.text,
+                within_s=30,
+                what="storing the update failing",
+            )
             conn.commit()
             await api.wait_for_texts(chat, 2, timeout_s=30)
             # 2. Locked while its turn is generated: committing the turn fails.
-            api.user_message(chat, late)
+            late_update = api.user_message(chat, late)
             await api.wait_for(lambda: (chat, late) in responder.calls, what="the late turn")
             await _take_write_lock(conn)
-            await asyncio.sleep(2.0)
+            await until(
+                lambda: f"update {late_update} failed (attempt" in caplog.text,
+                within_s=30,
+                what="committing the turn failing",
+            )
             conn.commit()
         finally:
             conn.close()

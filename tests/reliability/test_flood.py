@@ -15,6 +15,7 @@ from pathlib import Path
 from bot.app import Service
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.service_harness import EchoResponder, make_settings, rows, running_service
+from tests.support.waits import until
 
 FLOODER = 4000
 OTHERS = list(range(4001, 4021))
@@ -73,7 +74,11 @@ async def test_a_flooder_is_limited_with_one_notice_and_the_others_are_unaffecte
         # Bounded state: the flood gate keeps at most `limit` stamps per chat; no queue or
         # sender is left behind.
         assert len(svc.handlers.flood._accepted[FLOODER]) <= limit
-        await asyncio.sleep(0.5)
+        await until(
+            lambda: svc.inbox_worker.busy == 0 and svc.delivery.busy == 0,
+            within_s=5,
+            what="the workers going idle",
+        )
         assert svc.inbox_worker.busy == 0 and svc.delivery.busy == 0
     flooder = api.texts(FLOODER)
     notices = [t for t in flooder if t.startswith("You're writing faster")]

@@ -7,7 +7,6 @@ decoded token vector and the history text it is built from), B's replies or the 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from pathlib import Path
@@ -21,7 +20,7 @@ from bot.db.engine import make_engine, make_sessionmaker
 from bot.engine.protocol import Generated
 from bot.inference.responder import Responder
 from tests.support.fakebotapi import FakeBotAPI
-from tests.support.service_harness import TOKEN, make_settings, running_service
+from tests.support.service_harness import TOKEN, make_settings, running_service, settled
 
 A, B = 6001, 6002
 CANARY = "canary-Zq81xWv3"
@@ -75,7 +74,7 @@ async def test_a_canary_in_one_chat_never_reaches_another(
                     api.user_message(B, probe)
                     await api.wait_for_texts(B, i + 1, timeout_s=60)
                 await api.wait_for_texts(A, 2 + len(PROBES), timeout_s=60)
-                await asyncio.sleep(0.5)
+                await settled(svc, api)  # every turn done, every text out (and logged)
                 batched = svc.responder.batcher.stats.sizes  # type: ignore[attr-defined]
         finally:
             await responder.close()

@@ -6,12 +6,17 @@ but whose answer never arrived cannot be told apart from one it did not; see REA
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from pathlib import Path
 
 from tests.support.fakebotapi import FakeBotAPI, Fault
-from tests.support.service_harness import EchoResponder, make_settings, rows, running_service
+from tests.support.service_harness import (
+    EchoResponder,
+    make_settings,
+    rows,
+    running_service,
+    settled,
+)
 
 CHATS = list(range(3001, 3011))
 BLOCKED = 3099
@@ -45,7 +50,7 @@ async def test_a_storm_of_faults_delivers_everything_once_with_bounded_retries(
             10,
             "no send in flight",
         )
-        await asyncio.sleep(1.0)  # a duplicate would show up now
+        await settled(svc, api)  # nothing queued any more: a duplicate would have to be out
         given_up = await rows(
             svc, "SELECT count(*) FROM outbox WHERE chat_id = :c AND failed_at IS NOT NULL",
             c=BLOCKED,
@@ -61,7 +66,9 @@ async def test_a_storm_of_faults_delivers_everything_once_with_bounded_retries(
     assert given_up == [(2,)] and pending == [(0,)]
     blocked_calls = [c for c in api.calls_to("sendMessage") if c.params["chat_id"] == str(BLOCKED)]
     # At most one refusal (403) per text, never a retry after it (its other calls met the
-    # shared faults above).
+    # shared faults above). One or two, racily: the first 403 gives up every text of the chat
+    # that is queued by then, and whether the second turn's reply is queued yet depends on
+    # timing (turn generation vs. the first text's retries through the 429 storm).
     assert [c.status for c in blocked_calls][-1] == 403
     assert 1 <= sum(1 for c in blocked_calls if c.status == 403) <= 2
     # Bounded: every send attempt beyond the first per text was answered by a fault.

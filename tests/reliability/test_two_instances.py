@@ -19,7 +19,7 @@ from bot.tg.poller import ElectedPolling
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.procs import TOKEN, bot_env, check_database, start_bot
 from tests.support.service_harness import TOKEN as IN_PROCESS_TOKEN
-from tests.support.service_harness import EchoResponder, make_settings, running_service
+from tests.support.service_harness import EchoResponder, make_settings, running_service, settled
 
 CHATS = range(301, 307)
 PER_CHAT = 4
@@ -68,7 +68,7 @@ async def test_two_services_in_one_process_share_the_work_without_double_answers
             sqlite_url, api, tmp_path, log_level="INFO", max_concurrent_chats=2
         )
         async with (
-            running_service(settings, engines[0]),
+            running_service(settings, engines[0]) as one,
             running_service(settings, engines[1]),
         ):
             sent: dict[int, list[str]] = {chat: [] for chat in CHATS}
@@ -80,7 +80,9 @@ async def test_two_services_in_one_process_share_the_work_without_double_answers
                 await asyncio.sleep(0.05)
             for chat in CHATS:
                 await api.wait_for_texts(chat, PER_CHAT * 2, timeout_s=30)
-            await asyncio.sleep(1.0)  # time for a duplicate to show up
+            # Both replicas idle (they share the database): a duplicate turn or send would be
+            # queued or in flight until now.
+            await settled(one, api)
         # One elected poller (no 409), and both processed part of the inbox.
         assert not [c for c in api.calls_to("getUpdates") if c.status == 409]
         assert all(responder.calls for responder in engines)

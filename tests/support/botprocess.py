@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from tests.support.fakebotapi import FakeBotAPI
+from tests.support.waits import until
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "987654321:AAFakeTokenForEndToEndTests_abcdefg"
@@ -107,3 +108,23 @@ def db_rows(tmp_path: Path, sql: str) -> list[tuple[object, ...]]:
     """Rows of a query on the bot's SQLite file."""
     with sqlite3.connect(tmp_path / "bot.sqlite3") as conn:
         return list(conn.execute(sql))
+
+
+async def settled_on_disk(api: FakeBotAPI, tmp_path: Path, *, within_s: float = 30.0) -> None:
+    """tests/support/service_harness.settled for a bot process on tmp_path's SQLite file: every
+    update confirmed, no inbox row pending, no text waiting, no Bot API call but the long poll
+    in flight. Then nothing more goes out until something new comes in (or a worker that is
+    still generating is woken: that needs its own wait)."""
+
+    def quiet() -> bool:
+        if api.updates or api.duplicates:
+            return False
+        if any(c.status is None for c in api.calls if c.method != "getUpdates"):
+            return False
+        [(inbox_left,)] = db_rows(tmp_path, "SELECT count(*) FROM inbox WHERE status = 'pending'")
+        [(outbox_left,)] = db_rows(
+            tmp_path, "SELECT count(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL"
+        )
+        return inbox_left == 0 and outbox_left == 0
+
+    await until(quiet, within_s=within_s, every_s=0.05, what="the bot process settling")

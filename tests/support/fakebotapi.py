@@ -208,6 +208,8 @@ class FakeBotAPI:
         self.webhook_posts: list[tuple[int, int]] = []  # (update_id, HTTP status or 0)
         self.offsets: list[int | None] = []  # offset of every getUpdates call, in order
         self.on_get_updates: Callable[[int | None], None] | None = None
+        # False: getUpdates hands out every kind, whatever allowed_updates asks for.
+        self.honours_allowed_updates = True
         self._next_update_id = itertools.count(100001)
         self._next_message_id = itertools.count(1)
         self._next_query_id = itertools.count(1)
@@ -537,7 +539,7 @@ class FakeBotAPI:
             if self.duplicates:
                 out = sorted([*out, *self.duplicates], key=lambda u: u["update_id"])
                 self.duplicates = []
-            if allowed:
+            if allowed and self.honours_allowed_updates:
                 out = [u for u in out if any(k in allowed for k in u if k != "update_id")]
             return out[:limit]
 

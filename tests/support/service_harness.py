@@ -24,6 +24,7 @@ from bot.db.conversations import SessionRow
 from bot.engine.protocol import Abilities, DraftSink, Reply
 from bot.service.retry import Backoff
 from tests.support.fakebotapi import FakeBotAPI
+from tests.support.waits import until
 
 # The shape of a real token: bot id, colon, 35 characters.
 TOKEN = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw4"
@@ -147,6 +148,31 @@ async def rows(service: Service, sql: str, **params: Any) -> list[tuple[Any, ...
     """Run a read query on the service's database."""
     async with service.sessionmaker() as db:
         return [tuple(r) for r in (await db.execute(text(sql), params)).all()]
+
+
+async def settled(service: Service, api: FakeBotAPI, *, within_s: float = 10.0) -> None:
+    """Wait until the service has nothing left to do: every update the fake API holds was
+    confirmed (polling confirms only committed updates) or posted (webhook), no inbox row is
+    pending, no outbox text waits to be sent, and no Bot API call but the long poll is in flight.
+
+    Every text goes out through an outbox row written in the same transaction that closes its
+    update, so once settled nothing more is sent until something new comes in: a test can then
+    assert that nothing more went out (no duplicate, no stale reply) without first sleeping
+    "long enough" for it. Any database the replicas share will do: `service` only reads it.
+    """
+
+    async def quiet() -> bool:
+        if api.updates or api.duplicates:
+            return False
+        if any(c.status is None for c in api.calls if c.method != "getUpdates"):
+            return False
+        [(inbox_left,)] = await rows(service, "SELECT count(*) FROM inbox WHERE status = 'pending'")
+        [(outbox_left,)] = await rows(
+            service, "SELECT count(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL"
+        )
+        return inbox_left == 0 and outbox_left == 0
+
+    await until(quiet, within_s=within_s, every_s=0.02, what="the service settling")
 
 
 def sqlite_file(url: str) -> str:

@@ -113,7 +113,7 @@ async def test_newcomers_queue_while_a_batch_runs(batchers: Any, tiny_agent: Any
     first = asyncio.ensure_future(_ask(batcher, tiny_agent))
     await running.wait()
     later = [asyncio.ensure_future(_ask(batcher, tiny_agent)) for _ in range(3)]
-    await asyncio.sleep(0.2)  # far beyond max_wait: they must still wait for the running batch
+    await asyncio.sleep(0.1)  # 10x max_wait: they must still wait for the running batch
     assert not any(f.done() for f in later)
     release.set()
     assert (await first).batch_size == 1

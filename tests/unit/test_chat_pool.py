@@ -9,6 +9,7 @@ import pytest
 
 from bot.service.chat_pool import ChatPool
 from bot.service.retry import Backoff
+from tests.support.waits import until
 
 
 class Rows:
@@ -109,7 +110,7 @@ async def test_drain_on_stop_finishes_what_is_pending() -> None:
     rows = Rows({1: ["a"]})
     pool = _pool(rows, poll_interval_s=60, drain_on_stop=True)  # only stop() scans again
     await pool.start()
-    await asyncio.sleep(0.1)
+    await until(lambda: rows.done == ["a"], within_s=5, what="the first scan's row")
     rows.rows[2] = ["late"]  # queued by the last turns, after the last scan
     await pool.stop(2.0)
     assert rows.done == ["a", "late"]
@@ -188,10 +189,13 @@ async def test_a_lanes_share_of_the_slots_follows_the_number_of_lanes() -> None:
     )
     await pool.start()
     try:
-        await asyncio.sleep(0.3)
+        await until(lambda: busy["now"] >= 2, within_s=5, what="lane a taking its slots")
+        # Nothing more may start: a chat let past the share would within a poll (0.05 s).
+        await asyncio.sleep(0.15)
         assert busy["now"] == 2  # ceil(4 / 2): the other lane's share stays free
         lanes.lanes = 1  # the other variant was removed
-        await asyncio.sleep(1.5)  # waiters look again within a second
+        # waiters look again within a second
+        await until(lambda: busy["now"] >= 4, within_s=3, what="lane a taking all slots")
         assert busy["now"] == 4
         gate.set()
         for _ in range(100):
