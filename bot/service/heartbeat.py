@@ -152,6 +152,15 @@ class Heartbeat:
         except Exception as err:  # noqa: BLE001 - the row just goes stale, as after a crash
             log.warning("removing this replica's heartbeat row failed: %s", err)
 
+    def pause(self) -> None:
+        """Stop beating, keeping the row and the time of the last beat that landed, as when no
+        heartbeat reaches the database: this replica fences itself after fence_after_s and the
+        others judge it dead after dead_after_s (a drill of a database partition). `beat()`
+        lands one again; `stop()` still removes the row."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
     async def beat(self) -> None:
         """One heartbeat now (the background loop calls this every interval_s)."""
         started = time.monotonic()

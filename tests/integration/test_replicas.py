@@ -137,8 +137,7 @@ async def test_a_replica_whose_heartbeats_fail_fences_itself_then_resumes(
         assert await leases.acquire(7)
         assert leases.held == {7}
         # Its heartbeats stop landing (the loop is gone, as when the database is unreachable).
-        assert heartbeat._task is not None
-        heartbeat._task.cancel()
+        heartbeat.pause()
         # Fenced (0.6 s) before anyone may take over (1.0 s): it forgets the lease, takes no row.
         await until(lambda: not heartbeat.alive, within_s=5, what="the fence")
         assert not await leases.acquire(7)
@@ -165,8 +164,7 @@ async def test_a_replica_whose_event_loop_stalled_forgets_its_leases_when_it_wak
     other_heartbeat, other = await _replica(sessionmaker, dead_after_s=1.0)
     try:
         assert await leases.acquire(7)
-        assert heartbeat._task is not None
-        heartbeat._task.cancel()  # the stall: no heartbeat, and nobody looks at `alive`
+        heartbeat.pause()  # the stall: no heartbeat, and nobody looks at `alive`
         # (the other replica's acquire reads its own heartbeat, never this one's `alive`)
         await until(lambda: other.acquire(7), within_s=5, every_s=0.05, what="the takeover")
         assert await other.acquire(7)  # the stalled replica is dead to the others
@@ -306,8 +304,7 @@ async def test_a_fenced_replica_sends_nothing_more_after_a_failed_send(
             api.inject(Fault("sendMessage", status=502, delay=1.0, chat_id=403))
             api.user_message(403, "hello")
             await api.wait_for(lambda: bool(api.calls_to("sendMessage")), 10, "the send")
-            assert service.heartbeat._task is not None
-            service.heartbeat._task.cancel()  # fenced 0.6 s later, while the send fails
+            service.heartbeat.pause()  # fenced 0.6 s later, while the send fails
             # The retry after the 502 (and its backoff) asks whether the lease is still ours.
             await until(
                 lambda: "chat 403: outbox lease lost" in caplog.text,
