@@ -33,8 +33,8 @@ from bot.engine import live
 from bot.engine.live import VariantChangeError
 from bot.engine.variants import ALLOCATIONS, INFERENCE, Experiment, load_experiment
 from bot.reports import admin as reports
-from bot.reports import stats as service_stats
 from bot.reports.admin import AdminError
+from bot.reports.stats import format_stats, stats
 
 MAX_CELL = 60
 
@@ -114,10 +114,10 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 async def _stats(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> int:
-    result = await service_stats.stats(
+    result = await stats(
         make_sessionmaker(engine), retention_days=getattr(args, "retention_days", None)
     )
-    print(dump_json(result) if args.json else service_stats.format_stats(result), file=out)
+    print(dump_json(result) if args.json else format_stats(result), file=out)
     return 0
 
 

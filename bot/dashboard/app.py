@@ -32,8 +32,8 @@ from bot.db.engine import make_sessionmaker, safe_url
 from bot.db.models import utcnow
 from bot.engine.variants import Experiment
 from bot.reports import dashboard as queries
-from bot.reports import stats as service_stats
 from bot.reports.admin import AdminError
+from bot.reports.stats import stats
 
 log = logging.getLogger(__name__)
 
@@ -362,7 +362,7 @@ async def overview(request: web.Request) -> web.StreamResponse:
         async with sm() as db:
             return [*past, *await queries.daily_series(db, first=today, days=1)]
 
-    async def queues_and_replicas() -> tuple[int, queries.Health]:
+    async def queues_and_replicas() -> tuple[int, queries.HealthPage]:
         async with sm() as db:
             depth = await queries.outbox_depth(db)
             return depth, await queries.health(db, now=now, alive_s=dash.alive_s)
@@ -370,7 +370,7 @@ async def overview(request: web.Request) -> web.StreamResponse:
     # Three connections at once (readers do not block each other): the page takes as long as
     # its slowest part, not their sum.
     figures, series, (depth, health) = await asyncio.gather(
-        service_stats.stats(sm, now=now, retention_days=dash.retention_days),
+        stats(sm, now=now, retention_days=dash.retention_days),
         daily(),
         queues_and_replicas(),
     )

@@ -454,7 +454,7 @@ class ReplicaInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class Health:
+class HealthPage:
     """The health page: replicas (None: the table is missing), and leases by owner."""
 
     replicas: list[ReplicaInfo] | None
@@ -510,7 +510,9 @@ def _workers(raw: Any) -> list[WorkerInfo]:
     return out
 
 
-async def health(db: AsyncSession, *, now: datetime, alive_s: float = REPLICA_ALIVE_S) -> Health:
+async def health(
+    db: AsyncSession, *, now: datetime, alive_s: float = REPLICA_ALIVE_S
+) -> HealthPage:
     """Replicas with their heartbeat, readiness, workers and leases; two or three queries.
 
     A replica whose heartbeat is older than `alive_s` (TAKEOVER_AFTER_S, the age at which the
@@ -533,7 +535,7 @@ async def health(db: AsyncSession, *, now: datetime, alive_s: float = REPLICA_AL
         text = str(err.orig) if err.orig is not None else str(err)
         if "no such table" in text or "does not exist" in text:  # not migrated to 0005 yet
             await db.rollback()
-            return Health(None, "no replicas table: run `python -m bot db upgrade`", leases)
+            return HealthPage(None, "no replicas table: run `python -m bot db upgrade`", leases)
         raise
     replicas = []
     for r in rows:
@@ -557,7 +559,7 @@ async def health(db: AsyncSession, *, now: datetime, alive_s: float = REPLICA_AL
                 leases={k: v[0] for k, v in leases.get(r.owner, {}).items()},
             )
         )
-    return Health(replicas, None, leases)
+    return HealthPage(replicas, None, leases)
 
 
 __all__ = [
@@ -567,7 +569,7 @@ __all__ = [
     "ConversationPage",
     "ConversationRow",
     "DayPoint",
-    "Health",
+    "HealthPage",
     "ReplicaInfo",
     "TranscriptLine",
     "TranscriptView",
