@@ -257,9 +257,7 @@ class ChatActions:
         if not text:
             await self.notice(turn, turn.texts.SAY_SOMETHING)
             return
-        limit = self.settings.message_max_chars
-        if len(text) > limit:
-            await self.notice(turn, turn.texts.message_too_long(len(text), limit))
+        if not await self._fits(turn, text):
             return
         session = await self.store.active_session(turn.chat_id, turn.user_id)
         duel = self._duel_responder()
@@ -268,11 +266,8 @@ class ChatActions:
                 turn, duel, session, text, arena_markup, telegram_message_id=telegram_message_id
             )
             return
-        try:
-            reply = await self.responder.respond(session, text, on_draft=turn.draft_sink)
-        except GenerationError as err:
-            log.warning("generation failed for chat %s: %s", turn.chat_id, err)
-            self.responder.evict(session.id)
+        reply = await self._reply_to(turn, session, text, "generation")
+        if reply is None:
             await self.unanswered(
                 turn, text, notice=turn.texts.NO_REPLY, telegram_message_id=telegram_message_id
             )
@@ -292,6 +287,26 @@ class ChatActions:
                 **fields,
             ),
         )
+
+    async def _reply_to(
+        self, turn: Turn, session: SessionRow, text: str, what: str
+    ) -> Reply | None:
+        """The responder's reply (drafts to the turn's front end), or None when generation
+        failed: logged as `what`, the clone dropped; the caller tells the chat."""
+        try:
+            return await self.responder.respond(session, text, on_draft=turn.draft_sink)
+        except GenerationError as err:
+            log.warning("%s failed for chat %s: %s", what, turn.chat_id, err)
+            self.responder.evict(session.id)
+            return None
+
+    async def _fits(self, turn: Turn, text: str) -> bool:
+        """Whether a message is within MESSAGE_MAX_CHARS; one that is not gets the notice."""
+        limit = self.settings.message_max_chars
+        if len(text) <= limit:
+            return True
+        await self.notice(turn, turn.texts.message_too_long(len(text), limit))
+        return False
 
     async def _keep(
         self,
@@ -335,19 +350,14 @@ class ChatActions:
         if target is None or not text:
             await self.notice(turn, turn.texts.EDITED)
             return
-        limit = self.settings.message_max_chars
-        if len(text) > limit:
-            await self.notice(turn, turn.texts.message_too_long(len(text), limit))
+        if not await self._fits(turn, text):
             return
         session = target.session
         # The conversation as it was before the old turn: the clone is rebuilt from there.
         before = replace(session, last_message_id=target.previous_message_id)
         self.responder.evict(session.id)
-        try:
-            reply = await self.responder.respond(before, text, on_draft=turn.draft_sink)
-        except GenerationError as err:
-            log.warning("regenerating after an edit failed for chat %s: %s", turn.chat_id, err)
-            self.responder.evict(session.id)
+        reply = await self._reply_to(turn, before, text, "regenerating after an edit")
+        if reply is None:
             await self.notice(turn, turn.texts.NO_REPLY)
             turn.decided(NO_REPLY, session.variant)
             return
