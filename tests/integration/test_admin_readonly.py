@@ -139,7 +139,7 @@ class World:
         prog, file = self.files
         pids = [v.get_server_pid() for v in self.victims]
         return [
-            f"COPY (SELECT 1) TO PROGRAM 'touch {prog}'",
+            f"COPY (SELECT 1) TO PROGRAM 'cat > {prog}'",
             f"COPY (SELECT 1) TO '{file}'",
             "SELECT lo_from_bytea(0, 'x')",
             "SELECT lo_create(0)",
@@ -206,7 +206,7 @@ async def world(pg_url: str) -> AsyncIterator[World]:
     w.objects = await w._objects()
     yield w
     for path in w.files:  # only if a test failed; the server's OS user made them
-        await superuser.execute(f"COPY (SELECT 1) TO PROGRAM 'rm -f {path}'")
+        await superuser.execute(f"COPY (SELECT 1) TO PROGRAM 'cat > /dev/null; rm -f {path}'")
     for conn in [*w.victims, superuser]:
         await conn.close()
 
@@ -220,7 +220,7 @@ async def test_a_read_only_transaction_alone_stops_none_of_this(pg_url: str, wor
     )
     try:
         async with conn.transaction(readonly=True):
-            await conn.execute(f"COPY (SELECT 1) TO PROGRAM 'touch {prog}'")
+            await conn.execute(f"COPY (SELECT 1) TO PROGRAM 'cat > {prog}'")
             await conn.fetchval("SELECT lo_from_bytea(0, 'x')")
             await conn.fetchval(f"SELECT pg_notify('{world.channel}', 'y')")
             assert await conn.fetchval(f"SELECT pg_terminate_backend({victim.get_server_pid()})")
