@@ -495,12 +495,15 @@ class Run:
         """Say which chat got more replies than it sent messages, and whether it was one of the
         killed replica's: a send Telegram accepted that the killed replica had no time to record
         is re-sent by its successor (docs/guarantees.md, what no Telegram bot can promise)."""
-        held, _ = getattr(self, "killed", (set(), 0.0))
-        replies = sum(1 for s in self.api.sent if s.chat_id == chat)
+        held, killed_at = getattr(self, "killed", (set(), 0.0))
+        sends = [s.at for s in self.api.sent if s.chat_id == chat]
         whose = "one of the killed replica's chats" if chat in held else "not a killed chat"
+        # Each send's time from the SIGKILL: a copy accepted just before the kill and another
+        # after the takeover is the window; two copies far from the kill are a real bug.
+        when = ", ".join(f"{at - killed_at:+.2f} s" for at in sends) if killed_at else "?"
         print(
-            f"duplicate: chat {chat} ({whose}) got {replies} replies to "
-            f"{len(self.books.sent[chat])} messages",
+            f"duplicate: chat {chat} ({whose}) got {len(sends)} replies to "
+            f"{len(self.books.sent[chat])} messages, sent at {when} from the SIGKILL",
             flush=True,
         )
 
