@@ -932,6 +932,7 @@ def measure(plan: Plan) -> dict[str, Any]:
             }
         )
     checks = work_and_agreement(plan, replies, prep)
+    checks["replies"] = {f"{d}_b{b}": by_system for (d, b), by_system in replies.items()}
     return {
         "prepare": {k: v for k, v in prep.items() if k != "bart_layout_greedy"},
         "cells": cells,
@@ -961,6 +962,11 @@ def work_and_agreement(
             for s in ("ct2_fp32", "ct2_int8"):
                 if s in by_system:
                     row[f"{s}_vs_hf_bart_layout"] = agreement(by_system[s], reference, upto)
+        if "ct2_fp32" in by_system and "hf_fp32" in by_system:
+            # across the two layouts: how much the embedding norm's place changes the replies
+            row["ct2_fp32_vs_hf_fp32"] = agreement(
+                by_system["ct2_fp32"], by_system["hf_fp32"], upto
+            )
         if "ct2_fp32" in by_system and "ct2_int8" in by_system:
             row["ct2_int8_vs_ct2_fp32"] = agreement(
                 by_system["ct2_int8"], by_system["ct2_fp32"], upto
