@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PARLAI := parlai==1.7.2
 PYTEST_ARGS ?=
 
-.PHONY: install run chat train train-shipped test test-all lint format i18n-extract i18n-update bench bench-quick bench-variants bench-loop soak scaleout clean
+.PHONY: install run chat train train-shipped test test-all lint format i18n-extract i18n-update bench bench-quick bench-variants bench-loop bench-peer soak scaleout clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -85,6 +85,18 @@ bench-variants: install
 BENCH_LOOP_ARGS ?=
 bench-loop: install
 	nice -n 10 $(PY) -m bench.loop $(BENCH_LOOP_ARGS)
+
+# Our generation side by side with HF transformers and CTranslate2 fp32/int8 on one model
+# (bench/peer.py; installs the `peer` extra once). ~15 minutes on 2 cores; BENCH_PEER_ARGS=--quick
+# for a few.
+PEER_STAMP := $(VENV)/.peer-installed
+$(PEER_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,peer]'
+	@touch $(PEER_STAMP)
+
+BENCH_PEER_ARGS ?=
+bench-peer: install $(PEER_STAMP)
+	nice -n 10 $(PY) -m bench.peer $(BENCH_PEER_ARGS)
 
 soak: install
 	$(PY) -m tests.soak

@@ -1,0 +1,160 @@
+"""bench.peer's pure parts: the weight-name mapping, the turn order, the equal-work and
+agreement checks, the RESULT names. Neither transformers nor CTranslate2 is needed (nor
+imported): running the benchmark is `make bench-peer`."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from bench import peer
+from bench.common import ROOT
+
+
+def test_importing_it_loads_no_peer_and_no_torch() -> None:
+    code = (
+        "import sys, bench.peer; "
+        "print(sorted(m for m in ('torch', 'transformers', 'ctranslate2') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def parlai_names(layers: int) -> list[str]:
+    """Every parameter name of ParlAI's xlm transformer/generator with `layers` layers."""
+    linear = ("weight", "bias")
+    names = ["START", "embeddings.weight"]
+    for side in ("encoder", "decoder"):
+        names += [f"{side}.embeddings.weight", f"{side}.position_embeddings.weight"]
+        names += [f"{side}.norm_embeddings.{p}" for p in linear]
+        encoder = ["attention", "norm1", "ffn.lin1", "ffn.lin2", "norm2"]
+        decoder = ["self_attention", "norm1", "encoder_attention", "norm2", "ffn.lin1", "ffn.lin2"]
+        subs = encoder if side == "encoder" else [*decoder, "norm3"]
+        for i in range(layers):
+            for sub in subs:
+                if sub.endswith("attention"):
+                    for lin in ("q_lin", "k_lin", "v_lin", "out_lin"):
+                        names += [f"{side}.layers.{i}.{sub}.{lin}.{p}" for p in linear]
+                else:
+                    names += [f"{side}.layers.{i}.{sub}.{p}" for p in linear]
+    return names
+
+
+def test_parlai_names_become_blenderbot_small_names() -> None:
+    key = peer.parlai_to_hf_key
+    assert key("START") is None
+    assert key("embeddings.weight") == "model.shared.weight"
+    assert key("decoder.position_embeddings.weight") == "model.decoder.embed_positions.weight"
+    assert key("encoder.norm_embeddings.bias") == "model.encoder.layernorm_embedding.bias"
+    assert key("encoder.layers.3.attention.q_lin.weight") == (
+        "model.encoder.layers.3.self_attn.q_proj.weight"
+    )
+    assert key("encoder.layers.0.norm2.weight") == "model.encoder.layers.0.final_layer_norm.weight"
+    assert key("decoder.layers.7.encoder_attention.out_lin.bias") == (
+        "model.decoder.layers.7.encoder_attn.out_proj.bias"
+    )
+    assert key("decoder.layers.1.norm2.weight") == (
+        "model.decoder.layers.1.encoder_attn_layer_norm.weight"
+    )
+    assert key("decoder.layers.1.norm3.bias") == "model.decoder.layers.1.final_layer_norm.bias"
+    assert key("decoder.layers.1.ffn.lin2.weight") == "model.decoder.layers.1.fc2.weight"
+    with pytest.raises(KeyError):
+        key("decoder.layers.0.something.weight")
+    with pytest.raises(KeyError):
+        key("classifier.weight")
+
+
+def test_the_mapping_is_one_to_one_over_a_whole_model() -> None:
+    names = parlai_names(layers=2)
+    mapped = [peer.parlai_to_hf_key(n) for n in names]
+    real = [m for m in mapped if m is not None]
+    assert len(real) == len(names) - 1  # START is a buffer, not a weight
+    assert len(set(real)) == len(real)
+    assert all(m.startswith("model.") for m in real)
+    # 2 layers: encoder 8 attention + 8 other tensors each, decoder 16 + 10 each
+    assert sum(".layers." in m for m in real) == 2 * (16 + 26)
+
+
+def test_turns_rotate_so_every_system_goes_first_once() -> None:
+    systems = ["a", "b", "c"]
+    orders = [peer.rotated(systems, k) for k in range(3)]
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    assert peer.rotated(systems, 4) == ["b", "c", "a"]
+    assert peer.rotated([], 2) == []
+
+
+def test_contexts_are_reproducible_ordinary_tokens() -> None:
+    first = peer.make_contexts(5, 10, 20, vocab=100, seed=3)
+    assert first == peer.make_contexts(5, 10, 20, vocab=100, seed=3)
+    assert first != peer.make_contexts(5, 10, 20, vocab=100, seed=4)
+    assert all(10 <= len(c) <= 20 for c in first)
+    assert all(4 <= t < 100 for c in first for t in c)
+
+
+def test_the_synthetic_vocabulary_keeps_parlais_special_ids() -> None:
+    vocab = peer.synthetic_vocabulary(10)
+    assert vocab[:4] == ["__null__", "__start__", "__end__", "__unk__"]
+    assert vocab[peer.START] == "__start__" and vocab[peer.END] == "__end__"
+    assert vocab[4:] == [f"w{i}" for i in range(4, 10)]
+
+
+def test_agreement_counts_whole_replies_and_common_prefixes() -> None:
+    ours = [[5, 6, 7, 2], [5, 6, 7, 2], [9, 9, 9, 2]]
+    theirs = [[5, 6, 7, 8], [5, 1, 7, 8], [1, 9, 9, 9]]
+    # the last token is ours' forced end: compared over the first 3
+    got = peer.agreement(ours, theirs, upto=3)
+    assert got["replies"] == pytest.approx(1 / 3)
+    assert got["prefix"] == pytest.approx((3 + 1 + 0) / 9)
+    assert peer.agreement(ours, ours, upto=4) == {"replies": 1.0, "prefix": 1.0}
+    with pytest.raises(ValueError):
+        peer.agreement(ours, theirs[:2], upto=3)
+
+
+def test_equal_work_means_every_reply_is_exactly_the_length() -> None:
+    assert peer.work_check([[1] * 5, [2] * 5], 5) == {"min": 5, "max": 5, "equal": True}
+    assert peer.work_check([[1] * 5, [2] * 4], 5)["equal"] is False
+    assert peer.work_check([], 5)["equal"] is False
+
+
+def cell(decoding: str, batch: int, rps: dict[str, float]) -> dict[str, object]:
+    return {"decoding": decoding, "batch": batch, "threads": 1, "rps": rps}
+
+
+def test_result_names_and_the_ratio_of_our_best_to_ct2_int8() -> None:
+    cells = [
+        cell("greedy", 8, {"ours_batch_fp32": 4.0, "ours_cont_int8": 6.0, "ct2_int8": 12.0}),
+        cell("beam10", 1, {"ours_batch_fp32": 1.0, "hf_fp32": 0.5}),
+    ]
+    out = peer.results(cells)
+    assert out["peer_ours_cont_int8_greedy_b8_t1_rps"] == 6.0
+    assert out["peer_ct2_int8_greedy_b8_t1_rps"] == 12.0
+    assert out["peer_hf_fp32_beam10_b1_t1_rps"] == 0.5
+    assert out["peer_ratio_greedy_b8_t1"] == pytest.approx(0.5)
+    assert "peer_ratio_beam10_b1_t1" not in out  # no CTranslate2 int8 there
+
+
+def test_table_rows_leave_unmeasured_systems_empty() -> None:
+    systems = ["ours_batch_fp32", "ct2_int8"]
+    rows = peer.table_rows([cell("greedy", 1, {"ours_batch_fp32": 3.0, "ct2_int8": 2.0})], systems)
+    assert rows[0][:5] == ["greedy", 1, 1, 3.0, 2.0]
+    assert rows[0][5] == "x1.50"
+    rows = peer.table_rows([cell("greedy", 1, {"ours_batch_fp32": 3.0})], systems)
+    assert math.isnan(rows[0][4]) and rows[0][5] == "-"  # type: ignore[arg-type]
+    assert len(peer.table_headers(systems)) == len(rows[0])
+
+
+def test_the_command_line() -> None:
+    quick = peer.plan_from_args(["--quick"])
+    assert quick.quick and quick.batches == (1, 8) and quick.threads == (1,)
+    assert quick.decodings == (("greedy", 1), ("beam4", 4))
+    full = peer.plan_from_args(["--batches", "1,32", "--systems", "ours_cont_fp32,ct2_int8"])
+    assert full.batches == (1, 32) and full.beam == 10 and full.threads == (1, 2)
+    assert full.systems == ("ours_cont_fp32", "ct2_int8")
+    assert len(full.cells()) == 2 * 2 * 2  # threads x decodings x batches
+    with pytest.raises(SystemExit):
+        peer.plan_from_args(["--systems", "onnx"])
