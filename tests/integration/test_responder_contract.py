@@ -4,7 +4,10 @@ bot.engine.protocol.ResponderProtocol, on the tiny model and a real SQLite store
 - echo: the test responder the service tests use (tests/support/service_harness.py);
 - inline: bot.inference.responder.Responder, the model in this process;
 - router-inline / router-process: the service's VariantResponder over two variants of the tiny
-  model, in this process and in model processes (bot.engine.client.ModelProcess).
+  model, in this process and in model processes (bot.engine.client.ModelProcess);
+- router-ray: the same over Ray Serve deployments (bot.engine.ray_backend.RayBackend, one replica
+  per variant) in a local Ray instance of 2 CPUs that the router starts and stops (skipped
+  only where Ray is not installed: `pip install '.[ray]'`, which `make install` does).
 
 A remote backend (model servers on another machine) joins IMPLEMENTATIONS. What a responder
 declares in `abilities` is tested to work; what it does not declare is tested to be absent
@@ -29,7 +32,7 @@ from bot.engine.router import VariantResponder
 from bot.inference.responder import Responder
 from tests.support.service_harness import EchoResponder
 
-IMPLEMENTATIONS = ["echo", "inline", "router-inline", "router-process"]
+IMPLEMENTATIONS = ["echo", "inline", "router-inline", "router-process", "router-ray"]
 PERSONA = "i love pizza ."
 
 
@@ -100,6 +103,10 @@ async def subject(
         responder = echo
     elif kind == "inline":
         responder = await Responder.start(settings, store)
+    elif kind == "router-ray":
+        pytest.importorskip("ray", reason="Ray is not installed (pip install '.[ray]')")
+        update = {"variants_file": variants, "model_backend": "ray", "ray_num_cpus": 2}
+        responder = await VariantResponder.start(settings.model_copy(update=update), store)
     else:
         workers = "inline" if kind == "router-inline" else "process"
         update = {"variants_file": variants, "model_workers": workers}
