@@ -12,8 +12,8 @@ Cache upkeep (Evict, Stored) rides on the session's next request (`upkeep`), app
 fire-and-forget calls are not ordered before the next turn, and a Stored that came after the
 turn it belongs to would make the clone look stale (one rebuild too many), an Evict that came
 after would leave a duel's clone to answer. The multiplexed model id of every request names
-the session (bot.engine.ray_backend says why); `_pin` registers it with Serve, so that Serve's
-router sends the session's next requests to this replica while it holds it.
+the session (bot.engine.ray_backend says why); once this replica holds the session's clone,
+`_pin` registers it with Serve, so that Serve's router sends the session's next requests here.
 
 `check_health` (called by Serve every few seconds) fails while the inference thread has had
 work without a decoding step for WORKER_STALL_S: Serve then replaces the replica, as the
@@ -117,17 +117,23 @@ class ModelServer:
         if stuck > self.spec.settings.worker_stall_s:
             raise RuntimeError(f"no decoding step for {stuck:.1f} s while it has work")
 
-    async def _session_request(self, upkeep: Sequence[pipe.Message]) -> None:
-        """Apply the cache upkeep that came with a request, and hold its session here."""
+    def _upkeep(self, upkeep: Sequence[pipe.Message]) -> None:
+        """Apply the cache upkeep that came with a request."""
         for message in upkeep:
             match message:
                 case pipe.Evict(session_id=session_id):
                     self.responder.evict(session_id)
                 case pipe.Stored(session_id=session_id, last_message_id=last):
                     self.responder.turn_stored(session_id, last)
+
+    async def _hold(self, answer: pipe.Message) -> pipe.Message:
+        """Register the request's session with Serve's router once this replica holds its
+        clone (never on NeedContext: the turn sent again with the context may land on another
+        replica, and the session would then be registered on two, its turns alternating)."""
         key = self._model_id()
-        if key:
+        if key and isinstance(answer, pipe.Reply):
             await self._pin(key)
+        return answer
 
     def _need_context(self, req_id: int) -> pipe.NeedContext:
         return pipe.NeedContext(req_id, self.responder.cache.tail_limit)
@@ -138,7 +144,7 @@ class ModelServer:
         """One turn: Drafts (if asked for), then its Reply, Error or NeedContext."""
         from bot.logs import log_context
 
-        await self._session_request(upkeep)
+        self._upkeep(upkeep)
         responder, session = self.responder, request.session
         if request.context is None and not responder.has_fresh(session):
             yield self._need_context(request.req_id)
@@ -158,7 +164,7 @@ class ModelServer:
                         yield pipe.Draft(request.req_id, waiter.result())
                 while not drafts.empty():  # those of its last step
                     yield pipe.Draft(request.req_id, drafts.get_nowait())
-                yield self._outcome(request, task)
+                yield await self._hold(self._outcome(request, task))
             finally:
                 if waiter is not None:
                     waiter.cancel()
@@ -186,7 +192,7 @@ class ModelServer:
     ) -> pipe.Message:
         """What the model reads now for the conversation: a Reply (its ModelView), an Error,
         or NeedContext."""
-        await self._session_request(upkeep)
+        self._upkeep(upkeep)
         req_id, session = request.req_id, request.session
         if request.context is None and not self.responder.has_fresh(session):
             return self._need_context(req_id)
@@ -197,7 +203,7 @@ class ModelServer:
         except Exception as err:
             log.exception("variant %s: inspecting session %s failed", self.spec.variant, session.id)
             return pipe.Error(req_id, f"{type(err).__name__}: {err}")
-        return pipe.Reply(req_id, view)
+        return await self._hold(pipe.Reply(req_id, view))
 
     async def evict(self, session_id: int) -> None:
         """Drop a conversation's clone now (its next request also carries the Evict)."""

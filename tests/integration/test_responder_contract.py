@@ -81,10 +81,12 @@ async def subject(
     engine = make_engine(sqlite_url)
     store = ConversationStore(make_sessionmaker(engine))
     variants = tmp_path / "variants.toml"
+    # On Ray, variant b has two replicas (a chat's turns must stay on one): 2 CPUs in all.
+    b = "replicas = 2\nnum_cpus = 0.5\n" if request.param == "router-ray" else ""
     variants.write_text(
         "".join(
-            f'[[variants]]\nname = "{name}"\nmodel = "{tiny_model_file}"\nweight = 1\n{control}'
-            for name, control in (("a", "control = true\n"), ("b", ""))
+            f'[[variants]]\nname = "{name}"\nmodel = "{tiny_model_file}"\nweight = 1\n{extra}'
+            for name, extra in (("a", "control = true\n"), ("b", b))
         )
     )
     settings = Settings(  # type: ignore[call-arg]
@@ -155,6 +157,24 @@ async def test_eviction_and_rebuild_are_invisible(subject: Subject) -> None:
     subject.responder.evict(evicted_session)
     second = await subject.turn(evicted, texts[1])
     assert [first.text, second.text] == [(await subject.turn(kept, t)).text for t in texts]
+
+
+async def test_a_chats_later_turns_find_its_clone_cached(subject: Subject) -> None:
+    """Where the clone lives is the responder's business, but a chat's next turn finds it: on
+    Ray, variant b's two replicas must keep sending the chat's turns to the one holding it."""
+    chat = 21
+    variants = subject.abilities.variants
+    if variants is not None:  # the variant with two replicas on Ray
+        while await variants.lane_of(chat) != "b":
+            chat += 1
+    first = await subject.turn(chat, "hello how are you today")
+    if first.cache_hit is None:
+        pytest.skip("reports no cache figures")
+    hits = []
+    for text in ("what do you like to eat", "tell me more", "do you have a dog"):
+        await asyncio.sleep(0.3)  # a chat's pace: Serve's router learns where it lives meanwhile
+        hits.append((await subject.turn(chat, text)).cache_hit)
+    assert first.cache_hit is False and hits == [True, True, True]
 
 
 async def test_context_shows_the_persona_the_model_reads(subject: Subject) -> None:
