@@ -167,6 +167,7 @@ class RayBackend:
         self._calls: set[asyncio.Task[None]] = set()
         self._alive = True
         self._state = ""
+        self._unhealthy = False
         self._closed = False
         self._watcher: asyncio.Task[None] | None = None
 
@@ -300,12 +301,14 @@ class RayBackend:
         return tuple(messages)
 
     def _give_back(self, session_id: int, upkeep: tuple[pipe.Message, ...]) -> None:
-        """A request that failed: its upkeep waits for the next one."""
-        for message in upkeep:
-            if isinstance(message, pipe.Evict):
-                self._note(session_id, evict=True)
-            elif isinstance(message, pipe.Stored) and session_id not in self._upkeep:
-                self._note(session_id, stored=message.last_message_id)
+        """A request that failed: its upkeep waits for the next one, before what came since."""
+        old_evict = any(isinstance(m, pipe.Evict) for m in upkeep)
+        old_stored = next((m.last_message_id for m in upkeep if isinstance(m, pipe.Stored)), None)
+        evict, stored = self._upkeep.pop(session_id, (False, None))
+        if stored is None and not evict:
+            stored = old_stored
+        if old_evict or evict or stored is not None:
+            self._upkeep[session_id] = (old_evict or evict, stored)
 
     async def _with_context(
         self,
@@ -427,14 +430,16 @@ class RayBackend:
         if app is None:
             self._set(False, f"ray application {self.app} is gone")
             return
-        running, why = 0, str(getattr(app, "message", "") or "")
+        running, why, unhealthy = 0, str(getattr(app, "message", "") or ""), False
         for deployment in app.deployments.values():
             states = {str(k).rsplit(".", 1)[-1]: n for k, n in deployment.replica_states.items()}
             running += int(states.get("RUNNING", 0))
             status = str(deployment.status).rsplit(".", 1)[-1]
-            if status == "UNHEALTHY" and self._state != UNHEALTHY:
-                self.restart_reasons[UNHEALTHY] += 1
+            unhealthy = unhealthy or status == "UNHEALTHY"
             why = why or str(deployment.message or status)
+        if unhealthy and not self._unhealthy:
+            self.restart_reasons[UNHEALTHY] += 1  # once per episode: Serve replaces replicas
+        self._unhealthy = unhealthy
         if running:
             self._set(True, "")
         else:
