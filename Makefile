@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,ray]'
 	@# ParlAI's declared pins (torchtext, numpy~=1.23, ...) cannot be resolved on a current
 	@# stack; its real runtime dependencies are declared in pyproject.toml instead.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps $(PARLAI)
@@ -91,7 +91,7 @@ bench-loop: install
 # for a few.
 PEER_STAMP := $(VENV)/.peer-installed
 $(PEER_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,peer]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,ray,peer]'
 	@touch $(PEER_STAMP)
 
 BENCH_PEER_ARGS ?=

@@ -112,6 +112,15 @@ class Settings(BaseSettings):
     variants_file: Path | None = None
     # "process": every variant in a worker process of its own; "inline": in this process.
     model_workers: Literal["process", "inline"] = "process"
+    # Where the variants' models run: "local" on this machine (MODEL_WORKERS), "ray" in a Ray
+    # Serve deployment per variant (bot/engine/ray_backend.py; `pip install '.[ray]'`).
+    model_backend: Literal["local", "ray"] = "local"
+    # MODEL_BACKEND=ray: the Ray cluster to join (host:6379, or ray://host:10001); unset: a
+    # local Ray instance is started, owned by this process and stopped with it.
+    ray_address: str | None = None
+    # The CPUs of that local Ray instance (None: every core); a variant's replica takes
+    # `num_cpus` of them (1 unless its table in VARIANTS_FILE says otherwise).
+    ray_num_cpus: int | None = Field(default=None, ge=1, le=1024)
     # Torch threads per worker process (a variant's `threads` wins); None: TORCH_THREADS.
     worker_threads: int | None = Field(default=None, ge=1, le=CORES)
     # A worker that answers no ping, or makes no decoding step while it has work, for this

@@ -359,6 +359,10 @@ ADD_OPTIONS = {
     "temperature": float,
     "beam_delay": int,
     "threads": int,
+    # MODEL_BACKEND=ray: the variant's deployment
+    "replicas": int,
+    "num_cpus": float,
+    "num_gpus": float,
 }
 FOLLOW_NOTE = "every running replica follows within a few seconds"
 

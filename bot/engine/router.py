@@ -1,7 +1,8 @@
 """The responder the service runs: every chat's turn goes to its variant's backend.
 
-A backend is a model process (bot.engine.client.ModelProcess, MODEL_WORKERS=process)
-or an in-process Responder (MODEL_WORKERS=inline). The chat's variant comes with its session
+A backend is a model process (bot.engine.client.ModelProcess, MODEL_WORKERS=process),
+an in-process Responder (MODEL_WORKERS=inline), or a Ray Serve deployment
+(bot.engine.ray_backend.RayBackend, MODEL_BACKEND=ray). The chat's variant comes with its session
 row (one statement); a chat without one gets the allocation's choice (bot.engine.bandit: the
 weights' shares, or the Thompson split), drawn from the chat's hash and stored at this turn
 with the probability it had.
@@ -582,6 +583,10 @@ async def _start_backend(
     variant: Variant, settings: Settings, store: VariantStore, secrets: tuple[str, ...]
 ) -> Backend:
     own = variant.settings(settings)
+    if settings.model_backend == "ray":
+        from bot.engine.ray_backend import RayBackend
+
+        return await RayBackend.start(variant, own, store)
     if settings.model_workers == "inline":
         from bot.inference.responder import Responder
 

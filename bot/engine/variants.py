@@ -54,12 +54,19 @@ _INT_KEYS = {
     "beam_delay": (1, 1000),
     "threads": (1, os.cpu_count() or 1),  # more than the cores only slows the workers down
 }
+# MODEL_BACKEND=ray only: the variant's deployment (bot.engine.ray_backend). key -> (lowest,
+# highest); `replicas` a whole number, the resources per replica numbers (Ray's fractions).
+_RAY_KEYS: dict[str, tuple[float, float]] = {
+    "replicas": (1, 64),
+    "num_cpus": (0, 256),
+    "num_gpus": (0, 64),
+}
 # Number keys: key -> (values must be above, and at most).
 _FLOAT_KEYS = {"temperature": (0.0, 100.0), "topp": (0.0, 1.0)}
 # Weights are shares of new chats: only their ratios matter.
 MAX_WEIGHT = 1_000_000
 KNOWN_KEYS = frozenset(
-    {"name", "model", "weight", "control", "inference", *_INT_KEYS, *_FLOAT_KEYS}
+    {"name", "model", "weight", "control", "inference", *_INT_KEYS, *_FLOAT_KEYS, *_RAY_KEYS}
 )
 # Generation options ParlAI takes under these names, beside the Settings-level ones.
 PARLAI_ONLY = ("temperature", "topp", "topk", "beam_delay")
@@ -80,13 +87,24 @@ class Variant:
     # The variant's other keys as written in the file or `admin variants add` (model and
     # threads only where given, unresolved): what the database stores.
     options: dict[str, Any] = field(default_factory=dict, compare=False)
+    # MODEL_BACKEND=ray: its deployment's replicas, and the CPUs and GPUs of each.
+    replicas: int = 1
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
 
     def same_model(self, other: Variant) -> bool:
-        """Whether both load the same model the same way (weight and control aside)."""
-        return (self.model, self.threads, self.generation) == (
-            other.model,
-            other.threads,
-            other.generation,
+        """Whether both load the same model the same way, on the same replicas (weight and
+        control aside)."""
+        return self._loaded() == other._loaded()
+
+    def _loaded(self) -> tuple[Any, ...]:
+        return (
+            self.model,
+            self.threads,
+            self.generation,
+            self.replicas,
+            self.num_cpus,
+            self.num_gpus,
         )
 
     def settings(self, base: Settings) -> Settings:
@@ -286,6 +304,24 @@ def _parse_variant(
             problems.append(f"{label}: {key} must be at most {most:g}")
         else:
             generation[key] = float(number)
+    ray: dict[str, float] = {}
+    for key, (bottom, top) in _RAY_KEYS.items():
+        if key not in table:
+            continue
+        amount = table[key]
+        whole = key == "replicas"
+        if (
+            isinstance(amount, bool)
+            or not isinstance(amount, int if whole else int | float)
+            or not math.isfinite(amount)
+            or not bottom <= amount <= top
+        ):
+            kind = "a whole number" if whole else "a number"
+            problems.append(f"{label}: {key} must be {kind} from {bottom:g} to {top:g}")
+        else:
+            ray[key] = float(amount)
+    if ray.get("num_cpus") == 0 and ray.get("num_gpus", 0) == 0:
+        problems.append(f"{label}: num_cpus = 0 needs num_gpus above 0 (a replica needs a core)")
     # ParlAI's greedy search refuses a beam size above 1, and the model file may carry one.
     if generation.get("inference") == "greedy" and generation.setdefault("beam_size", 1) != 1:
         problems.append(f"{label}: greedy decoding needs beam_size = 1")
@@ -300,4 +336,7 @@ def _parse_variant(
         threads if threads is not None else settings.worker_threads,
         generation,
         options,
+        replicas=int(ray.get("replicas", 1)),
+        num_cpus=float(ray.get("num_cpus", 1.0)),
+        num_gpus=float(ray.get("num_gpus", 0.0)),
     )

@@ -55,7 +55,7 @@ class NeedContext(Exception):
     """The worker has no up-to-date clone for the session and no context came with the turn."""
 
 
-class _Given:
+class GivenContext:
     """A ContextSource holding the context sent with one turn (or none)."""
 
     def __init__(self, context: ConversationContext | None) -> None:
@@ -127,7 +127,7 @@ async def _serve(conn: Connection, agent: Any, spec: ProcessSpec) -> None:
     from bot.inference.responder import Responder
     from bot.logs import log_context
 
-    responder = Responder(agent, _Given(None), spec.settings)
+    responder = Responder(agent, GivenContext(None), spec.settings)
     await responder.batcher.start()
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[pipe.Message] = asyncio.Queue()
@@ -158,7 +158,9 @@ async def _serve(conn: Connection, agent: Any, spec: ProcessSpec) -> None:
             return
         on_draft = (lambda draft: send(pipe.Draft(req_id, draft))) if request.stream else None
         try:
-            result = await responder.generate(session, request.text, _Given(context), on_draft)
+            result = await responder.generate(
+                session, request.text, GivenContext(context), on_draft
+            )
         except NeedContext:
             need_context(req_id)
         except GenerationError as err:
@@ -176,7 +178,7 @@ async def _serve(conn: Connection, agent: Any, spec: ProcessSpec) -> None:
             need_context(req_id)
             return
         try:
-            view = await responder.inspect(session, _Given(context))
+            view = await responder.inspect(session, GivenContext(context))
         except Exception as err:
             log.exception("variant %s: inspecting session %s failed", spec.variant, session.id)
             send(pipe.Error(req_id, f"{type(err).__name__}: {err}"))

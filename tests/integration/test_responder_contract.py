@@ -4,7 +4,10 @@ bot.engine.protocol.ResponderProtocol, on the tiny model and a real SQLite store
 - echo: the test responder the service tests use (tests/support/service_harness.py);
 - inline: bot.inference.responder.Responder, the model in this process;
 - router-inline / router-process: the service's VariantResponder over two variants of the tiny
-  model, in this process and in model processes (bot.engine.client.ModelProcess).
+  model, in this process and in model processes (bot.engine.client.ModelProcess);
+- router-ray: the same over Ray Serve deployments (bot.engine.ray_backend.RayBackend, one replica
+  per variant) in a local Ray instance of 2 CPUs that the router starts and stops (skipped
+  only where Ray is not installed: `pip install '.[ray]'`, which `make install` does).
 
 A remote backend (model servers on another machine) joins IMPLEMENTATIONS. What a responder
 declares in `abilities` is tested to work; what it does not declare is tested to be absent
@@ -29,7 +32,7 @@ from bot.engine.router import VariantResponder
 from bot.inference.responder import Responder
 from tests.support.service_harness import EchoResponder
 
-IMPLEMENTATIONS = ["echo", "inline", "router-inline", "router-process"]
+IMPLEMENTATIONS = ["echo", "inline", "router-inline", "router-process", "router-ray"]
 PERSONA = "i love pizza ."
 
 
@@ -78,10 +81,12 @@ async def subject(
     engine = make_engine(sqlite_url)
     store = ConversationStore(make_sessionmaker(engine))
     variants = tmp_path / "variants.toml"
+    # On Ray, variant b has two replicas (a chat's turns must stay on one): 2 CPUs in all.
+    b = "replicas = 2\nnum_cpus = 0.5\n" if request.param == "router-ray" else ""
     variants.write_text(
         "".join(
-            f'[[variants]]\nname = "{name}"\nmodel = "{tiny_model_file}"\nweight = 1\n{control}'
-            for name, control in (("a", "control = true\n"), ("b", ""))
+            f'[[variants]]\nname = "{name}"\nmodel = "{tiny_model_file}"\nweight = 1\n{extra}'
+            for name, extra in (("a", "control = true\n"), ("b", b))
         )
     )
     settings = Settings(  # type: ignore[call-arg]
@@ -100,6 +105,10 @@ async def subject(
         responder = echo
     elif kind == "inline":
         responder = await Responder.start(settings, store)
+    elif kind == "router-ray":
+        pytest.importorskip("ray", reason="Ray is not installed (pip install '.[ray]')")
+        update = {"variants_file": variants, "model_backend": "ray", "ray_num_cpus": 2}
+        responder = await VariantResponder.start(settings.model_copy(update=update), store)
     else:
         workers = "inline" if kind == "router-inline" else "process"
         update = {"variants_file": variants, "model_workers": workers}
@@ -148,6 +157,24 @@ async def test_eviction_and_rebuild_are_invisible(subject: Subject) -> None:
     subject.responder.evict(evicted_session)
     second = await subject.turn(evicted, texts[1])
     assert [first.text, second.text] == [(await subject.turn(kept, t)).text for t in texts]
+
+
+async def test_a_chats_later_turns_find_its_clone_cached(subject: Subject) -> None:
+    """Where the clone lives is the responder's business, but a chat's next turn finds it: on
+    Ray, variant b's two replicas must keep sending the chat's turns to the one holding it."""
+    chat = 21
+    variants = subject.abilities.variants
+    if variants is not None:  # the variant with two replicas on Ray
+        while await variants.lane_of(chat) != "b":
+            chat += 1
+    first = await subject.turn(chat, "hello how are you today")
+    if first.cache_hit is None:
+        pytest.skip("reports no cache figures")
+    hits = []
+    for text in ("what do you like to eat", "tell me more", "do you have a dog"):
+        await asyncio.sleep(0.3)  # a chat's pace: Serve's router learns where it lives meanwhile
+        hits.append((await subject.turn(chat, text)).cache_hit)
+    assert first.cache_hit is False and hits == [True, True, True]
 
 
 async def test_context_shows_the_persona_the_model_reads(subject: Subject) -> None:

@@ -169,6 +169,50 @@ topp = inf
     assert load_experiment(_settings(tmp_path, ok, bot_model="zoo:x/model")).names == ["a"]
 
 
+def test_a_ray_deployment_is_sized_per_variant_and_bounded(tmp_path: Path) -> None:
+    """replicas, num_cpus, num_gpus (MODEL_BACKEND=ray): defaults 1, 1, 0; fractions of a core
+    or a GPU are Ray's; every value bounded, one line each; a change of them restarts it."""
+    ok = """
+[[variants]]
+name = "a"
+control = true
+[[variants]]
+name = "b"
+replicas = 3
+num_cpus = 0.5
+num_gpus = 0.25
+"""
+    a, b = load_experiment(_settings(tmp_path, ok, bot_model="zoo:x/model")).variants
+    assert (a.replicas, a.num_cpus, a.num_gpus) == (1, 1.0, 0.0)
+    assert (b.replicas, b.num_cpus, b.num_gpus) == (3, 0.5, 0.25)
+    assert not a.same_model(b) and a.same_model(a)
+    bad = """
+[[variants]]
+name = "a"
+control = true
+replicas = 0
+num_cpus = 1000
+num_gpus = -1
+[[variants]]
+name = "b"
+replicas = 1.5
+num_cpus = "two"
+[[variants]]
+name = "c"
+num_cpus = 0
+"""
+    with pytest.raises(ConfigError) as caught:
+        load_experiment(_settings(tmp_path, bad, bot_model="zoo:x/model"))
+    assert [line.strip() for line in str(caught.value).splitlines()[1:]] == [
+        "variant 'a': replicas must be a whole number from 1 to 64",
+        "variant 'a': num_cpus must be a number from 0 to 256",
+        "variant 'a': num_gpus must be a number from 0 to 64",
+        "variant 'b': replicas must be a whole number from 1 to 64",
+        "variant 'b': num_cpus must be a number from 0 to 256",
+        "variant 'c': num_cpus = 0 needs num_gpus above 0 (a replica needs a core)",
+    ]
+
+
 def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     settings = Settings(_env_file=None, variants_file=tmp_path / "nope.toml")  # type: ignore[call-arg]
     with pytest.raises(ConfigError, match=r"nope\.toml does not exist"):

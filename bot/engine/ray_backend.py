@@ -1,0 +1,552 @@
+"""A variant's model on Ray Serve (MODEL_BACKEND=ray): the router's Backend over a deployment.
+
+Each variant is one Serve application of its own (a unique name per backend, so a variant that
+is reloaded with another model, or two services on one cluster, never replace each other's),
+whose replicas run bot.inference.ray_server.ModelServer: the same Responder as a model process,
+speaking the same typed messages (bot/engine/pipe.py) over Serve's handle. RAY_ADDRESS names
+the cluster to join; unset, the first backend starts a local Ray instance (RAY_NUM_CPUS), owned
+by this process, and the last one to close stops it. No HTTP proxy is started: the service
+calls its deployments through handles only.
+
+No database in the replicas: a replica with no up-to-date clone of a conversation answers
+NeedContext, and the turn is sent again with the conversation's tail (read from the store
+here), as over a model process's pipe. That round trip costs one message on a cache miss only;
+sending the tail with every turn would cost it always, to save a round trip on misses.
+
+Sticky routing by Serve's model multiplexing, keyed on the session id: every request about a
+session carries `multiplexed_model_id="session-<id>"`, the replica registers it (`_pin`), and
+Serve's router sends the session's next requests to the replica that holds it, while that
+replica lives, has it in its LRU (as long as its clone cache) and is not saturated; a new id
+goes to the replica holding the fewest. A hash over the replicas would need the replica list,
+which a handle does not expose, and would move most sessions whenever the replica count
+changes; multiplexing follows Serve's own view of the replicas, and moves only what it must.
+Stickiness is a matter of speed, never of correctness: a replica that is not the one holding
+the clone rebuilds it from the context, and a stale clone is never used (see Responder).
+
+Cache upkeep is ordered by riding on the session's next request (see ray_server): Stored is
+only sent that way; Evict is also sent at once, to free the clone's memory.
+
+Drafts stream back over the handle (`stream=True`) into the turn's `on_draft`. A replica that
+dies during a turn (its actor lost) fails the call; the turn is sent again (at most MAX_LOST
+times), to a replica Serve keeps or starts, which asks for the context. Every turn has a
+deadline (GENERATION_TIMEOUT_S). `alive` and `state` follow Serve's status of the application,
+read every STATUS_POLL_S off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import secrets
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from pydantic import SecretStr
+
+from bot.config import ConfigError, Settings
+from bot.db.conversations import SessionRow
+from bot.engine import pipe
+from bot.engine.protocol import (
+    ContextSource,
+    ConversationContext,
+    DraftSink,
+    Generated,
+    GenerationError,
+    ModelView,
+)
+from bot.engine.variants import Variant
+
+if TYPE_CHECKING:
+    from bot.inference.ray_server import ServerSpec
+
+log = logging.getLogger(__name__)
+
+# Serve's client API is not safe in two threads at once (building a deployment's config
+# registers and unregisters modules with cloudpickle: a second deploy in another thread failed
+# with "... is not registered for pickle by value"). Every call of it here holds this lock
+# (after _Cluster's lock, where both are held).
+_SERVE = threading.Lock()
+
+START_TIMEOUT_S = 600.0  # a zoo model downloads on its first start
+MAX_LOST = 3  # a turn whose replica was lost this many times is given up
+RETRY_FIRST_S = 0.5  # a lost turn is sent again after this, twice as long each time
+STATUS_POLL_S = 2.0
+UPKEEP_SESSIONS = 100_000  # sessions with upkeep waiting for their next request
+# A variant's replicas take this many requests each at once (the batcher does the rest).
+ONGOING_PER_CHAT = 4
+# Why a variant's deployment was seen unhealthy (restart_reasons).
+UNHEALTHY = "unhealthy"
+
+
+def _ray() -> tuple[Any, Any]:
+    """ray and ray.serve; ConfigError when Ray is not installed."""
+    try:
+        import ray
+        from ray import serve
+    except ImportError as err:
+        raise ConfigError(
+            f"MODEL_BACKEND=ray needs Ray Serve: pip install '.[ray]' ({err})"
+        ) from None
+    return ray, serve
+
+
+class _Cluster:
+    """This process's one connection to Ray, shared by every RayBackend: a joined cluster
+    (RAY_ADDRESS, or an instance someone else started in this process), or a local instance
+    started here and stopped when the last backend closes."""
+
+    _lock = threading.Lock()
+    _users = 0
+    _owned = False
+
+    @classmethod
+    def acquire(cls, settings: Settings) -> None:
+        """Connect (blocking: call it in a thread)."""
+        ray, serve = _ray()
+        with cls._lock:
+            if not ray.is_initialized():
+                address = settings.ray_address
+                options: dict[str, Any] = {"include_dashboard": False}
+                if address is None:
+                    options["num_cpus"] = settings.ray_num_cpus
+                ray.init(address=address, **options)
+                cls._owned = True
+                log.info("ray: %s", f"joined {address}" if address else "started a local instance")
+            with _SERVE:
+                serve.start(proxy_location="Disabled")
+            cls._users += 1
+
+    @classmethod
+    def release(cls, app: str) -> None:
+        """Delete the application; stop the local instance after its last user (blocking)."""
+        ray, serve = _ray()
+        with cls._lock:
+            cls._users -= 1
+            if cls._users == 0 and cls._owned:
+                cls._owned = False
+                with _SERVE, contextlib.suppress(Exception):
+                    serve.shutdown()
+                ray.shutdown()
+                log.info("ray: the local instance stopped")
+                return
+        try:
+            with _SERVE:
+                serve.delete(app)
+        except Exception as err:  # noqa: BLE001 - the cluster is gone: nothing left to delete
+            log.warning("ray: deleting application %s failed: %s", app, err)
+
+
+def _without_secrets(settings: Settings) -> Settings:
+    """The settings a replica gets: every secret cleared (it never talks to Telegram or the
+    database, and the deployment's arguments are stored in the cluster)."""
+    cleared = {name: None for name, value in settings if isinstance(value, SecretStr)}
+    return settings.model_copy(update=cleared)
+
+
+class RayBackend:
+    """One variant's Serve application, as the router sees it (bot.engine.router.Backend)."""
+
+    def __init__(
+        self, name: str, app: str, handle: Any, store: ContextSource, settings: Settings
+    ) -> None:
+        self.name = name
+        self.app = app
+        self.store = store
+        self.turn_timeout_s = settings.generation_timeout_s
+        self.info: dict[str, Any] = {}
+        self.restart_reasons: Counter[str] = Counter()
+        self._handle = handle
+        self._ids = itertools.count(1)
+        # session id -> the Evict/Stored its next request carries (the newest Stored only).
+        self._upkeep: OrderedDict[int, tuple[bool, int | None]] = OrderedDict()
+        self._calls: set[asyncio.Task[None]] = set()
+        self._alive = True
+        self._state = ""
+        self._unhealthy = False
+        self._closed = False
+        self._watcher: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def start(cls, variant: Variant, settings: Settings, store: ContextSource) -> RayBackend:
+        """Deploy the variant (`settings`: its own, bot.engine.variants.Variant.settings) and
+        wait until its replicas have loaded the model; ConfigError if they cannot."""
+        from bot.inference.ray_server import ModelServer, ServerSpec
+
+        _, serve = _ray()
+        spec = ServerSpec(
+            variant=variant.name,
+            settings=_without_secrets(settings),
+            parlai_overrides=variant.parlai_overrides(),
+            threads=variant.threads or settings.worker_threads or settings.torch_threads,
+            log_level=settings.log_level,
+            log_format=settings.log_format,
+        )
+        app = f"{variant.name}-{secrets.token_hex(4)}"
+        await asyncio.to_thread(_Cluster.acquire, settings)
+        try:
+            handle = await asyncio.to_thread(_deploy, serve, ModelServer, spec, variant, app)
+            await _wait_running(serve, app, START_TIMEOUT_S)
+            ready = await handle.ready.remote()
+        except BaseException as err:
+            await asyncio.to_thread(_Cluster.release, app)
+            if isinstance(err, Exception):
+                raise ConfigError(f"ray: variant {variant.name} did not deploy: {err}") from err
+            raise
+        if not isinstance(ready, pipe.Ready) or ready.version != pipe.PROTOCOL_VERSION:
+            await asyncio.to_thread(_Cluster.release, app)
+            raise ConfigError(
+                f"ray: variant {variant.name}'s replicas speak another protocol "
+                f"({getattr(ready, 'version', ready)!r}, this service {pipe.PROTOCOL_VERSION}): "
+                "install the same code on the cluster"
+            )
+        backend = cls(variant.name, app, handle, store, settings)
+        backend.info = dict(ready.info)
+        backend._watcher = asyncio.create_task(backend._watch(), name=f"ray-status:{app}")
+        log.info("variant %s: ray application %s is serving", variant.name, app)
+        return backend
+
+    # --- the router's Backend ----------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        """Whether Serve has a running replica of the variant (as of its last status)."""
+        return self._alive and not self._closed
+
+    @property
+    def state(self) -> str:
+        """Why it takes no turns now ("" while it does), for /readyz."""
+        return "" if self.alive else self._state or "ray application stopped"
+
+    async def close(self) -> None:
+        """Delete the application (and stop the local Ray instance after the last one)."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [t for t in (self._watcher, *self._calls) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await asyncio.to_thread(_Cluster.release, self.app)
+
+    async def generate(
+        self, session: SessionRow, user_text: str, *, on_draft: DraftSink | None = None
+    ) -> Generated:
+        """One turn on this variant; drafts of the reply to `on_draft` when one is given."""
+        stream = on_draft is not None
+
+        def build(req_id: int, context: ConversationContext | None) -> pipe.Request:
+            return pipe.Turn(req_id, session, user_text, stream, context)
+
+        result = await self._with_context(build, session, self._turn_call(on_draft))
+        assert isinstance(result, Generated)
+        return result
+
+    async def inspect(self, session: SessionRow) -> ModelView:
+        """What this variant's model reads now for the conversation."""
+
+        def build(req_id: int, context: ConversationContext | None) -> pipe.Request:
+            return pipe.Inspect(req_id, session, context)
+
+        result = await self._with_context(build, session, self._inspect_call)
+        assert isinstance(result, ModelView)
+        return result
+
+    def evict(self, session_id: int) -> None:
+        """Drop the clone: at once (best effort), and with the session's next request."""
+        self._note(session_id, evict=True)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return  # not on the loop: the next request carries it
+        response = self._session(session_id).evict.remote(session_id)
+        task = asyncio.create_task(self._settle(response), name=f"ray-evict:{self.name}")
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    def turn_stored(self, session_id: int, last_message_id: int) -> None:
+        """The clone is in step up to `last_message_id`: said with the session's next request."""
+        self._note(session_id, stored=last_message_id)
+
+    def set_persona(self, session_id: int, persona: str) -> None:
+        """Nothing to do: every turn carries the session's persona, and the replica follows."""
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def _session(self, session_id: int) -> Any:
+        """The handle for requests about a session: to the replica that holds it."""
+        return self._handle.options(multiplexed_model_id=f"session-{session_id}")
+
+    def _note(self, session_id: int, *, evict: bool = False, stored: int | None = None) -> None:
+        was_evicted, was_stored = self._upkeep.pop(session_id, (False, None))
+        # An Evict drops whatever the clone had; a later Stored names the newest turn.
+        self._upkeep[session_id] = (
+            was_evicted or evict,
+            None if evict else stored if stored is not None else was_stored,
+        )
+        while len(self._upkeep) > UPKEEP_SESSIONS:
+            self._upkeep.popitem(last=False)
+
+    def _take_upkeep(self, session_id: int) -> tuple[pipe.Message, ...]:
+        evict, stored = self._upkeep.pop(session_id, (False, None))
+        messages: list[pipe.Message] = [pipe.Evict(session_id)] if evict else []
+        if stored is not None:
+            messages.append(pipe.Stored(session_id, stored))
+        return tuple(messages)
+
+    def _give_back(self, session_id: int, upkeep: tuple[pipe.Message, ...]) -> None:
+        """A request that failed: its upkeep waits for the next one, before what came since."""
+        old_evict = any(isinstance(m, pipe.Evict) for m in upkeep)
+        old_stored = next((m.last_message_id for m in upkeep if isinstance(m, pipe.Stored)), None)
+        evict, stored = self._upkeep.pop(session_id, (False, None))
+        if stored is None and not evict:
+            stored = old_stored
+        if old_evict or evict or stored is not None:
+            self._upkeep[session_id] = (old_evict or evict, stored)
+
+    async def _with_context(
+        self,
+        build: Callable[[int, ConversationContext | None], pipe.Request],
+        session: SessionRow,
+        call: Callable[[SessionRow, pipe.Request, tuple[pipe.Message, ...]], Awaitable[Any]],
+    ) -> Generated | ModelView:
+        """A request about a session, sent again with its context when the replica asks for it,
+        and after a lost replica, within the turn's deadline."""
+        try:
+            async with asyncio.timeout(self.turn_timeout_s):
+                return await self._round_trips(build, session, call)
+        except TimeoutError:
+            self.evict(session.id)  # whatever the replica still does with it, it is not stored
+            raise GenerationError(
+                f"variant {self.name}: no reply within GENERATION_TIMEOUT_S "
+                f"({self.turn_timeout_s:g} s)"
+            ) from None
+
+    async def _round_trips(
+        self,
+        build: Callable[[int, ConversationContext | None], pipe.Request],
+        session: SessionRow,
+        call: Callable[[SessionRow, pipe.Request, tuple[pipe.Message, ...]], Awaitable[Any]],
+    ) -> Generated | ModelView:
+        context: ConversationContext | None = None
+        lost = asked = 0
+        while True:
+            upkeep = self._take_upkeep(session.id)
+            try:
+                answer = await call(session, build(next(self._ids), context), upkeep)
+            except _Lost as err:
+                self._give_back(session.id, upkeep)
+                lost += 1
+                if lost >= MAX_LOST:
+                    raise GenerationError(
+                        f"variant {self.name}: its replica was lost {lost} times during this "
+                        f"turn ({err})"
+                    ) from None
+                log.warning("variant %s: replica lost (%s); sending the turn again", self.name, err)
+                context = None
+                await asyncio.sleep(RETRY_FIRST_S * 2 ** (lost - 1))
+                continue
+            except BaseException:
+                self._give_back(session.id, upkeep)
+                raise
+            if isinstance(answer, pipe.NeedContext):
+                asked += 1
+                if asked > MAX_LOST:  # the context it was sent did not serve: not a loop forever
+                    raise GenerationError(f"variant {self.name}: the replica refused the context")
+                context = await self.store.load_context(
+                    session.id, answer.tail, session.last_message_id or 0
+                )
+                continue
+            if isinstance(answer, pipe.Error):
+                raise GenerationError(f"variant {self.name}: {answer.message}")
+            if not isinstance(answer, pipe.Reply):
+                raise GenerationError(f"variant {self.name}: unexpected answer {answer!r}")
+            return answer.result
+
+    def _turn_call(
+        self, on_draft: DraftSink | None
+    ) -> Callable[[SessionRow, pipe.Request, tuple[pipe.Message, ...]], Awaitable[Any]]:
+        async def call(
+            session: SessionRow, request: pipe.Request, upkeep: tuple[pipe.Message, ...]
+        ) -> pipe.Message | None:
+            stream = self._session(session.id).options(stream=True).turn.remote(request, upkeep)
+            answer: pipe.Message | None = None
+            try:
+                async for message in _errors_mapped(stream):
+                    if isinstance(message, pipe.Draft):
+                        self._draft(on_draft, message.text)
+                    else:
+                        answer = message
+            finally:
+                if answer is None:  # cancelled, timed out or lost: the replica stops the turn
+                    _cancel(stream)
+            return answer
+
+        return call
+
+    async def _inspect_call(
+        self, session: SessionRow, request: pipe.Request, upkeep: tuple[pipe.Message, ...]
+    ) -> Any:
+        response = self._session(session.id).inspect.remote(request, upkeep)
+        try:
+            return await _mapped(response)
+        except asyncio.CancelledError:
+            _cancel(response)
+            raise
+
+    def _draft(self, sink: DraftSink | None, text: str) -> None:
+        if sink is None:
+            return
+        try:
+            sink(text)
+        except Exception:
+            log.exception("variant %s: a draft could not be handed on", self.name)
+
+    async def _settle(self, response: Any) -> None:
+        with contextlib.suppress(Exception):
+            await response
+
+    # --- status ------------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        _, serve = _ray()
+        while not self._closed:
+            await asyncio.sleep(STATUS_POLL_S)
+            try:
+                status = await asyncio.to_thread(_status, serve)
+            except Exception as err:  # noqa: BLE001 - the cluster does not answer
+                self._set(False, f"ray status unknown ({type(err).__name__}: {err})")
+                continue
+            self._follow(status.applications.get(self.app))
+
+    def _follow(self, app: Any) -> None:
+        """Serve's view of the application: running while a replica of it runs."""
+        if app is None:
+            self._set(False, f"ray application {self.app} is gone")
+            return
+        running, why, unhealthy = 0, str(getattr(app, "message", "") or ""), False
+        for deployment in app.deployments.values():
+            states = {str(k).rsplit(".", 1)[-1]: n for k, n in deployment.replica_states.items()}
+            running += int(states.get("RUNNING", 0))
+            status = str(deployment.status).rsplit(".", 1)[-1]
+            unhealthy = unhealthy or status == "UNHEALTHY"
+            why = why or str(deployment.message or status)
+        if unhealthy and not self._unhealthy:
+            self.restart_reasons[UNHEALTHY] += 1  # once per episode: Serve replaces replicas
+        self._unhealthy = unhealthy
+        if running:
+            self._set(True, "")
+        else:
+            self._set(False, f"ray: no replica running ({why or app.status})")
+
+    def _set(self, alive: bool, why: str) -> None:
+        if alive != self._alive:
+            if alive:
+                log.info("variant %s: ray replicas are back", self.name)
+            else:
+                log.error("variant %s: takes no turns: %s", self.name, why)
+        self._alive, self._state = alive, why
+
+
+class _Lost(Exception):
+    """The replica serving a request was lost (its actor died, or is unreachable)."""
+
+
+def _lost_errors() -> tuple[type[BaseException], ...]:
+    ray, _ = _ray()
+    from ray.serve.exceptions import ReplicaUnavailableError
+
+    return (
+        ray.exceptions.RayActorError,
+        ray.exceptions.WorkerCrashedError,
+        ray.exceptions.NodeDiedError,
+        ReplicaUnavailableError,
+    )
+
+
+def _other_errors() -> tuple[type[BaseException], ...]:
+    ray, _ = _ray()
+    from ray.serve.exceptions import RayServeException
+
+    return (ray.exceptions.RayError, RayServeException)
+
+
+async def _mapped(response: Awaitable[Any]) -> Any:
+    """A unary call's answer; _Lost or GenerationError for Ray's failures."""
+    try:
+        return await response
+    except _lost_errors() as err:
+        raise _Lost(f"{type(err).__name__}: {err}") from err
+    except _other_errors() as err:
+        raise GenerationError(f"ray: {type(err).__name__}: {err}") from err
+
+
+async def _errors_mapped(stream: Any) -> AsyncIterator[Any]:
+    """A streaming call's messages; _Lost or GenerationError for Ray's failures."""
+    try:
+        async for message in stream:
+            yield message
+    except _lost_errors() as err:
+        raise _Lost(f"{type(err).__name__}: {err}") from err
+    except _other_errors() as err:
+        raise GenerationError(f"ray: {type(err).__name__}: {err}") from err
+
+
+def _cancel(response: Any) -> None:
+    """Cancel a call, off the event loop (Serve's cancel may wait for the replica's answer)."""
+    with contextlib.suppress(RuntimeError):
+        asyncio.get_running_loop().run_in_executor(None, response.cancel)
+
+
+def _deploy(serve: Any, server: type, spec: ServerSpec, variant: Variant, app: str) -> Any:
+    """Submit the variant's application and return its handle (blocking, briefly: the replicas
+    load meanwhile, see _wait_running)."""
+    ongoing = max(ONGOING_PER_CHAT * spec.settings.max_concurrent_chats, 16)
+    with _SERVE:
+        return _submit(serve, server, spec, variant, app, ongoing)
+
+
+def _submit(
+    serve: Any, server: type, spec: ServerSpec, variant: Variant, app: str, ongoing: int
+) -> Any:
+    deployment = serve.deployment(
+        server,
+        name="model",
+        num_replicas=variant.replicas,
+        ray_actor_options={"num_cpus": variant.num_cpus, "num_gpus": variant.num_gpus},
+        max_ongoing_requests=ongoing,
+        # A replica that fails (bot.inference.ray_server.check_health) is replaced soon.
+        health_check_period_s=5.0,
+        health_check_timeout_s=30.0,
+        # The router drains a backend's turns before it closes it (DRAIN_S): what is left
+        # when the application is deleted is given a few seconds only.
+        graceful_shutdown_wait_loop_s=0.5,
+        graceful_shutdown_timeout_s=5.0,
+    )
+    return serve._run(deployment.bind(spec), _blocking=False, name=app, route_prefix=None)
+
+
+def _status(serve: Any) -> Any:
+    with _SERVE:
+        return serve.status()
+
+
+async def _wait_running(serve: Any, app: str, timeout_s: float) -> None:
+    """Wait until the application runs; ConfigError if it fails to deploy, or in time."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        status = await asyncio.to_thread(_status, serve)
+        overview = status.applications.get(app)
+        state = str(getattr(overview, "status", "")).rsplit(".", 1)[-1]
+        if state == "RUNNING":
+            return
+        if state in ("DEPLOY_FAILED", "UNHEALTHY"):
+            raise ConfigError(str(overview.message or state))
+        await asyncio.sleep(0.5)
+    raise ConfigError(f"its replicas did not load within {timeout_s:.0f} s")

@@ -1,0 +1,85 @@
+"""RayBackend's bookkeeping without a Ray instance (the contract test runs it on one): the cache
+upkeep a session's next request carries, the secrets a replica never gets, Serve's status read
+as alive or not, and a clear error where Ray is not installed."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+
+from bot.config import ConfigError, Settings
+from bot.engine import pipe
+from bot.engine.ray_backend import RayBackend, _ray, _without_secrets
+
+
+def _backend() -> RayBackend:
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    return RayBackend("a", "a-0000", handle=None, store=None, settings=settings)  # type: ignore[arg-type]
+
+
+def test_upkeep_rides_on_the_next_request_evict_first_newest_stored_only() -> None:
+    backend = _backend()
+    backend.turn_stored(1, 10)
+    backend.turn_stored(1, 12)
+    assert backend._take_upkeep(1) == (pipe.Stored(1, 12),)
+    assert backend._take_upkeep(1) == ()  # taken once
+    backend._note(2, evict=True)  # evict() off the event loop: no immediate call
+    backend.turn_stored(2, 20)
+    assert backend._take_upkeep(2) == (pipe.Evict(2), pipe.Stored(2, 20))
+    backend.turn_stored(3, 30)
+    backend._note(3, evict=True)  # an Evict after a Stored: the clone is gone
+    assert backend._take_upkeep(3) == (pipe.Evict(3),)
+
+
+def test_a_failed_requests_upkeep_waits_for_the_next_one() -> None:
+    backend = _backend()
+    backend._give_back(4, (pipe.Evict(4), pipe.Stored(4, 40)))
+    assert backend._take_upkeep(4) == (pipe.Evict(4), pipe.Stored(4, 40))
+    backend.turn_stored(5, 52)  # newer than the failed request's
+    backend._give_back(5, (pipe.Stored(5, 50),))
+    assert backend._take_upkeep(5) == (pipe.Stored(5, 52),)
+
+
+def test_a_replica_gets_no_secret() -> None:
+    settings = Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        telegram_bot_token=SecretStr("123:abc"),
+        database_url=SecretStr("postgresql://u:p@h/db"),
+        dashboard_password=SecretStr("a long enough password"),
+    )
+    cleared = _without_secrets(settings)
+    assert all(not isinstance(value, SecretStr) for _, value in cleared)
+    assert cleared.generation_timeout_s == settings.generation_timeout_s
+
+
+def _app(running: int, status: str = "HEALTHY") -> Any:
+    deployment = SimpleNamespace(
+        replica_states={"RUNNING": running}, status=status, message="replica failed"
+    )
+    return SimpleNamespace(deployments={"model": deployment}, message="", status="RUNNING")
+
+
+def test_alive_follows_serves_status() -> None:
+    backend = _backend()
+    assert backend.alive and backend.state == ""
+    backend._follow(_app(0, "UNHEALTHY"))
+    assert not backend.alive and "no replica running" in backend.state
+    assert backend.restart_reasons == {"unhealthy": 1}
+    backend._follow(_app(0, "UNHEALTHY"))  # still the same episode
+    assert backend.restart_reasons == {"unhealthy": 1}
+    backend._follow(_app(1))
+    assert backend.alive and backend.state == ""
+    backend._follow(None)
+    assert not backend.alive and "is gone" in backend.state
+
+
+def test_without_ray_installed_the_error_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(ConfigError, match=r"pip install '\.\[ray\]'"):
+        _ray()
