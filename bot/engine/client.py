@@ -27,11 +27,11 @@ import multiprocessing
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from functools import partial
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from bot.config import Settings
 from bot.db.conversations import SessionRow
@@ -75,6 +75,25 @@ class ModelStartError(Exception):
 
 class ModelProcessLost(Exception):
     """The worker process died, or was killed for hanging, while a request was in flight."""
+
+
+T = TypeVar("T")
+
+
+async def within_turn_deadline(
+    work: Coroutine[Any, Any, T], variant: str, timeout_s: float, on_timeout: Callable[[], None]
+) -> T:
+    """`work` (a turn's round trips to a model, waiting for a restarted one included) within
+    GENERATION_TIMEOUT_S; after it, `on_timeout` drops the session's clone (whatever the model
+    still does with it is not stored) and the turn fails."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await work
+    except TimeoutError:
+        on_timeout()
+        raise GenerationError(
+            f"variant {variant}: no reply within GENERATION_TIMEOUT_S ({timeout_s:g} s)"
+        ) from None
 
 
 class ModelProcess:
@@ -190,15 +209,12 @@ class ModelProcess:
     ) -> Generated | ModelView:
         """A request about a session, with its context sent when the worker asks for it, within
         the turn's deadline (waiting for a restarted worker included)."""
-        try:
-            async with asyncio.timeout(self.turn_timeout_s):
-                return await self._context_round_trips(request, session, on_draft)
-        except TimeoutError:
-            self.evict(session.id)  # whatever the worker still does with it, it is not stored
-            raise GenerationError(
-                f"variant {self.name}: no reply within GENERATION_TIMEOUT_S "
-                f"({self.turn_timeout_s:g} s)"
-            ) from None
+        return await within_turn_deadline(
+            self._context_round_trips(request, session, on_draft),
+            self.name,
+            self.turn_timeout_s,
+            lambda: self.evict(session.id),
+        )
 
     async def _context_round_trips(
         self, request: _Build, session: SessionRow, on_draft: DraftSink | None

@@ -51,6 +51,7 @@ from pydantic import SecretStr
 from bot.config import ConfigError, Settings
 from bot.db.conversations import SessionRow
 from bot.engine import pipe
+from bot.engine.client import within_turn_deadline
 from bot.engine.protocol import (
     ContextSource,
     ConversationContext,
@@ -62,7 +63,7 @@ from bot.engine.protocol import (
 from bot.engine.variants import Variant
 
 if TYPE_CHECKING:
-    from bot.inference.ray_server import ServerSpec
+    from bot.inference.process import ProcessSpec
 
 log = logging.getLogger(__name__)
 
@@ -175,16 +176,17 @@ class RayBackend:
     async def start(cls, variant: Variant, settings: Settings, store: ContextSource) -> RayBackend:
         """Deploy the variant (`settings`: its own, bot.engine.variants.Variant.settings) and
         wait until its replicas have loaded the model; ConfigError if they cannot."""
-        from bot.inference.ray_server import ModelServer, ServerSpec
+        from bot.inference.process import ProcessSpec
+        from bot.inference.ray_server import ModelServer
 
         _, serve = _ray()
-        spec = ServerSpec(
+        spec = ProcessSpec(
             variant=variant.name,
             settings=_without_secrets(settings),
             parlai_overrides=variant.parlai_overrides(),
             threads=variant.threads or settings.worker_threads or settings.torch_threads,
             log_level=settings.log_level,
-            log_format=settings.log_format,
+            log_format=settings.log_format,  # no secrets: the settings' are cleared above
         )
         app = f"{variant.name}-{secrets.token_hex(4)}"
         await asyncio.to_thread(_Cluster.acquire, settings)
@@ -318,15 +320,12 @@ class RayBackend:
     ) -> Generated | ModelView:
         """A request about a session, sent again with its context when the replica asks for it,
         and after a lost replica, within the turn's deadline."""
-        try:
-            async with asyncio.timeout(self.turn_timeout_s):
-                return await self._round_trips(build, session, call)
-        except TimeoutError:
-            self.evict(session.id)  # whatever the replica still does with it, it is not stored
-            raise GenerationError(
-                f"variant {self.name}: no reply within GENERATION_TIMEOUT_S "
-                f"({self.turn_timeout_s:g} s)"
-            ) from None
+        return await within_turn_deadline(
+            self._round_trips(build, session, call),
+            self.name,
+            self.turn_timeout_s,
+            lambda: self.evict(session.id),
+        )
 
     async def _round_trips(
         self,
@@ -504,7 +503,7 @@ def _cancel(response: Any) -> None:
         asyncio.get_running_loop().run_in_executor(None, response.cancel)
 
 
-def _deploy(serve: Any, server: type, spec: ServerSpec, variant: Variant, app: str) -> Any:
+def _deploy(serve: Any, server: type, spec: ProcessSpec, variant: Variant, app: str) -> Any:
     """Submit the variant's application and return its handle (blocking, briefly: the replicas
     load meanwhile, see _wait_running)."""
     ongoing = max(ONGOING_PER_CHAT * spec.settings.max_concurrent_chats, 16)
@@ -513,7 +512,7 @@ def _deploy(serve: Any, server: type, spec: ServerSpec, variant: Variant, app: s
 
 
 def _submit(
-    serve: Any, server: type, spec: ServerSpec, variant: Variant, app: str, ongoing: int
+    serve: Any, server: type, spec: ProcessSpec, variant: Variant, app: str, ongoing: int
 ) -> Any:
     deployment = serve.deployment(
         server,

@@ -38,7 +38,8 @@ MODEL_PROCESS_NICE = 5
 
 @dataclass(frozen=True)
 class ProcessSpec:
-    """Everything a worker needs to start (it is pickled to the new process)."""
+    """Everything a model process needs to start (pickled to the new process; a Ray replica
+    gets it as its deployment's argument, with no secrets)."""
 
     variant: str
     settings: Settings

@@ -29,31 +29,23 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from bot.config import ConfigError, Settings
+from bot.config import ConfigError
 from bot.engine import pipe
 from bot.engine.protocol import GenerationError
-from bot.inference.process import MODEL_PROCESS_NICE, GivenContext, NeedContext, rss_bytes
+from bot.inference.process import (
+    MODEL_PROCESS_NICE,
+    GivenContext,
+    NeedContext,
+    ProcessSpec,
+    rss_bytes,
+)
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ServerSpec:
-    """Everything a replica needs to start (pickled into the deployment's arguments): no
-    secret travels (the settings' secrets are cleared by the service)."""
-
-    variant: str
-    settings: Settings
-    parlai_overrides: dict[str, Any] = field(default_factory=dict)
-    threads: int | None = None
-    log_level: str = "INFO"
-    log_format: Literal["text", "json"] = "text"
-
-
-def _load(spec: ServerSpec) -> Any:
+def _load(spec: ProcessSpec) -> Any:
     """The variant's shared agent, loaded as a model process loads it (in a thread)."""
     from bot.inference import compat
     from bot.inference.model import load_shared_agent, route_parlai_logging, set_torch_threads
@@ -66,7 +58,9 @@ def _load(spec: ServerSpec) -> Any:
     set_torch_threads(spec.threads)
     route_parlai_logging(spec.log_level)
     try:
-        return load_shared_agent(spec.settings, spec.parlai_overrides, share_weights=True)
+        return load_shared_agent(
+            spec.settings, spec.parlai_overrides, share_weights=spec.share_weights
+        )
     except ConfigError:
         raise
     except Exception as err:
@@ -78,7 +72,7 @@ def _load(spec: ServerSpec) -> Any:
 class ModelServer:
     """The deployment's class: one replica's Responder (bot.inference.responder)."""
 
-    async def __init__(self, spec: ServerSpec) -> None:  # type: ignore[misc]  # Serve awaits it
+    async def __init__(self, spec: ProcessSpec) -> None:  # type: ignore[misc]  # Serve awaits it
         from ray import serve
 
         from bot.inference.responder import Responder
