@@ -115,8 +115,11 @@ class _Cluster:
                 options: dict[str, Any] = {"include_dashboard": False}
                 if address is None:
                     options["num_cpus"] = settings.ray_num_cpus
-                ray.init(address=address, **options)
-                cls._owned = True
+                # "local": always a new instance of our own, never one `ray start` left on this
+                # host; only that one is ours to shut down (a joined cluster's other
+                # applications, another replica's variants included, must survive our stop).
+                ray.init(address=address or "local", **options)
+                cls._owned = address is None
                 log.info("ray: %s", f"joined {address}" if address else "started a local instance")
             with _SERVE:
                 serve.start(proxy_location="Disabled")

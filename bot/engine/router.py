@@ -110,8 +110,9 @@ class VariantResponder:
 
     @property
     def abilities(self) -> Abilities:
-        """All of them."""
-        return Abilities(drafts=True, inspect=self, duel=self, variants=self)
+        """All of them (drafts unless SCHEDULER=batch, whose micro-batcher makes none)."""
+        drafts = self._settings is None or self._settings.scheduler != "batch"
+        return Abilities(drafts=drafts, inspect=self, duel=self, variants=self)
 
     def __init__(
         self,

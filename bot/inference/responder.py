@@ -67,8 +67,9 @@ class Responder:
 
     @property
     def abilities(self) -> Abilities:
-        """It streams drafts and shows /context; one model, so no variants and no /arena."""
-        return Abilities(drafts=True, inspect=self)
+        """It shows /context, and streams drafts where the continuous scheduler runs (the
+        micro-batcher makes none); one model, so no variants and no /arena."""
+        return Abilities(drafts=isinstance(self.batcher, Scheduler), inspect=self)
 
     # As a variant's backend in the router (bot.engine.router.Backend): in this process it is
     # up from start to close, and nothing restarts it.

@@ -537,7 +537,7 @@ class UpdateRunner:
         self.sessionmaker = sessionmaker
         self.metrics = metrics
 
-    async def __call__(self, row: InboxRow, owner: str | None = None) -> None:
+    async def __call__(self, row: InboxRow, owner: str | None) -> None:
         """Process the update as `owner` (the holder of the chat's inbox lease, checked again
         when the update is closed); raise what its handler raised, so the inbox worker can
         retry."""
