@@ -1,6 +1,8 @@
 """The command table: the one list that Telegram's handlers, the command menu (setMyCommands,
-in every language) and /help are derived from. A new command is one entry here plus its
-handler (bot/tg/handlers.py) and its sentences in the catalogs (bot/texts/locale).
+in every language), /help and the terminal chat's commands are derived from. A new command is
+one entry here, its use case (bot/conversations/actions.py: a ChatActions method and its line
+in USE_CASES, which both front ends run through ChatActions.command) and its sentences
+(bot/texts, with their translations in the catalogs).
 
 Descriptions are English msgids, marked with N_ for extraction and translated where shown
 (bot.texts.Texts.translate); the table itself holds no language.
@@ -38,6 +40,8 @@ class Command:
     usage: tuple[Usage, ...] = ()
     # Runs whatever the flood gate says: a user must always be able to delete their data.
     flood_exempt: bool = False
+    # Its answer needs Telegram's inline buttons (the /arena pick): not in the terminal chat.
+    buttons: bool = False
 
 
 COMMANDS: tuple[Command, ...] = (
@@ -94,7 +98,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command("stats", None),
     Command("model", None),
-    Command("arena", None),
+    Command("arena", None, buttons=True),
 )
 
 BY_NAME = {command.name: command for command in COMMANDS}

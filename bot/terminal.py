@@ -1,11 +1,12 @@
 """`python -m bot chat`: the same store, agent cache and batcher, driven from a terminal.
 
-Lines starting with `/` are commands (/persona, /done, /forget, /help, /quit, and the feedback
-that Telegram gives as buttons: /good and /bad on the last reply, /rate N on the conversation
-/done ended); anything else is a turn. Replies go through the outbox like on Telegram, so the
-database ends up the same. With STREAM_REPLIES=on and a terminal for output, the reply grows on
-one line while it generates (the drafts a private Telegram chat gets), then the stored reply
-replaces it; output to a file or a pipe gets only the stored reply, without escape sequences.
+Lines starting with `/` are commands (the command table's, bot/commands.py; /quit; and the
+feedback that Telegram gives as buttons: /good and /bad on the last reply, /rate N on the
+conversation /done ended); anything else is a turn. Replies go through the outbox like on
+Telegram, so the database ends up the same. With STREAM_REPLIES=on and a terminal for output,
+the reply grows on one line while it generates (the drafts a private Telegram chat gets), then
+the stored reply replaces it; output to a file or a pipe gets only the stored reply, without
+escape sequences.
 
 `--lang CODE` plays the part of a Telegram client's language: the bot speaks it unless /lang
 chose another for the chat (the model's replies stay in the model's language).
@@ -18,14 +19,22 @@ import logging
 import sys
 from typing import TextIO
 
+from bot.commands import COMMANDS, MENU
 from bot.config import Settings
-from bot.conversations.actions import ChatActions
+from bot.conversations.actions import USE_CASES, ChatActions
 from bot.conversations.store import ConversationStore
-from bot.conversations.turn import Drafts, Turn
+from bot.conversations.turn import CommandCall, Drafts, Turn
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import OutboxKind
 
 log = logging.getLogger(__name__)
+
+# The table's commands (bot/commands.py) with a use case every front end runs, less those whose
+# answer needs Telegram's buttons; /quit and the stand-ins for the feedback buttons (/good,
+# /bad, /rate N) are the terminal's own.
+TERMINAL_COMMANDS = frozenset(c.name for c in COMMANDS if c.name in USE_CASES and not c.buttons)
+# Advertised when the chat starts: the command menu's, in its order.
+ADVERTISED = " ".join(f"/{c.name}" for c in MENU if c.name in TERMINAL_COMMANDS)
 
 
 class GrowingLine:
@@ -72,25 +81,11 @@ async def dispatch(
         command = command.lower()
         if command in ("quit", "exit"):
             return False
-        if command in ("start", "help"):
-            await chat.help(turn, start=command == "start")
-        elif command == "persona":
-            if argument.strip():
-                await chat.set_persona(turn, argument)
-            else:
-                await chat.show_persona(turn)
-        elif command == "done":
-            await chat.done(turn)
-            if chat.settings.feedback_buttons:
+        if command in TERMINAL_COMMANDS:
+            call = CommandCall(command, argument, sender_language=language)
+            await chat.command(turn, call)
+            if command == "done" and chat.settings.feedback_buttons:
                 await chat.notice(turn, texts.TERMINAL_RATE_HINT)
-        elif command == "forget":
-            await chat.forget(turn)
-        elif command == "privacy":
-            await chat.privacy(turn)
-        elif command == "context":
-            await chat.context(turn)
-        elif command == "lang":
-            await chat.language(turn, argument, sender_language=language)
         elif command in ("good", "bad"):
             vote = 1 if command == "good" else -1
             await chat.vote(turn, chat_id, None, vote, answer_in_chat=True)
@@ -100,8 +95,6 @@ async def dispatch(
                 await chat.notice(turn, texts.RATE_USAGE)
             else:
                 await chat.rate(turn, None, int(value), answer_in_chat=True)
-        elif command == "model":
-            await chat.choose_variant(turn, argument)
         else:
             await chat.notice(turn, texts.unknown_terminal_command(command))
         return True
@@ -148,7 +141,7 @@ async def run_terminal(
     drafts = GrowingLine(stdout) if streams else None
     try:
         if interactive:
-            stdout.write(f"Chat {chat_id}. Commands: /persona, /done, /forget, /help, /quit.\n")
+            stdout.write(f"Chat {chat_id}. Commands: {ADVERTISED} /quit.\n")
         await deliver(store, chat_id, stdout)  # anything left from an earlier run
         while True:
             if interactive:

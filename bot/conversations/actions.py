@@ -15,7 +15,7 @@ from bot import texts as catalogs
 from bot.config import Settings
 from bot.conversations.outcome import ARENA, FLOODED, NO_REPLY, REPLIED
 from bot.conversations.store import ConversationStore, StoredTurn
-from bot.conversations.turn import Turn
+from bot.conversations.turn import CommandCall, Turn
 from bot.db.conversations import SessionRow
 from bot.db.feedback import Outcome
 from bot.db.models import AssignmentSource, VoteSource
@@ -142,6 +142,17 @@ class ChatActions:
         """/privacy: what is stored, for how long, who reads it, how to delete it."""
         text = self.privacy_file_text or turn.texts.privacy(self.settings.retention_days)
         await self.notice(turn, text)
+
+    async def command(self, turn: Turn, call: CommandCall) -> None:
+        """Run a command of the table (bot/commands.py) by its use case (USE_CASES)."""
+        await USE_CASES[call.name](self, turn, call)
+
+    async def persona(self, turn: Turn, argument: str) -> None:
+        """/persona shows, /persona <text> sets, /persona clear clears."""
+        if argument.strip():
+            await self.set_persona(turn, argument)
+        else:
+            await self.show_persona(turn)
 
     async def show_persona(self, turn: Turn) -> None:
         """/persona without text."""
@@ -549,3 +560,24 @@ def rating_answer(outcome: Outcome, value: int, texts: Texts, *, terminal: bool 
     if outcome is Outcome.TWICE:
         return texts.RATING_TWICE
     return texts.NOTHING_TO_RATE if terminal else texts.RATING_STALE
+
+
+UseCase = Callable[[ChatActions, Turn, CommandCall], Awaitable[None]]
+
+# The use case of each command in the table that every front end runs alike, through
+# ChatActions.command; a command of the table that is not here is one front end's own
+# (Telegram's /stats, which reads the admin reports).
+USE_CASES: dict[str, UseCase] = {
+    "start": lambda chat, turn, call: chat.help(turn, start=True, payload=call.argument),
+    "help": lambda chat, turn, call: chat.help(turn),
+    "persona": lambda chat, turn, call: chat.persona(turn, call.argument),
+    "done": lambda chat, turn, call: chat.done(turn, rating_markup=call.rating_markup),
+    "forget": lambda chat, turn, call: chat.forget(turn),
+    "context": lambda chat, turn, call: chat.context(turn),
+    "privacy": lambda chat, turn, call: chat.privacy(turn),
+    "lang": lambda chat, turn, call: chat.language(
+        turn, call.argument, sender_language=call.sender_language
+    ),
+    "model": lambda chat, turn, call: chat.choose_variant(turn, call.argument),
+    "arena": lambda chat, turn, call: chat.arena(turn),
+}

@@ -41,6 +41,19 @@ class Drafts:
     done: DraftsDone | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class CommandCall:
+    """A command of the table (bot/commands.py) as a front end received it, for
+    ChatActions.command: the same use case runs for Telegram and the terminal."""
+
+    name: str
+    argument: str = ""  # everything after the command, inner line breaks kept
+    # The sender's client language (Telegram's language_code, the terminal's --lang).
+    sender_language: str | None = None
+    # A front end's 1-5 rating keyboard for a session id (/done); None: it shows none.
+    rating_markup: Callable[[int], str] | None = None
+
+
 @dataclass(eq=False, slots=True)
 class Turn:
     """One update being processed (see the module's docstring)."""

@@ -34,9 +34,9 @@ from telegram.ext import (
 
 from bot import commands, texts
 from bot.config import Settings
-from bot.conversations.actions import ChatActions, arena_answer, rating_answer
+from bot.conversations.actions import USE_CASES, ChatActions, arena_answer, rating_answer
 from bot.conversations.outcome import COMMAND, FEEDBACK, FLOODED, IGNORED, NOTICE
-from bot.conversations.turn import Drafts, Turn
+from bot.conversations.turn import CommandCall, Drafts, Turn
 from bot.db import inbox
 from bot.db.feedback import Outcome
 from bot.db.inbox import InboxRow, UpdateRef
@@ -158,9 +158,10 @@ class Handlers:
         message = filters.UpdateType.MESSAGE  # never edits: an edit must not re-run anything
         # Group -1 runs first for every update and stops what this chat's policy ignores.
         application.add_handler(TypeHandler(Update, self.gate), group=-1)
-        # One handler per entry of the command table, the method of the command's name.
+        # One handler per entry of the command table: its use case, or Telegram's own.
+        own = {"stats": self.stats}
         for command in commands.COMMANDS:
-            callback = getattr(self, command.name)
+            callback = self.command if command.name in USE_CASES else own[command.name]
             application.add_handler(CommandHandler(command.name, callback, filters=message))
         # After every CommandHandler: any other command.
         application.add_handler(MessageHandler(message & filters.COMMAND, self.unknown_command))
@@ -272,61 +273,20 @@ class Handlers:
 
     # --- commands --------------------------------------------------------------------------
 
-    async def start(self, update: Update, context: Context) -> None:
-        """/start: greeting and how to use; /start persona_NAME (a deep link) takes a preset."""
-        assert update.message is not None
-        await self.chat.help(context.turn, start=True, payload=_command_argument(update.message))
-
-    async def context(self, update: Update, context: Context) -> None:
-        """/context: what the model reads now."""
-        await self.chat.context(context.turn)
-
-    async def privacy(self, update: Update, context: Context) -> None:
-        """/privacy."""
-        await self.chat.privacy(context.turn)
-
-    async def help(self, update: Update, context: Context) -> None:
-        """/help."""
-        await self.chat.help(context.turn)
-
-    async def lang(self, update: Update, context: Context) -> None:
-        """/lang shows the chat's language, /lang CODE sets it, /lang auto follows Telegram's."""
-        assert update.message is not None
-        await self.chat.language(
-            context.turn,
-            _command_argument(update.message),
+    async def command(self, update: Update, context: Context) -> None:
+        """A command of the table with a use case (bot/conversations/actions.USE_CASES):
+        `/name argument`; /done gets the 1-5 rating keyboard where FEEDBACK_BUTTONS is on."""
+        message = update.message
+        assert message is not None
+        name = _command_name(message)
+        assert name is not None
+        call = CommandCall(
+            name[0],
+            _command_argument(message),
             sender_language=_sender_language(update),
-        )
-
-    async def persona(self, update: Update, context: Context) -> None:
-        """/persona shows, /persona <text> sets, /persona clear clears."""
-        assert update.message is not None
-        argument = _command_argument(update.message)
-        if not argument.strip():
-            await self.chat.show_persona(context.turn)
-        else:
-            await self.chat.set_persona(context.turn, argument)
-
-    async def done(self, update: Update, context: Context) -> None:
-        """/done: end the conversation; history stays, the persona carries over; with feedback
-        buttons on, a 1-5 rating keyboard follows."""
-        await self.chat.done(
-            context.turn,
             rating_markup=feedback.rating_markup_json if self.settings.feedback_buttons else None,
         )
-
-    async def arena(self, update: Update, context: Context) -> None:
-        """/arena: the next message is answered by two variants; the user picks one."""
-        await self.chat.arena(context.turn)
-
-    async def model(self, update: Update, context: Context) -> None:
-        """/model lists the variants, /model NAME chooses one (where ALLOW_MODEL_CHOICE)."""
-        assert update.message is not None
-        await self.chat.choose_variant(context.turn, _command_argument(update.message))
-
-    async def forget(self, update: Update, context: Context) -> None:
-        """/forget: delete everything stored for this chat (idempotent)."""
-        await self.chat.forget(context.turn)
+        await self.chat.command(context.turn, call)
 
     async def stats(self, update: Update, context: Context) -> None:
         """/stats for admins; everyone else gets the unknown-command answer."""

@@ -24,6 +24,8 @@ what do you like
 /rate 5
 /rate 3
 hello again
+/lang
+/arena
 /bogus
 """
 
@@ -55,6 +57,10 @@ def test_terminal_chat_persists_everything(tmp_path: Path, tiny_model_file: str)
     assert "My persona: My name is Sarah. I love hiking." in out
     assert "Conversation ended" in out
     assert "Unknown command /bogus" in out
+    # Every use case of the command table runs here (bot.terminal.TERMINAL_COMMANDS), but not
+    # /arena, whose pick needs Telegram's buttons.
+    assert "following your Telegram settings" in out
+    assert "Unknown command /arena" in out
     # feedback: /good then /bad (the vote changes), a rating before /done has nothing to rate
     assert out.index("Glad that one worked") < out.index("I'll try to do better")
     assert out.count("End a conversation with /done first") == 1
