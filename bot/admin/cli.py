@@ -547,9 +547,8 @@ async def _assign(
         )
     async with make_sessionmaker(engine).begin() as db:
         previous = await assignments.variant_of(db, args.chat_id)
-        await assignments.set_variant(
-            db, args.chat_id, experiment.name, args.variant, AssignmentSource.ADMIN
-        )
+        choice = assignments.Choice(experiment.name, args.variant)
+        await assignments.set_variant(db, args.chat_id, choice, AssignmentSource.ADMIN)
     if args.json:
         payload = {
             "chat_id": args.chat_id,

@@ -16,6 +16,7 @@ from bot.config import Settings
 from bot.conversations.outcome import ARENA, FLOODED, NO_REPLY, REPLIED
 from bot.conversations.store import ConversationStore, StoredTurn
 from bot.conversations.turn import CommandCall, Turn
+from bot.db.assignments import Choice
 from bot.db.conversations import SessionRow
 from bot.db.feedback import Outcome
 from bot.db.models import AssignmentSource, VoteSource
@@ -475,8 +476,7 @@ class ChatActions:
             return
         await self.store.set_variant(
             turn.chat_id,
-            experiment.name,
-            name,
+            Choice(experiment.name, name),
             AssignmentSource.USER,
             notice=turn.texts.variant_chosen(name),
             update=turn.update,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db import arena, assignments, chat_settings, conversations, feedback, inbox, outbox
 from bot.db.arena import Decided
+from bot.db.assignments import Choice
 from bot.db.conversations import SessionRow
 from bot.db.feedback import Outcome
 from bot.db.inbox import UpdateRef
@@ -414,40 +415,24 @@ class ConversationStore:
         async with self.sessionmaker() as db:
             return await assignments.variant_of(db, chat_id)
 
-    async def assign_variant(
-        self,
-        chat_id: int,
-        experiment: str,
-        variant: str,
-        *,
-        split: Mapping[str, float] | None = None,
-        by: str = "weights",
-    ) -> str:
-        """The chat's variant: the stored one, else `variant`, stored now (its first turn)
-        with the allocation `split` it was drawn from (made `by` weights or thompson)."""
+    async def assign_variant(self, chat_id: int, choice: Choice) -> str:
+        """The chat's variant: the stored one, else `choice`'s, stored now (its first turn)."""
         async with self.sessionmaker.begin() as db:
-            return await assignments.assign_unless_present(
-                db, chat_id, experiment, variant, split=split, by=by
-            )
+            return await assignments.assign_unless_present(db, chat_id, choice)
 
     async def set_variant(
         self,
         chat_id: int,
-        experiment: str,
-        variant: str,
+        choice: Choice,
         source: AssignmentSource,
         *,
         notice: str | None = None,
         update: UpdateRef | None = None,
-        split: Mapping[str, float] | None = None,
-        by: str = "weights",
     ) -> None:
-        """Move a chat to `variant` (an admin, the user's /model, or the allocation `split`
-        when its variant was removed), confirming it with `notice`."""
+        """Move a chat to `choice` (by an admin, the user's /model, or the allocation when
+        its variant was removed), confirming it with `notice`."""
         async with self.sessionmaker.begin() as db:
-            await assignments.set_variant(
-                db, chat_id, experiment, variant, source, split=split, by=by
-            )
+            await assignments.set_variant(db, chat_id, choice, source)
             await _answer(db, chat_id, notice, update)
 
     # --- the chat's language ----------------------------------------------------------------

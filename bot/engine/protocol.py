@@ -13,12 +13,13 @@ declare is one it does not have.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from bot.db.assignments import Choice
 from bot.db.conversations import MessageRow, SessionRow
 from bot.db.models import AssignmentSource
 from bot.engine.variants import Experiment
@@ -203,28 +204,10 @@ class VariantStore(ContextSource, Protocol):
         """The chat's stored variant (None before its first turn)."""
         ...
 
-    async def assign_variant(
-        self,
-        chat_id: int,
-        experiment: str,
-        variant: str,
-        *,
-        split: Mapping[str, float] | None = None,
-        by: str = "weights",
-    ) -> str:
-        """The chat's variant: the stored one, else `variant`, stored now with the split it
-        was drawn from (its probability)."""
+    async def assign_variant(self, chat_id: int, choice: Choice) -> str:
+        """The chat's variant: the stored one, else `choice`'s, stored now."""
         ...
 
-    async def set_variant(
-        self,
-        chat_id: int,
-        experiment: str,
-        variant: str,
-        source: AssignmentSource,
-        *,
-        split: Mapping[str, float] | None = None,
-        by: str = "weights",
-    ) -> None:
-        """Move a chat to `variant`."""
+    async def set_variant(self, chat_id: int, choice: Choice, source: AssignmentSource) -> None:
+        """Move a chat to `choice`."""
         ...

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from bot.config import ConfigError, Settings
 from bot.db import variants as stored
+from bot.db.assignments import Choice
 from bot.db.conversations import SessionRow
 from bot.db.models import AssignmentSource
 from bot.engine import live
@@ -387,13 +388,7 @@ class VariantResponder:
         name = session.variant
         if name is None:
             choice, split = await self._choose(session.chat_id)
-            name = await self.store.assign_variant(
-                session.chat_id,
-                self.experiment.name,
-                choice,
-                split=split,
-                by=self.experiment.allocation,
-            )
+            name = await self.store.assign_variant(session.chat_id, self._draw(choice, split))
         if self.experiment.get(name) is None:
             await self.refresh()  # another replica may know of a variant just added
         if self.experiment.get(name) is None:
@@ -406,15 +401,13 @@ class VariantResponder:
                 new,
             )
             await self.store.set_variant(
-                session.chat_id,
-                self.experiment.name,
-                new,
-                AssignmentSource.HASH,
-                split=split,
-                by=self.experiment.allocation,
+                session.chat_id, self._draw(new, split), AssignmentSource.HASH
             )
             name = new
         return name
+
+    def _draw(self, variant: str, split: dict[str, float]) -> Choice:
+        return Choice(self.experiment.name, variant, split, self.experiment.allocation)
 
     async def _choose(self, chat_id: int) -> tuple[str, dict[str, float]]:
         """A new chat's variant, drawn from its hash against the allocation's split over the

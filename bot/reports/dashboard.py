@@ -36,6 +36,7 @@ from bot.db.models import (
     Vote,
 )
 from bot.db.replicas import all_replicas
+from bot.reports.admin import TranscriptMessage
 
 # A replica whose heartbeat (written every second) is older than this is dead (the default of
 # TAKEOVER_AFTER_S, which the dashboard passes).
@@ -264,15 +265,10 @@ async def conversations(
 
 
 @dataclass(frozen=True, slots=True)
-class TranscriptLine:
-    """One message of a transcript, with its delivery state and votes."""
+class TranscriptLine(TranscriptMessage):
+    """One message of a transcript (the admin reports' row), with its delivery state and
+    votes."""
 
-    id: int
-    role: str
-    text: str
-    created_at: datetime
-    delivered_at: datetime | None
-    latency_ms: float | None
     model_ms: float | None
     variant: str | None
     safety: str | None
@@ -374,12 +370,12 @@ async def transcript(
     ).all()
     lines = [
         TranscriptLine(
-            id=r[0],
-            role=r[1],
-            text=r[2],
-            created_at=r[3],
-            delivered_at=r[4],
-            latency_ms=r[5],
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            r[5],
             model_ms=r[6],
             variant=r[7],
             safety=r[8],

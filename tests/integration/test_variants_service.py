@@ -14,6 +14,7 @@ from bot.admin.cli import run_admin
 from bot.config import Settings
 from bot.conversations.store import ConversationStore
 from bot.db import migrate
+from bot.db.assignments import Choice
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.engine.assign import choose
 from bot.engine.router import VariantResponder
@@ -255,7 +256,7 @@ async def test_a_drained_variant_takes_no_part_in_duels(
     assert await asyncio.to_thread(run_admin, settings, parse_admin("variants", "reload")) == 0
     async with running_service(settings, None) as service:
         chat = 472  # a chat that stays on the drained variant
-        await service.store.set_variant(chat, "default", "c", AssignmentSource.ADMIN)
+        await service.store.set_variant(chat, Choice("default", "c"), AssignmentSource.ADMIN)
         api.user_message(chat, "/arena")
         api.user_message(chat, "hello there")
         sent = await api.wait_for_texts(chat, 2, timeout_s=30)
