@@ -91,9 +91,9 @@ class TranscriptMessage:
     latency_ms: float | None
 
 
-# A message's columns as the admin reports read it: TranscriptMessage's fields, in order, and
-# the message half of an ExportRow.
-_MESSAGE_COLUMNS = (
+# A message's columns as the reports read it: TranscriptMessage's fields, in order (the
+# dashboard's TranscriptLine starts with them), and the message half of an ExportRow.
+MESSAGE_COLUMNS = (
     Message.id,
     Message.role,
     Message.text,
@@ -123,7 +123,7 @@ async def chat_transcripts(
         ).all()
         messages = (
             await db.execute(
-                select(Message.session_id, *_MESSAGE_COLUMNS)
+                select(Message.session_id, *MESSAGE_COLUMNS)
                 .where(Message.chat_id == chat_id)
                 .order_by(Message.id)
             )
@@ -166,7 +166,7 @@ async def export_rows(engine: AsyncEngine, chat_id: int | None = None) -> AsyncI
         Session.user_id,
         Session.persona,
         Session.status,
-        *_MESSAGE_COLUMNS,
+        *MESSAGE_COLUMNS,
     ).join(Session, Session.id == Message.session_id)
     if chat_id is not None:
         stmt = stmt.where(Message.chat_id == chat_id)

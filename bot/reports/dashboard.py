@@ -36,7 +36,7 @@ from bot.db.models import (
     Vote,
 )
 from bot.db.replicas import all_replicas
-from bot.reports.admin import TranscriptMessage
+from bot.reports.admin import MESSAGE_COLUMNS, TranscriptMessage
 
 # A replica whose heartbeat (written every second) is older than this is dead (the default of
 # TAKEOVER_AFTER_S, which the dashboard passes).
@@ -345,12 +345,7 @@ async def transcript(
     rows = (
         await db.execute(
             select(
-                Message.id,
-                Message.role,
-                Message.text,
-                Message.created_at,
-                Message.delivered_at,
-                Message.latency_ms,
+                *MESSAGE_COLUMNS,
                 Message.model_ms,
                 Message.variant,
                 Message.safety,
@@ -370,12 +365,8 @@ async def transcript(
     ).all()
     lines = [
         TranscriptLine(
-            r[0],
-            r[1],
-            r[2],
-            r[3],
-            r[4],
-            r[5],
+            # MESSAGE_COLUMNS, TranscriptMessage's fields
+            *(r[0], r[1], r[2], r[3], r[4], r[5]),
             model_ms=r[6],
             variant=r[7],
             safety=r[8],
