@@ -154,7 +154,7 @@ def plan_from_args(argv: Sequence[str] | None) -> Plan:
     return plan
 
 
-# --- pure helpers (tests/unit/test_bench_peer.py) -------------------------------------------
+# --- pure helpers (tests/unit/bench/test_bench_peer.py) -------------------------------------------
 
 
 def make_contexts(n: int, lo: int, hi: int, vocab: int, seed: int = 0) -> list[list[int]]:

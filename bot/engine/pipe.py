@@ -4,7 +4,7 @@ Every message is a frozen dataclass with an enum tag (`kind`) and the protocol v
 made under; both sides match on the class, never on positional tuples. A model process answers
 the service's first look at it with `Ready` (or `Failed`) carrying its version, and the service
 refuses a process that speaks another one (a stale interpreter, a half-upgraded install).
-Adding a field or a message bumps PROTOCOL_VERSION; tests/unit/test_pipe.py round-trips every
+Adding a field or a message bumps PROTOCOL_VERSION; tests/unit/engine/test_pipe.py round-trips every
 message through a real pipe.
 
 service -> model process          model process -> service

@@ -1,7 +1,7 @@
 """The dashboard's test database and a dashboard served from it, for the HTTP and browser tests.
 
-The seed is the admin tests' own (tests/integration/test_admin.py: stats with delivery trouble;
-test_admin_variants.py: two variants with votes and ratings), plus one hostile conversation
+The seed is the admin tests' own (tests/integration/admin/test_admin.py: stats with delivery
+trouble; test_admin_variants.py: two variants with votes and ratings), plus one hostile conversation
 whose persona and messages hold HTML and script, chat leases, and two replicas' heartbeats
 (one live, one dead).
 """
@@ -20,8 +20,8 @@ from bot.config import Settings
 from bot.conversations.store import ConversationStore
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import ChatLease, Replica, utcnow
-from tests.integration.test_admin import seed
-from tests.integration.test_admin_variants import VARIANTS_TOML, seed_variants
+from tests.integration.admin.test_admin import seed
+from tests.integration.admin.test_admin_variants import VARIANTS_TOML, seed_variants
 
 PASSWORD = "correct horse battery staple"
 HOSTILE_CHAT = 6660

@@ -1,4 +1,4 @@
-"""The service in-process against the loopback Bot API, for tests/integration/test_service_*.
+"""The service in-process against the loopback Bot API, for tests/integration/tg/test_service_*.
 
 The model responder is replaced by `EchoResponder`, a deterministic ResponderProtocol whose
 reply names

@@ -1,0 +1,661 @@
+"""`admin variants`, `admin assign`, the variant lines of `/stats`, and the per-variant SQL of
+docs/administration.md, against a seeded database on SQLite and PostgreSQL alike.
+
+Every expected figure is a literal worked out by hand from the seed (the arithmetic is in the
+comments), not recomputed with the code under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+from sqlalchemy import select
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from bot.admin.cli import admin, run_admin
+from bot.admin.sql import readonly_sql
+from bot.config import ConfigError, Settings
+from bot.db.engine import make_engine, make_sessionmaker
+from bot.db.models import Assignment, Message, Rating, Session, Vote
+from bot.engine.variants import Experiment, Variant
+from bot.reports import stats as service_stats
+from bot.reports.admin import AdminError
+from bot.reports.variant_stats import FIXED_SAMPLE_NOTE
+from bot.reports.variants import (
+    format_variant_report,
+    plot_variants,
+    report_json,
+    variant_report,
+)
+from tests.integration.admin.test_admin import parse_admin
+from tests.integration.admin.test_admin import sql_url as sql_url  # the fixture: a read-only role
+from tests.integration.admin.test_admin_docs import DocQuery
+from tests.integration.admin.test_admin_docs import doc_queries as admin_doc_queries
+
+ROOT = Path(__file__).resolve().parents[3]
+DOC = ROOT / "docs" / "administration.md"
+DOC_START, DOC_END = "<!-- variants-sql:start -->", "<!-- variants-sql:end -->"
+
+EXPERIMENT = Experiment(
+    "decoding-test",
+    (
+        Variant("beam", "zoo:blender/blender_90M/model", 1.0, True),
+        Variant("nucleus", "zoo:blender/blender_90M/model", 1.0, False),
+    ),
+)
+VARIANTS_TOML = """\
+experiment = "decoding-test"
+
+[[variants]]
+name = "beam"
+model = "zoo:blender/blender_90M/model"
+weight = 1
+control = true
+
+[[variants]]
+name = "nucleus"
+model = "zoo:blender/blender_90M/model"
+weight = 1
+inference = "nucleus"
+topp = 0.9
+"""
+
+DAY1 = datetime(2026, 1, 10, 10, 0, tzinfo=UTC)
+DAY2 = datetime(2026, 1, 11, 10, 0, tzinfo=UTC)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@dataclass(frozen=True)
+class VSeed:
+    """What `seed_variants` stored."""
+
+    old_replies: tuple[int, int]  # message ids of chat 42's two replies
+
+
+async def seed_variants(sessionmaker: async_sessionmaker[AsyncSession]) -> VSeed:
+    """Assignments, replies, votes and ratings with figures that are easy to work out by hand.
+
+    assignments: chats 1-30 beam (hash), 31-40 nucleus (hash), 41 nucleus (admin),
+                 42-43 old (hash; "old" is not in the variants file any more)
+    beam    (chat 1): 8 replies, latency 100..800 ms, model time half of it, lengths 1..8;
+                      votes +1 +1 +1 -1 (day 1), +1 +1 +1 -1 (day 2): 6 up, 2 down;
+                      ratings 4, 5, 3
+    nucleus (chat 31): 9 replies: 8 with latency 1000..8000 ms (model time half), length 10,
+                      and one of length 19 with no timings and no vote;
+                      votes +1 -1 -1 -1 (day 1), +1 -1 -1 -1 (day 2): 2 up, 6 down;
+                      ratings 2, 4
+    old     (chat 42): 2 replies, "old" (50 ms, model 20 ms; one 👍 on day 2), "older" (70, 30)
+    """
+    async with sessionmaker.begin() as db:
+        chats = (
+            [(c, "beam", "hash") for c in range(1, 31)]
+            + [(c, "nucleus", "hash") for c in range(31, 41)]
+            + [(41, "nucleus", "admin"), (42, "old", "hash"), (43, "old", "hash")]
+        )
+        for chat_id, variant, source in chats:
+            db.add(
+                Assignment(
+                    chat_id=chat_id,
+                    experiment="decoding-test",
+                    variant=variant,
+                    source=source,
+                    assigned_at=DAY1,
+                )
+            )
+
+        async def conversation(chat_id: int) -> int:
+            s = Session(chat_id=chat_id, user_id=chat_id, status="done", created_at=DAY1)
+            db.add(s)
+            await db.flush()
+            return s.id
+
+        async def reply(
+            session_id: int,
+            chat_id: int,
+            variant: str,
+            text: str,
+            latency: float | None,
+            model: float | None,
+        ) -> int:
+            db.add(
+                Message(
+                    session_id=session_id, chat_id=chat_id, role="user", text="hi?", created_at=DAY1
+                )
+            )
+            m = Message(
+                session_id=session_id,
+                chat_id=chat_id,
+                role="bot",
+                text=text,
+                latency_ms=latency,
+                model_ms=model,
+                variant=variant,
+                created_at=DAY1,
+            )
+            db.add(m)
+            await db.flush()
+            return m.id
+
+        def vote(chat_id: int, message_id: int, variant: str, value: int, at: datetime) -> None:
+            db.add(
+                Vote(
+                    chat_id=chat_id,
+                    message_id=message_id,
+                    user_id=chat_id,
+                    value=value,
+                    source="button",
+                    variant=variant,
+                    created_at=at,
+                    updated_at=at,
+                )
+            )
+
+        beam = [await conversation(1) for _ in range(3)]
+        for k, value in enumerate([1, 1, 1, -1, 1, 1, 1, -1]):
+            mid = await reply(beam[0], 1, "beam", "b" * (k + 1), 100.0 * (k + 1), 50.0 * (k + 1))
+            vote(1, mid, "beam", value, DAY1 if k < 4 else DAY2)
+        nucleus = [await conversation(31) for _ in range(2)]
+        for k, value in enumerate([1, -1, -1, -1, 1, -1, -1, -1]):
+            latency = 1000.0 * (k + 1)
+            mid = await reply(nucleus[0], 31, "nucleus", "n" * 10, latency, latency / 2)
+            vote(31, mid, "nucleus", value, DAY1 if k < 4 else DAY2)
+        await reply(nucleus[0], 31, "nucleus", "n" * 19, None, None)
+        old = await conversation(42)
+        old1 = await reply(old, 42, "old", "old", 50.0, 20.0)
+        old2 = await reply(old, 42, "old", "older", 70.0, 30.0)
+        vote(42, old1, "old", 1, DAY2)
+
+        for session_id, value, variant in (
+            (beam[0], 4, "beam"),
+            (beam[1], 5, "beam"),
+            (beam[2], 3, "beam"),
+            (nucleus[0], 2, "nucleus"),
+            (nucleus[1], 4, "nucleus"),
+        ):
+            db.add(
+                Rating(
+                    chat_id=1 if variant == "beam" else 31,
+                    session_id=session_id,
+                    user_id=1,
+                    value=value,
+                    variant=variant,
+                    created_at=DAY2,
+                )
+            )
+    return VSeed((old1, old2))
+
+
+@pytest.fixture
+async def sessionmaker(db_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    engine = make_engine(db_url)
+    yield make_sessionmaker(engine)
+    await engine.dispose()
+
+
+async def run(db_url: str, *argv: str, experiment: Experiment = EXPERIMENT) -> tuple[int, str]:
+    """An admin subcommand in this process; returns (status, stdout)."""
+    out = io.StringIO()
+    status = await admin(db_url, parse_admin(*argv), out, experiment=experiment)
+    return status, out.getvalue()
+
+
+# --- the hand-computed figures -----------------------------------------------------------------
+
+Z2 = 1.959963984540054**2  # 3.841458820694124
+# Wilson: centre (x + z²/2) / (n + z²), half-width z·sqrt(x(n-x)/n + z²/4) / (n + z²).
+# 6 of 8: (7.920729410347062 ∓ 1.959963984540054·sqrt(1.5 + 0.960364705173531)) / 11.8414588207
+WILSON_6_OF_8 = (0.40927543031016883, 0.9285207872478909)
+# 2 of 8 is the mirror image: 1 - 0.9285207872478909, 1 - 0.40927543031016883
+WILSON_2_OF_8 = (0.071479212752109, 0.5907245696898311)
+# 1 of 1: centre (1 + z²/2)/(1 + z²), half (z²/2)/(1 + z²): low 1/(1 + z²), high 1
+WILSON_1_OF_1 = (1 / (1 + 3.841458820694124), 1.0)
+# Ratings 4, 5, 3: mean 4, s = sqrt((0 + 1 + 1)/2) = 1, t(0.975, 2) = 4.302652729749464,
+# half-width 4.302652729749464/sqrt(3) = 2.4841377117503313
+BEAM_RATING = (4.0, 1.5158622882496688, 6.484137711750331)
+# Ratings 2, 4: mean 3, s = sqrt((1 + 1)/1) = sqrt(2), se = sqrt(2)/sqrt(2) = 1,
+# t(0.975, 1) = 12.706204736174707
+NUCLEUS_RATING = (3.0, 3.0 - 12.706204736174707, 3.0 + 12.706204736174707)
+# Two proportions 6/8 (beam) and 2/8 (nucleus): pooled 8/16 = 0.5,
+# se = sqrt(0.5·0.5·(1/8 + 1/8)) = 0.25, z = (0.25 - 0.75)/0.25 = -2,
+# p = 2·(1 - Φ(2)) = erfc(2/sqrt(2)) = erfc(sqrt(2))
+P_NUCLEUS_VS_BEAM = 0.045500263896358396
+# SRM over hash-assigned chats: beam 30, nucleus 10 (chat 41 was an admin's move; "old" has
+# weight 0): expected 20 and 20, chi² = 10²/20 + 10²/20 = 10, 1 degree of freedom,
+# p = P(χ²₁ > 10) = erfc(sqrt(10/2))
+SRM_P = 0.0015654022580025488
+
+
+def close(a: float | None, b: float) -> bool:
+    return a is not None and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+async def test_report_figures_match_the_hand_computed_values(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    await seed_variants(sessionmaker)
+    report = await variant_report(sessionmaker, EXPERIMENT)
+    assert (report.experiment, report.control) == ("decoding-test", "beam")
+    assert [v.name for v in report.variants] == ["beam", "nucleus", "old"]  # file order, then DB
+    beam, nucleus, old = report.variants
+
+    assert (beam.weight, beam.control, beam.served) == (1.0, True, True)
+    assert (beam.chats, beam.chats_hash, beam.turns) == (30, 30, 8)
+    assert (beam.votes_up, beam.votes_down, beam.up_rate) == (6, 2, 0.75)  # 6/8
+    assert close(beam.up_low, WILSON_6_OF_8[0]) and close(beam.up_high, WILSON_6_OF_8[1])
+    assert beam.ratings == 3
+    assert close(beam.rating_mean, BEAM_RATING[0])
+    assert close(beam.rating_low, BEAM_RATING[1]) and close(beam.rating_high, BEAM_RATING[2])
+    # 100..800: p50 halfway between 400 and 500; p95 at rank 0.95·7 = 6.65: 700 + 0.65·100
+    assert close(beam.latency_p50_ms, 450.0) and close(beam.latency_p95_ms, 765.0)
+    assert close(beam.model_p50_ms, 225.0)  # half of 450
+    assert close(beam.reply_chars, 4.5)  # (1 + 2 + ... + 8)/8 = 36/8
+
+    assert (nucleus.weight, nucleus.control, nucleus.served) == (1.0, False, True)
+    assert (nucleus.chats, nucleus.chats_hash, nucleus.turns) == (11, 10, 9)
+    assert (nucleus.votes_up, nucleus.votes_down, nucleus.up_rate) == (2, 6, 0.25)  # 2/8
+    assert close(nucleus.up_low, WILSON_2_OF_8[0]) and close(nucleus.up_high, WILSON_2_OF_8[1])
+    assert nucleus.ratings == 2 and close(nucleus.rating_mean, 3.0)
+    assert close(nucleus.rating_low, NUCLEUS_RATING[1])
+    assert close(nucleus.rating_high, NUCLEUS_RATING[2])
+    # the reply without timings is left out: 1000..8000 gives 4500 and 7000 + 0.65·1000
+    assert close(nucleus.latency_p50_ms, 4500.0) and close(nucleus.latency_p95_ms, 7650.0)
+    assert close(nucleus.model_p50_ms, 2250.0)
+    assert close(nucleus.reply_chars, 11.0)  # (8·10 + 19)/9 = 99/9
+
+    assert (old.weight, old.control, old.served) == (0.0, False, False)
+    assert (old.chats, old.turns, old.votes_up, old.votes_down, old.up_rate) == (2, 2, 1, 0, 1.0)
+    assert close(old.up_low, WILSON_1_OF_1[0]) and old.up_high == 1.0
+    assert old.ratings == 0 and math.isnan(old.rating_mean)
+    # 50 and 70: p50 60, p95 50 + 0.95·20 = 69; model 20 and 30: p50 25; lengths 3 and 5
+    assert close(old.latency_p50_ms, 60.0) and close(old.latency_p95_ms, 69.0)
+    assert close(old.model_p50_ms, 25.0) and close(old.reply_chars, 4.0)
+
+    vs_nucleus, vs_old = report.comparisons
+    assert (vs_nucleus.variant, vs_nucleus.control) == ("nucleus", "beam")
+    assert close(vs_nucleus.up_rate_diff, -0.5)  # 0.25 - 0.75
+    assert close(vs_nucleus.z, -2.0)
+    assert close(vs_nucleus.p_value, P_NUCLEUS_VS_BEAM)
+    assert close(vs_nucleus.rating_diff, -1.0)  # 3 - 4
+    assert vs_old.variant == "old" and close(vs_old.up_rate_diff, 0.25)  # 1/1 - 6/8
+    assert math.isnan(vs_old.rating_diff)  # "old" has no ratings
+
+    assert (report.srm.dof, report.srm.warn) == (1, True)
+    assert close(report.srm.chi2, 10.0) and close(report.srm.p_value, SRM_P)
+    assert report.note == FIXED_SAMPLE_NOTE
+
+
+async def test_report_text_shows_the_table_comparisons_srm_and_note(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    await seed_variants(sessionmaker)
+    text = format_variant_report(await variant_report(sessionmaker, EXPERIMENT))
+    lines = text.splitlines()
+    assert lines[0] == "experiment decoding-test, control beam"
+    header = next(i for i, line in enumerate(lines) if line.startswith("variant "))
+    rows = lines[header + 2 : header + 5]
+    # fixed width: every row of the table is as wide as its rule
+    assert all(len(r) <= len(lines[header + 1]) for r in rows)
+    assert rows[0].split()[:9] == [
+        "beam",
+        "(control)",
+        "1",
+        "30",
+        "8",
+        "6",
+        "2",
+        "75.0%",
+        "40.9..92.9%",
+    ]
+    assert rows[0].split()[9:] == ["3", "4.00", "1.52..6.48", "450", "765", "225", "4.5"]
+    assert rows[1].split()[:9] == [
+        "nucleus",
+        "1",
+        "11",
+        "9",
+        "2",
+        "6",
+        "25.0%",
+        "7.1..59.1%",
+        "2",
+    ]
+    assert rows[2].split()[:4] == ["old", "(not", "served)", "0"]
+    assert rows[2].split()[-7:-3] == ["0", "n/a", "n/a", "60"]  # no ratings: n/a
+    assert (
+        "nucleus vs beam: up rate -50.0 pp (25.0% vs 75.0%), z = -2.00, p = 0.046; "
+        "mean rating -1.00 (3.00 vs 4.00)"
+    ) in lines
+    assert any(line.startswith("old vs beam: up rate +25.0 pp") for line in lines)
+    srm = next(i for i, line in enumerate(lines) if line.startswith("sample ratio"))
+    assert lines[srm].endswith("chi2 = 10.00, df 1, p = 0.002")
+    assert lines[srm + 1].startswith("  WARNING: sample ratio mismatch (p < 0.01)")
+    note = "\n".join(lines[lines.index("", srm) + 1 :])
+    assert note.startswith("Note: ") and " ".join(note.split()) == f"Note: {FIXED_SAMPLE_NOTE}"
+
+
+async def test_report_on_an_empty_database_has_no_numbers_to_show(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    report = await variant_report(sessionmaker, EXPERIMENT)
+    assert [(v.name, v.chats, v.turns, v.votes) for v in report.variants] == [
+        ("beam", 0, 0, 0),
+        ("nucleus", 0, 0, 0),
+    ]
+    assert math.isnan(report.variants[0].up_rate)
+    assert report.comparisons[0].p_value == 1.0 and not report.srm.warn
+    text = format_variant_report(report)
+    assert "nucleus vs beam: up rate n/a (votes: 0 vs 0); mean rating n/a" in text
+    data = report_json(report)
+    assert data["variants"][0]["up_rate"] is None  # NaN becomes null
+    json.dumps(data, allow_nan=False)
+
+
+async def test_admin_variants_json_and_plot(
+    sessionmaker: async_sessionmaker[AsyncSession],
+    db_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    await seed_variants(sessionmaker)
+    plot = tmp_path / "rates.png"
+    status, out = await run(db_url, "variants", "--json", "--plot", str(plot))
+    assert status == 0
+    data = json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert (data["experiment"], data["control"]) == ("decoding-test", "beam")
+    by_name = {v["name"]: v for v in data["variants"]}
+    assert list(by_name) == ["beam", "nucleus", "old"]
+    assert (by_name["beam"]["votes_up"], by_name["beam"]["votes"]) == (6, 8)
+    assert by_name["beam"]["up_rate"] == 0.75
+    assert close(by_name["nucleus"]["up_low"], WILSON_2_OF_8[0])
+    assert by_name["old"]["served"] is False and by_name["old"]["weight"] == 0.0
+    assert by_name["old"]["rating_mean"] is None  # no ratings: NaN, written as null
+    (vs_nucleus, vs_old) = data["comparisons"]
+    assert vs_nucleus["variant"] == "nucleus" and close(vs_nucleus["p_value"], P_NUCLEUS_VS_BEAM)
+    assert vs_old["rating_diff"] is None
+    assert close(data["srm"]["chi2"], 10.0) and data["srm"]["warn"] is True
+    assert data["note"] == FIXED_SAMPLE_NOTE
+
+    png = plot.read_bytes()
+    assert png.startswith(PNG_SIGNATURE) and len(png) > 1000
+    assert f"wrote {plot}" in capsys.readouterr().err
+
+    status, out = await run(db_url, "variants")
+    assert status == 0 and out.startswith("experiment decoding-test, control beam\n")
+    with pytest.raises(AdminError, match=r"cannot write .*no-such-dir"):
+        await run(db_url, "variants", "--plot", str(tmp_path / "no-such-dir" / "x.png"))
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report_placeholder: Any = None
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    with pytest.raises(RuntimeError, match="pip install matplotlib"):
+        plot_variants(report_placeholder, tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
+
+
+# --- admin assign ------------------------------------------------------------------------------
+
+
+async def _assignment(
+    sessionmaker: async_sessionmaker[AsyncSession], chat_id: int
+) -> tuple[str, str, str] | None:
+    async with sessionmaker() as db:
+        row = (
+            await db.execute(
+                select(Assignment.experiment, Assignment.variant, Assignment.source).where(
+                    Assignment.chat_id == chat_id
+                )
+            )
+        ).first()
+    return None if row is None else (row[0], row[1], row[2])
+
+
+async def test_admin_assign_moves_a_chat_and_refuses_an_unknown_variant(
+    sessionmaker: async_sessionmaker[AsyncSession], db_url: str
+) -> None:
+    await seed_variants(sessionmaker)
+    assert await _assignment(sessionmaker, 5) == ("decoding-test", "beam", "hash")
+
+    status, out = await run(db_url, "assign", "5", "nucleus")
+    assert status == 0
+    assert out == "chat 5: moved from beam to nucleus (its next reply comes from the new variant)\n"
+    assert await _assignment(sessionmaker, 5) == ("decoding-test", "nucleus", "admin")
+
+    # A chat without an assignment gets one.
+    status, out = await run(db_url, "assign", "777", "beam", "--json")
+    assert status == 0
+    assert json.loads(out) == {
+        "chat_id": 777,
+        "experiment": "decoding-test",
+        "variant": "beam",
+        "previous": None,
+        "source": "admin",
+    }
+    assert await _assignment(sessionmaker, 777) == ("decoding-test", "beam", "admin")
+
+    # Unknown (and no longer served) variants are refused, naming the valid ones.
+    for name in ("greedy", "old"):
+        with pytest.raises(
+            AdminError,
+            match=r"unknown variant '.*'; the variants of experiment decoding-test are: "
+            r"beam, nucleus$",
+        ):
+            await run(db_url, "assign", "6", name)
+    assert await _assignment(sessionmaker, 6) == ("decoding-test", "beam", "hash")
+
+    report = await variant_report(sessionmaker, EXPERIMENT)
+    beam, nucleus, _ = report.variants
+    # 30 - 1 + 1 (chat 777) and 11 + 1; the admin's moves are not hash-assigned
+    assert (beam.chats, beam.chats_hash, nucleus.chats, nucleus.chats_hash) == (30, 29, 12, 10)
+
+
+async def test_run_admin_reads_the_variants_file(
+    sessionmaker: async_sessionmaker[AsyncSession],
+    db_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    await seed_variants(sessionmaker)
+    good = tmp_path / "variants.toml"
+    good.write_text(VARIANTS_TOML, encoding="utf-8")
+    settings = Settings(database_url=SecretStr(db_url), variants_file=good)
+    status = await asyncio.to_thread(run_admin, settings, parse_admin("assign", "3", "bogus"))
+    err = capsys.readouterr().err
+    assert status == 1
+    assert err == (
+        "error: unknown variant 'bogus'; the variants of experiment decoding-test are: "
+        "beam, nucleus\n"
+    )
+    status = await asyncio.to_thread(run_admin, settings, parse_admin("assign", "3", "nucleus"))
+    assert status == 0 and "moved from beam to nucleus" in capsys.readouterr().out
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[variants]]\nname = 'x'\nweight = -1\n", encoding="utf-8")
+    settings = Settings(database_url=SecretStr(db_url), variants_file=bad)
+    with pytest.raises(ConfigError, match="weight must not be negative"):
+        run_admin(settings, parse_admin("variants"))
+
+
+def test_cli_variants_and_a_broken_variants_file(sqlite_url: str, tmp_path: Path) -> None:
+    """The real command line: the report, and exit status 2 for a broken VARIANTS_FILE."""
+
+    async def seed() -> None:
+        engine = make_engine(sqlite_url)
+        try:
+            await seed_variants(make_sessionmaker(engine))
+        finally:
+            await engine.dispose()
+
+    asyncio.run(seed())
+    good, bad = tmp_path / "variants.toml", tmp_path / "bad.toml"
+    good.write_text(VARIANTS_TOML, encoding="utf-8")
+    bad.write_text("[[variants]]\nname = 'beam'\ncontrol = 'yes'\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEGRAM_", "DATABASE_"))}
+    env.update(DATABASE_URL=sqlite_url, DATA_DIR=str(tmp_path / "data"), PYTHONPATH=str(ROOT))
+
+    def cli(variants_file: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "bot", "admin", *argv],
+            cwd=tmp_path,
+            env={**env, "VARIANTS_FILE": str(variants_file)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    proc = cli(good, "variants", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [(v["name"], v["chats"], v["turns"]) for v in data["variants"]] == [
+        ("beam", 30, 8),
+        ("nucleus", 11, 9),
+        ("old", 2, 2),
+    ]
+    proc = cli(bad, "variants")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: VARIANTS_FILE ")
+    assert "control must be true or false" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+# --- /stats and admin stats ----------------------------------------------------------------
+
+
+async def test_stats_show_one_line_per_variant_once_chats_are_assigned(
+    sessionmaker: async_sessionmaker[AsyncSession], db_url: str
+) -> None:
+    before = await service_stats.stats(sessionmaker)
+    assert before.variants == ()
+    assert "variant" not in service_stats.format_stats(before)
+
+    await seed_variants(sessionmaker)
+    got = await service_stats.stats(sessionmaker)
+    assert [(v.name, v.chats, v.replies, v.votes_up, v.votes_down) for v in got.variants] == [
+        ("beam", 30, 8, 6, 2),
+        ("nucleus", 11, 9, 2, 6),
+        ("old", 2, 2, 1, 0),
+    ]  # most chats first
+    text = service_stats.format_stats(got).splitlines()
+    assert text[-3:] == [
+        "variant beam: 30 chats, 8 replies, 👍 75% (n=8)",  # 6/8
+        "variant nucleus: 11 chats, 9 replies, 👍 25% (n=8)",  # 2/8
+        "variant old: 2 chats, 2 replies, 👍 100% (n=1)",
+    ]
+
+    status, out = await run(db_url, "stats", "--json")
+    assert status == 0
+    data = json.loads(out)
+    assert data["messages_total"] == 38  # 19 replies, each after a user message
+    assert data["variants"][1] == {
+        "name": "nucleus",
+        "chats": 11,
+        "replies": 9,
+        "votes_up": 2,
+        "votes_down": 6,
+        "up_rate": 0.25,
+    }
+
+
+def test_variant_line_formats_thousands_and_no_votes() -> None:
+    line = service_stats.format_variant_line(
+        service_stats.VariantStats("beam", 120, 3400, 0, 0, None)
+    )
+    assert line == "variant beam: 120 chats, 3,400 replies, 👍 n/a (n=0)"
+
+
+# --- the per-variant SQL of docs/administration.md -------------------------------------------
+
+
+def doc_queries() -> list[DocQuery]:
+    """The ```sql blocks between the variants-sql markers."""
+    return admin_doc_queries(DOC_START, DOC_END)
+
+
+def doc_expected(s: VSeed) -> dict[str, tuple[tuple[str, ...], list[tuple[Any, ...]]]]:
+    old1, old2 = s.old_replies
+    return {
+        "👍 rate per variant": (
+            ("variant", "up", "down", "votes", "up_pct"),
+            [("beam", 6, 2, 8, 75.0), ("nucleus", 2, 6, 8, 25.0), ("old", 1, 0, 1, 100.0)],
+        ),
+        "Ratings per variant": (
+            # 4, 5, 3 and 2, 4
+            ("variant", "ratings", "mean_rating", "four_or_five"),
+            [("beam", 3, 4.0, 2), ("nucleus", 2, 3.0, 1)],
+        ),
+        "Votes per day per variant": (
+            ("day", "variant", "up", "down"),
+            [
+                ("2026-01-10", "beam", 3, 1),
+                ("2026-01-10", "nucleus", 1, 3),
+                ("2026-01-11", "beam", 3, 1),
+                ("2026-01-11", "nucleus", 1, 3),
+                ("2026-01-11", "old", 1, 0),
+            ],
+        ),
+        "Replies of one chat with their votes": (
+            ("message_id", "variant", "text", "latency_ms", "up", "down"),
+            [(old1, "old", "old", 50.0, 1, 0), (old2, "old", "older", 70.0, 0, 0)],
+        ),
+    }
+
+
+def test_docs_per_variant_queries_each_have_an_expectation() -> None:
+    queries = doc_queries()
+    titles = {q.title for q in queries}
+    assert titles == set(doc_expected(VSeed((0, 0))))
+    for title in titles:
+        labels = sorted(str(q.backend) for q in queries if q.title == title)
+        assert labels in (["None"], ["postgresql", "sqlite"]), (title, labels)
+
+
+async def test_docs_per_variant_queries_return_the_expected_rows(
+    sessionmaker: async_sessionmaker[AsyncSession], db_url: str, sql_url: str
+) -> None:
+    s = await seed_variants(sessionmaker)
+    backend = make_url(db_url).get_backend_name()
+    want = doc_expected(s)
+    ran, failures = set(), []
+    for q in doc_queries():
+        if q.backend not in (None, backend):
+            continue
+        result = await readonly_sql(sql_url, q.sql)  # as `admin sql` runs it: read-only
+        columns, rows = want[q.title]
+        missing = [c for c in columns if c not in result.columns]
+        if missing:
+            failures.append(f"{q.title}: no column(s) {missing} in {result.columns}")
+            continue
+        index = [result.columns.index(c) for c in columns]
+        got = [tuple(row[i] for i in index) for row in result.rows]
+        if got != rows:
+            failures.append(f"{q.title}:\n  got  {got}\n  want {rows}")
+        ran.add(q.title)
+    assert not failures, "\n".join(failures)
+    assert ran == set(want)
+
+
+async def test_docs_show_the_real_output_of_admin_variants_for_this_seed(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    """The example in the docs is this seed's report, character for character."""
+    await seed_variants(sessionmaker)
+    text = DOC.read_text(encoding="utf-8")
+    prompt = "$ python -m bot admin variants\n"
+    assert text.count(prompt) == 1
+    shown = text[text.index(prompt) + len(prompt) :].split("\n```", 1)[0]
+    assert shown == format_variant_report(await variant_report(sessionmaker, EXPERIMENT))
