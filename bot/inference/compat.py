@@ -1,9 +1,9 @@
 """Every compatibility shim ParlAI 1.7.2 needs on today's torch/numpy/setuptools, in one place.
 
 ParlAI is no longer developed; its last release predates torch 2.2. Each shim below names what
-broke and is covered by tests/unit/inference/test_compat.py. Nothing here runs at import: `apply()` is
-called once per process by its composition root (bot/__main__.py; tests/conftest.py and the
-benchmarks for theirs), and a second call changes nothing.
+broke and is covered by tests/unit/inference/test_compat.py. Nothing here runs at import:
+`apply()` is called once per process by its composition root (bot/__main__.py;
+tests/conftest.py and the benchmarks for theirs), and a second call changes nothing.
 
 Order: call it before anything imports ParlAI, so that the warning filter is in place when ParlAI
 imports pkg_resources. The torch shim patches ReduceLROnPlateau itself, which ParlAI looks up

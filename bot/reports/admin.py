@@ -22,6 +22,7 @@ from bot.db.models import (
     Session,
     SessionStatus,
 )
+from bot.reports.rows import MESSAGE_COLUMNS, TranscriptMessage
 
 
 class AdminError(Exception):
@@ -77,30 +78,6 @@ async def list_sessions(
     async with sessionmaker() as db:
         rows = (await db.execute(stmt)).all()
     return [SessionSummary(*r) for r in rows]
-
-
-@dataclass(frozen=True, slots=True)
-class TranscriptMessage:
-    """One utterance as an admin reads it."""
-
-    id: int
-    role: str
-    text: str
-    created_at: datetime
-    delivered_at: datetime | None
-    latency_ms: float | None
-
-
-# A message's columns as the reports read it: TranscriptMessage's fields, in order (the
-# dashboard's TranscriptLine starts with them), and the message half of an ExportRow.
-MESSAGE_COLUMNS = (
-    Message.id,
-    Message.role,
-    Message.text,
-    Message.created_at,
-    Message.delivered_at,
-    Message.latency_ms,
-)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from bot.db.models import (
     Vote,
 )
 from bot.db.replicas import all_replicas
-from bot.reports.admin import MESSAGE_COLUMNS, TranscriptMessage
+from bot.reports.rows import MESSAGE_COLUMNS, TranscriptMessage
 
 # A replica whose heartbeat (written every second) is older than this is dead (the default of
 # TAKEOVER_AFTER_S, which the dashboard passes).

@@ -15,8 +15,8 @@ Same results means bit for bit: every floating-point operation that produces a s
 same shapes and in the same order as ParlAI's (matrix kernels give results that depend on the
 number of rows, so the decoder always runs `batch x beam` rows, as ParlAI's does, even for chats
 that are finished). The only place the two can part is an exact float tie at the k-th candidate,
-where top-k's choice among equal values is unspecified in both. tests/integration/inference/test_fastgen.py
-proves it against ParlAI on random cases.
+where top-k's choice among equal values is unspecified in both.
+tests/integration/inference/test_fastgen.py proves it against ParlAI on random cases.
 
 `accelerate(agent)` switches a loaded transformer generator to this search (SEARCH_IMPL=fast);
 anything it does not cover (sampling, prefix tokens, token details, block lists, custom decoders

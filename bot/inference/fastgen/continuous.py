@@ -16,7 +16,8 @@ running batch is a set of chats, each at its own decoding step with its own cont
 
 Results equal ParlAI's solo search up to float rounding: a row's matrix products run in a batch
 of another size, and masked attention sums a few exact zeros, so scores can differ in the last
-bits and a near-tie can go the other way (tests/integration/inference/test_continuous.py measures it).
+bits and a near-tie can go the other way (tests/integration/inference/test_continuous.py
+measures it).
 `_MASKS = False` turns the masks off (a private switch for that test: it must then report
 differences).
 """
