@@ -85,6 +85,8 @@ STATUS_TIMEOUT_S = 10.0
 # RAY_ADDRESS's port must accept a connection within this before ray.init is tried: ray.init
 # on an address nothing answers keeps retrying for a long time.
 CONNECT_TIMEOUT_S = 5.0
+# ray.init joining RAY_ADDRESS takes a second or two; past this it is refused or lost.
+JOIN_TIMEOUT_S = 30.0
 UPKEEP_SESSIONS = 100_000  # sessions with upkeep waiting for their next request
 # A variant's replicas take this many requests each at once (the batcher does the rest).
 ONGOING_PER_CHAT = 4
@@ -128,14 +130,10 @@ class _Cluster:
                 # "local": always a new instance of our own, never one `ray start` left on this
                 # host; only that one is ours to shut down (a joined cluster's other
                 # applications, another replica's variants included, must survive our stop).
-                try:
-                    ray.init(address=address or "local", **options)
-                except Exception as err:
-                    if address is None:
-                        raise
-                    raise ConfigError(
-                        _unreachable(address, f"{type(err).__name__}: {err}")
-                    ) from err
+                if address is None:
+                    ray.init(address="local", **options)
+                else:
+                    _join(ray, address, options, JOIN_TIMEOUT_S)
                 cls._owned = address is None
                 log.info("ray: %s", f"joined {address}" if address else "started a local instance")
             with _SERVE:
@@ -180,6 +178,39 @@ def _unreachable(address: str, why: str) -> str:
         "(`ray start --head` on the model machine) or correct RAY_ADDRESS (host:6379, or "
         "ray://host:10001); unset it to start a local Ray instance here"
     )
+
+
+def _join(ray: Any, address: str, options: dict[str, Any], timeout_s: float) -> None:
+    """ray.init(address), within `timeout_s`; ConfigError naming RAY_ADDRESS if it fails or
+    does not return in time. A GCS that answers but refuses us (token authentication without
+    our token) has ray.init retry for minutes: it runs in a daemon thread, which a process
+    that gives up and exits does not wait for."""
+    outcome: list[BaseException | None] = []
+    done = threading.Event()
+
+    def init() -> None:
+        try:
+            ray.init(address=address, **options)
+            outcome.append(None)
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
+            outcome.append(err)
+        finally:
+            done.set()
+
+    # Its port answers (_check_reachable): a refusal is most often the token.
+    auth = (
+        "; a cluster with token authentication (Ray's default) also needs RAY_AUTH_MODE=token "
+        "and its token here, in RAY_AUTH_TOKEN or ~/.ray/auth_token"
+    )
+    threading.Thread(target=init, name="ray-join", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise ConfigError(
+            _unreachable(address, f"ray.init did not return within {timeout_s:g} s{auth}")
+        )
+    err = outcome[0]
+    if err is not None:
+        why = f"{type(err).__name__}: {err}{auth}"
+        raise ConfigError(_unreachable(address, why)) from err
 
 
 def _check_reachable(address: str, timeout_s: float) -> None:

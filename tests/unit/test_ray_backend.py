@@ -18,7 +18,13 @@ from pydantic import SecretStr
 
 from bot.config import ConfigError, Settings
 from bot.engine import pipe, ray_backend
-from bot.engine.ray_backend import RayBackend, _check_reachable, _ray, _without_secrets
+from bot.engine.ray_backend import (
+    RayBackend,
+    _check_reachable,
+    _join,
+    _ray,
+    _without_secrets,
+)
 from tests.support.waits import until
 
 
@@ -153,3 +159,27 @@ async def test_a_cluster_that_stops_answering_marks_the_variant_down(
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+
+
+def test_joining_is_bounded_and_its_failure_names_ray_address_and_the_token() -> None:
+    """ray.init on a GCS that answers but refuses (token authentication) retries for long:
+    the join gives up after its timeout, or says why ray.init failed."""
+    release = threading.Event()
+
+    class Hangs:
+        def init(self, **_: Any) -> None:
+            release.wait(10)
+
+    class Refused:
+        def init(self, **_: Any) -> None:
+            raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.5:6379")
+
+    try:
+        with pytest.raises(ConfigError, match=r"did not return within 0\.1 s") as err:
+            _join(Hangs(), "10.0.0.5:6379", {}, 0.1)
+        assert "RAY_ADDRESS=10.0.0.5:6379" in str(err.value)
+    finally:
+        release.set()
+    with pytest.raises(ConfigError, match="ConnectionError: Failed to connect") as err:
+        _join(Refused(), "10.0.0.5:6379", {}, 5)
+    assert "RAY_AUTH_MODE=token" in str(err.value)
