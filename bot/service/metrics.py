@@ -39,6 +39,8 @@ REBUILD_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 # model_replica values kept per variant (a variant's replicas, and the replaced ones for a while).
 MAX_REPLICAS_PER_VARIANT = 32
 
+# bot_worker_restarts_total's reasons (bot/engine/client.py; unhealthy: bot/engine/ray_backend.py).
+RESTART_REASONS = ("exited", "stalled", "pipe_full", "unhealthy")
 # The model-side metrics' labels.
 MODEL_LABELS = ("variant", "model_replica")
 
@@ -170,7 +172,7 @@ class Metrics:
 
     def watch_worker_restarts(self, source: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
         """bot_worker_restarts_total{variant,reason}, read from the workers at scrape time
-        (`source`: variant -> reason -> restarts): exited, stalled or pipe_full."""
+        (`source`: variant -> reason -> restarts): RESTART_REASONS."""
         self.registry.register(_ModelRestarts(source))
 
     # --- one-line hooks for the components that count -------------------------------------
@@ -251,11 +253,12 @@ class _ModelRestarts(Collector):
         family = CounterMetricFamily(
             "bot_worker_restarts",
             "Model worker processes restarted, by variant and why: exited (died), stalled "
-            "(answered no ping or made no decoding step for WORKER_STALL_S), pipe_full.",
+            "(answered no ping or made no decoding step for WORKER_STALL_S), pipe_full; on "
+            "Ray, unhealthy (Serve saw the variant's deployment unhealthy and replaces replicas).",
             labels=["variant", "reason"],
         )
         for variant, reasons in sorted(self._source().items()):
-            for reason in ("exited", "stalled", "pipe_full"):
+            for reason in RESTART_REASONS:
                 family.add_metric([variant, reason], reasons.get(reason, 0))
         yield family
 

@@ -1,5 +1,6 @@
-"""The model-side metrics' model_replica label: set from the reply, and bounded per variant (Ray
-replaces a replica under a new id; the series of the one seen least recently are dropped)."""
+"""The model-side metrics: model_replica set from the reply, bounded per variant (Ray
+replaces a replica under a new id; the series of the one seen least recently are dropped), and
+a Ray variant's unhealthy episodes among the restarts."""
 
 from __future__ import annotations
 
@@ -56,3 +57,12 @@ def test_replicas_past_the_bound_drop_the_least_recently_seen() -> None:
     kept = _replicas(m, "a")
     assert len(kept) == bound and "r1" not in kept and {"r0", "new"} <= kept
     assert _replicas(m, "b") == {"keep"}
+
+
+def test_a_ray_variants_unhealthy_episodes_are_counted_as_restarts() -> None:
+    m = Metrics()
+    m.watch_worker_restarts(lambda: {"a": {"unhealthy": 2}, "b": {"exited": 1}})
+    text = generate_latest(m.registry).decode()
+    assert 'bot_worker_restarts_total{reason="unhealthy",variant="a"} 2.0' in text
+    assert 'bot_worker_restarts_total{reason="exited",variant="b"} 1.0' in text
+    assert 'bot_worker_restarts_total{reason="unhealthy",variant="b"} 0.0' in text
