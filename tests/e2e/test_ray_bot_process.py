@@ -90,7 +90,7 @@ async def test_the_telegram_path_over_ray_serve(tmp_path: Path, tiny_model_file:
             assert "what do you like to do" not in context_b  # (the tiny model's replies
             assert context_b.count("\nyou: ") == 1  # are alike: its turns tell them apart)
 
-            # Drafts came over the handle: "Thinking…" first, then text, in both chats.
+            # Drafts came over the handle: "Thinking…" first in both chats, then text.
             for chat in (a, b):
                 drafts = api.drafts_to(chat.id)
                 assert drafts and drafts[0] == "", drafts
