@@ -244,8 +244,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if settings.dashboard_port is not None:  # an unsafe setting stops us before the model
                 check_settings(settings, listen=settings.dashboard_listen, required=False)
             _set_up_logging(settings, settings.log_level)
-            _set_up_model_process(settings)
-            _ensure_model(settings, settings.log_level)
+            if settings.model_backend == "local":
+                # MODEL_BACKEND=ray: the Ray replicas load the model, and set themselves up
+                # (bot.inference.ray_server); this process never imports torch or ParlAI.
+                _set_up_model_process(settings)
+                _ensure_model(settings, settings.log_level)
             from bot.app import run_service
 
             with beside_service(settings):  # DASHBOARD_PORT: the dashboard, in its own thread

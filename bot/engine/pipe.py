@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from bot.db.conversations import SessionRow
     from bot.engine.protocol import ConversationContext, Generated, ModelView
 
-PROTOCOL_VERSION = 2  # 1: the positional tuples of waves 1-2
+PROTOCOL_VERSION = 3  # 1: the positional tuples of waves 1-2; 3: Generated.replica
 
 
 class Kind(StrEnum):

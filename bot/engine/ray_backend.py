@@ -40,8 +40,11 @@ import contextlib
 import itertools
 import logging
 import secrets
+import signal
+import socket
 import threading
 import time
+import urllib.parse
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -77,6 +80,13 @@ START_TIMEOUT_S = 600.0  # a zoo model downloads on its first start
 MAX_LOST = 3  # a turn whose replica was lost this many times is given up
 RETRY_FIRST_S = 0.5  # a lost turn is sent again after this, twice as long each time
 STATUS_POLL_S = 2.0
+# A status poll that has not answered by then marks the variant down (it goes on waiting).
+STATUS_TIMEOUT_S = 10.0
+# RAY_ADDRESS's port must accept a connection within this before ray.init is tried: ray.init
+# on an address nothing answers keeps retrying for a long time.
+CONNECT_TIMEOUT_S = 5.0
+# ray.init joining RAY_ADDRESS takes a second or two; past this it is refused or lost.
+JOIN_TIMEOUT_S = 30.0
 UPKEEP_SESSIONS = 100_000  # sessions with upkeep waiting for their next request
 # A variant's replicas take this many requests each at once (the batcher does the rest).
 ONGOING_PER_CHAT = 4
@@ -115,10 +125,15 @@ class _Cluster:
                 options: dict[str, Any] = {"include_dashboard": False}
                 if address is None:
                     options["num_cpus"] = settings.ray_num_cpus
+                else:
+                    _check_reachable(address, CONNECT_TIMEOUT_S)
                 # "local": always a new instance of our own, never one `ray start` left on this
                 # host; only that one is ours to shut down (a joined cluster's other
                 # applications, another replica's variants included, must survive our stop).
-                ray.init(address=address or "local", **options)
+                if address is None:
+                    ray.init(address="local", **options)
+                else:
+                    _join(ray, address, options, JOIN_TIMEOUT_S)
                 cls._owned = address is None
                 log.info("ray: %s", f"joined {address}" if address else "started a local instance")
             with _SERVE:
@@ -143,6 +158,79 @@ class _Cluster:
                 serve.delete(app)
         except Exception as err:  # noqa: BLE001 - the cluster is gone: nothing left to delete
             log.warning("ray: deleting application %s failed: %s", app, err)
+
+
+def _sigterm_to_python() -> None:
+    """Give SIGTERM back to Python's handler (the service's graceful stop). ray.init installs
+    absl's failure signal handler in this process, for SIGTERM too: it prints a stack, calls
+    the previous handler, and arms an alarm that aborts the process 3 s later (SIGABRT, in the
+    middle of the drain). Its other signals (SIGSEGV, ...) keep it. Only the main thread may
+    set a handler: the event loop's, where RayBackend.start runs under `python -m bot run`."""
+    with contextlib.suppress(ValueError):  # not the main thread: nothing to give back here
+        handler = signal.getsignal(signal.SIGTERM)
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
+
+
+def _unreachable(address: str, why: str) -> str:
+    return (
+        f"ray: cannot join the Ray cluster at RAY_ADDRESS={address} ({why}). Start its head "
+        "(`ray start --head` on the model machine) or correct RAY_ADDRESS (host:6379, or "
+        "ray://host:10001); unset it to start a local Ray instance here"
+    )
+
+
+def _join(ray: Any, address: str, options: dict[str, Any], timeout_s: float) -> None:
+    """ray.init(address), within `timeout_s`; ConfigError naming RAY_ADDRESS if it fails or
+    does not return in time. A GCS that answers but refuses us (token authentication without
+    our token) has ray.init retry for minutes: it runs in a daemon thread, which a process
+    that gives up and exits does not wait for."""
+    outcome: list[BaseException | None] = []
+    done = threading.Event()
+
+    def init() -> None:
+        try:
+            ray.init(address=address, **options)
+            outcome.append(None)
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
+            outcome.append(err)
+        finally:
+            done.set()
+
+    # Its port answers (_check_reachable): a refusal is most often the token.
+    auth = (
+        "; a cluster with token authentication (Ray's default) also needs RAY_AUTH_MODE=token "
+        "and its token here, in RAY_AUTH_TOKEN or ~/.ray/auth_token"
+    )
+    threading.Thread(target=init, name="ray-join", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise ConfigError(
+            _unreachable(address, f"ray.init did not return within {timeout_s:g} s{auth}")
+        )
+    err = outcome[0]
+    if err is not None:
+        why = f"{type(err).__name__}: {err}{auth}"
+        raise ConfigError(_unreachable(address, why)) from err
+
+
+def _check_reachable(address: str, timeout_s: float) -> None:
+    """ConfigError unless RAY_ADDRESS's port (GCS, or the Ray Client server for ray://)
+    accepts a TCP connection within `timeout_s`. "auto" and other forms without a port are
+    left to ray.init."""
+    target = address.removeprefix("ray://")
+    parts = urllib.parse.urlsplit(f"//{target}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host = port = None
+    if not host or port is None:
+        return
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as err:
+        raise ConfigError(
+            _unreachable(address, f"no answer on {host}:{port}: {err.strerror or err}")
+        ) from None
 
 
 def _without_secrets(settings: Settings) -> Settings:
@@ -193,6 +281,7 @@ class RayBackend:
         )
         app = f"{variant.name}-{secrets.token_hex(4)}"
         await asyncio.to_thread(_Cluster.acquire, settings)
+        _sigterm_to_python()
         try:
             handle = await asyncio.to_thread(_deploy, serve, ModelServer, spec, variant, app)
             await _wait_running(serve, app, START_TIMEOUT_S)
@@ -417,15 +506,34 @@ class RayBackend:
     # --- status ------------------------------------------------------------------------------
 
     async def _watch(self) -> None:
+        """Poll Serve's status. A poll that does not answer within STATUS_TIMEOUT_S (a cluster
+        whose head is gone can leave it waiting for a minute or more) marks the variant down
+        and is waited for further: never two polls at once, so no thread piles up."""
         _, serve = _ray()
-        while not self._closed:
-            await asyncio.sleep(STATUS_POLL_S)
-            try:
-                status = await asyncio.to_thread(_status, serve)
-            except Exception as err:  # noqa: BLE001 - the cluster does not answer
-                self._set(False, f"ray status unknown ({type(err).__name__}: {err})")
-                continue
-            self._follow(status.applications.get(self.app))
+        poll: asyncio.Future[Any] | None = None
+        try:
+            while not self._closed:
+                await asyncio.sleep(STATUS_POLL_S)
+                if poll is None:
+                    poll = asyncio.ensure_future(asyncio.to_thread(_status, serve))
+                done, _ = await asyncio.wait({poll}, timeout=STATUS_TIMEOUT_S)
+                if not done:
+                    self._set(
+                        False,
+                        f"ray status: no answer within {STATUS_TIMEOUT_S:g} s "
+                        "(is the cluster reachable?)",
+                    )
+                    continue
+                finished, poll = poll, None
+                try:
+                    status = finished.result()
+                except Exception as err:  # noqa: BLE001 - the cluster does not answer
+                    self._set(False, f"ray status unknown ({type(err).__name__}: {err})")
+                    continue
+                self._follow(status.applications.get(self.app))
+        finally:
+            if poll is not None:
+                poll.cancel()
 
     def _follow(self, app: Any) -> None:
         """Serve's view of the application: running while a replica of it runs."""

@@ -37,6 +37,7 @@ from bot.engine import live
 from bot.engine.assign import choose
 from bot.engine.bandit import Allocator
 from bot.engine.protocol import (
+    LOCAL_REPLICA,
     Abilities,
     DraftSink,
     Generated,
@@ -162,7 +163,10 @@ class VariantResponder:
         time), in parallel, and follow its changes; ConfigError naming a variant that cannot
         load (at start every variant must: a broken one is a mistake to fix now)."""
         seed = load_experiment(settings)
-        loaded = await live.ensure_seeded(store.sessionmaker, seed, settings, check_model=True)
+        # A model file must exist where it is loaded: here, or (ray) on the cluster's nodes,
+        # whose replicas say so when they cannot load it.
+        local = settings.model_backend == "local"
+        loaded = await live.ensure_seeded(store.sessionmaker, seed, settings, check_model=local)
         experiment, problems = loaded.experiment, loaded.problems
         if problems:
             raise ConfigError(
@@ -570,6 +574,7 @@ def _reply(result: Generated, latency_ms: float, variant: str) -> Reply:
         cache_hit=result.cache_hit,
         rebuild_ms=result.rebuild_ms,
         cache_evictions=result.cache_evictions,
+        model_replica=result.replica or LOCAL_REPLICA,
     )
 
 

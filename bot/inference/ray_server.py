@@ -29,6 +29,7 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from bot.config import ConfigError
@@ -78,6 +79,9 @@ class ModelServer:
         from bot.inference.responder import Responder
 
         self.spec = spec
+        # Serve's id of this replica (as its dashboard shows it): the model_replica label of
+        # the metrics of every turn it generates.
+        self.replica = str(serve.get_replica_context().replica_id.unique_id)
         agent = await asyncio.to_thread(_load, spec)
         self.responder = Responder(agent, GivenContext(None), spec.settings)
         await self.responder.batcher.start()
@@ -87,6 +91,7 @@ class ModelServer:
             "inference": agent.opt.get("inference"),
             "beam_size": agent.opt.get("beam_size"),
             "threads": spec.threads,
+            "replica": self.replica,
         }
         # One "model" per session: Serve's router prefers the replica that holds the id. Its
         # LRU is as long as the clone cache's, so both forget a session about together.
@@ -99,7 +104,13 @@ class ModelServer:
             max_num_models_per_replica=size
         )(pin)
         self._model_id: Callable[[], str] = serve.get_multiplexed_model_id
-        log.info("variant %s: replica %d ready (%s)", spec.variant, os.getpid(), self.info["model"])
+        log.info(
+            "variant %s: replica %s (pid %d) ready (%s)",
+            spec.variant,
+            self.replica,
+            os.getpid(),
+            self.info["model"],
+        )
 
     async def ready(self) -> pipe.Ready:
         """The replica's info, and the protocol version it speaks."""
@@ -179,7 +190,7 @@ class ModelServer:
             log.exception("variant %s: turn of session %s failed", self.spec.variant, session.id)
             self.responder.evict(session.id)
             return pipe.Error(req_id, f"{type(err).__name__}: {err}")
-        return pipe.Reply(req_id, result)
+        return pipe.Reply(req_id, replace(result, replica=self.replica))
 
     async def inspect(
         self, request: pipe.Inspect, upkeep: Sequence[pipe.Message] = ()
@@ -208,6 +219,7 @@ class ModelServer:
         cache, batcher = self.responder.cache, self.responder.batcher
         return {
             "pid": os.getpid(),
+            "replica": self.replica,
             "cached": len(cache),
             "hits": cache.stats.hits,
             "misses": cache.stats.misses,

@@ -7,10 +7,18 @@ METRICS_PORT.
 
 The turn outcome is decided deep in the use cases (bot/conversations/outcome.py) but counted
 here, by the inbox worker's runner, once per update, after its handler returned.
+
+The model-side figures (model time, batch size, the clone cache's) are labelled with the
+variant and the model server that generated the reply (`model_replica`: a Ray Serve replica's
+id, or "local" for the service's own model process). Ray replaces a replica under a new id,
+so those labels are bounded: at most MAX_REPLICAS_PER_VARIANT per variant, the replica seen
+least recently dropping its series when a new one comes (it is the one gone).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -28,6 +36,13 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 6
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # Rebuilding a clone from stored messages: milliseconds (bench: 8 ms for 1,000 messages).
 REBUILD_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+# model_replica values kept per variant (a variant's replicas, and the replaced ones for a while).
+MAX_REPLICAS_PER_VARIANT = 32
+
+# bot_worker_restarts_total's reasons (bot/engine/client.py; unhealthy: bot/engine/ray_backend.py).
+RESTART_REASONS = ("exited", "stalled", "pipe_full", "unhealthy")
+# The model-side metrics' labels.
+MODEL_LABELS = ("variant", "model_replica")
 
 # bot_telegram_requests_total's results, per HTTP request to the Bot API.
 OK, RATE_LIMITED, ERROR = "ok", "429", "error"
@@ -87,39 +102,39 @@ class Metrics:
         self.model_time = Histogram(
             "bot_model_time_seconds",
             "Time inside the model: the batch that generated the reply.",
-            ["variant"],
+            MODEL_LABELS,
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.batch_size = Histogram(
             "bot_batch_size",
             "Size of the batch each reply was generated in (one observation per reply).",
-            ["variant"],
+            MODEL_LABELS,
             buckets=BATCH_BUCKETS,
             registry=r,
         )
         self.cache_hits = Counter(
             "bot_agent_cache_hits",
             "Replies whose conversation clone was in the worker's cache.",
-            ["variant"],
+            MODEL_LABELS,
             registry=r,
         )
         self.cache_misses = Counter(
             "bot_agent_cache_misses",
             "Replies whose clone was rebuilt from the database first.",
-            ["variant"],
+            MODEL_LABELS,
             registry=r,
         )
         self.cache_evictions = Counter(
             "bot_agent_cache_evictions",
             "Clones dropped from a worker's cache (reported with the worker's next reply).",
-            ["variant"],
+            MODEL_LABELS,
             registry=r,
         )
         self.cache_rebuild = Histogram(
             "bot_agent_cache_rebuild_seconds",
             "Building a clone from the stored persona and messages, on a cache miss.",
-            ["variant"],
+            MODEL_LABELS,
             buckets=REBUILD_BUCKETS,
             registry=r,
         )
@@ -141,13 +156,23 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self._model_metrics: tuple[Counter | Histogram, ...] = (
+            self.model_time,
+            self.batch_size,
+            self.cache_hits,
+            self.cache_misses,
+            self.cache_evictions,
+            self.cache_rebuild,
+        )
+        # variant -> its model_replica values, the one seen least recently first.
+        self._replicas: dict[str, OrderedDict[str, None]] = {}
         # The series every dashboard plots exist from the start, at 0.
         for kind in ("inbox", "outbox", "poller"):
             self.lease_takeovers.labels(kind)
 
     def watch_worker_restarts(self, source: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
         """bot_worker_restarts_total{variant,reason}, read from the workers at scrape time
-        (`source`: variant -> reason -> restarts): exited, stalled or pipe_full."""
+        (`source`: variant -> reason -> restarts): RESTART_REASONS."""
         self.registry.register(_ModelRestarts(source))
 
     # --- one-line hooks for the components that count -------------------------------------
@@ -186,16 +211,30 @@ class Metrics:
         if received_at is not None:
             waited = (datetime.now(UTC) - received_at).total_seconds()
             self.reply_latency.labels(variant).observe(max(waited, 0.0))
+        model = (variant, self._replica(variant, reply.model_replica or ""))
         if reply.model_ms is not None:
-            self.model_time.labels(variant).observe(reply.model_ms / 1000.0)
+            self.model_time.labels(*model).observe(reply.model_ms / 1000.0)
         if reply.batch_size is not None:
-            self.batch_size.labels(variant).observe(reply.batch_size)
+            self.batch_size.labels(*model).observe(reply.batch_size)
         if reply.cache_hit is not None:
-            (self.cache_hits if reply.cache_hit else self.cache_misses).labels(variant).inc()
+            (self.cache_hits if reply.cache_hit else self.cache_misses).labels(*model).inc()
         if reply.rebuild_ms is not None:
-            self.cache_rebuild.labels(variant).observe(reply.rebuild_ms / 1000.0)
+            self.cache_rebuild.labels(*model).observe(reply.rebuild_ms / 1000.0)
         if reply.cache_evictions:
-            self.cache_evictions.labels(variant).inc(reply.cache_evictions)
+            self.cache_evictions.labels(*model).inc(reply.cache_evictions)
+
+    def _replica(self, variant: str, replica: str) -> str:
+        """Note `replica` as the variant's most recent; drop the series of the one seen least
+        recently when the variant has more than MAX_REPLICAS_PER_VARIANT."""
+        seen = self._replicas.setdefault(variant, OrderedDict())
+        seen[replica] = None
+        seen.move_to_end(replica)
+        while len(seen) > MAX_REPLICAS_PER_VARIANT:
+            gone, _ = seen.popitem(last=False)
+            for metric in self._model_metrics:
+                with contextlib.suppress(KeyError):  # a series it never had
+                    metric.remove(variant, gone)
+        return replica
 
     def set_backlog(self, inbox_depth: int, inbox_lag_s: float, outbox_depth: int) -> None:
         """The queue gauges, as just read from the database."""
@@ -214,11 +253,12 @@ class _ModelRestarts(Collector):
         family = CounterMetricFamily(
             "bot_worker_restarts",
             "Model worker processes restarted, by variant and why: exited (died), stalled "
-            "(answered no ping or made no decoding step for WORKER_STALL_S), pipe_full.",
+            "(answered no ping or made no decoding step for WORKER_STALL_S), pipe_full; on "
+            "Ray, unhealthy (Serve saw the variant's deployment unhealthy and replaces replicas).",
             labels=["variant", "reason"],
         )
         for variant, reasons in sorted(self._source().items()):
-            for reason in ("exited", "stalled", "pipe_full"):
+            for reason in RESTART_REASONS:
                 family.add_metric([variant, reason], reasons.get(reason, 0))
         yield family
 

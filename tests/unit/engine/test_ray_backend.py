@@ -4,7 +4,12 @@ as alive or not, and a clear error where Ray is not installed."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import re
+import socket
 import sys
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,8 +17,15 @@ import pytest
 from pydantic import SecretStr
 
 from bot.config import ConfigError, Settings
-from bot.engine import pipe
-from bot.engine.ray_backend import RayBackend, _ray, _without_secrets
+from bot.engine import pipe, ray_backend
+from bot.engine.ray_backend import (
+    RayBackend,
+    _check_reachable,
+    _join,
+    _ray,
+    _without_secrets,
+)
+from tests.support.waits import until
 
 
 def _backend() -> RayBackend:
@@ -83,3 +95,91 @@ def test_without_ray_installed_the_error_says_how_to_install_it(
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     with pytest.raises(ConfigError, match=r"pip install '\.\[ray\]'"):
         _ray()
+
+
+def test_an_unreachable_ray_address_is_a_clear_error_before_ray_init() -> None:
+    with socket.socket() as s:  # bound, never listening: connections are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+            with pytest.raises(ConfigError, match=f"RAY_ADDRESS={re.escape(address)}") as err:
+                _check_reachable(address, 1.0)
+            assert "ray start --head" in str(err.value)
+    _check_reachable("auto", 1.0)  # no port to try: left to ray.init
+
+
+class _Serve:
+    """ray.serve's status(): raising, hanging until released, or answering."""
+
+    def __init__(self) -> None:
+        self.answer: Any = ConnectionError("GCS at 10.0.0.5:6379 is gone")
+        self.release = threading.Event()
+        self.calls = 0
+
+    def status(self) -> Any:
+        self.calls += 1
+        if self.answer == "hang":
+            self.release.wait(10)
+            return SimpleNamespace(applications={"a-0000": _app(1)})
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+async def test_a_cluster_that_stops_answering_marks_the_variant_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What /readyz's model check reads ("variant a: <state>"): the status poll's error, or
+    its silence past STATUS_TIMEOUT_S, with one poll in flight at a time."""
+    serve = _Serve()
+    monkeypatch.setattr(ray_backend, "_ray", lambda: (None, serve))
+    monkeypatch.setattr(ray_backend, "STATUS_POLL_S", 0.01)
+    monkeypatch.setattr(ray_backend, "STATUS_TIMEOUT_S", 0.2)
+    backend = _backend()
+    states: list[str] = []
+    set_state = backend._set
+    backend._set = lambda alive, why: (states.append(why), set_state(alive, why))  # type: ignore[method-assign]
+    watcher = asyncio.create_task(backend._watch())
+    try:
+        await until(lambda: not backend.alive, within_s=5, what="the variant marked down")
+        assert "ConnectionError: GCS at 10.0.0.5:6379 is gone" in backend.state
+        serve.answer = SimpleNamespace(applications={"a-0000": _app(1)})
+        await until(lambda: backend.alive, within_s=5, what="the variant back")
+        serve.answer = "hang"
+        await until(lambda: not backend.alive, within_s=5, what="the silent poll noticed")
+        assert "no answer within 0.2 s" in backend.state
+        calls, silent = serve.calls, len(states)
+        await until(lambda: len(states) >= silent + 3, within_s=5, what="three more periods")
+        assert serve.calls == calls  # still the one poll, waited for: no thread piles up
+        serve.release.set()
+        await until(lambda: backend.alive, within_s=5, what="the answer at last")
+    finally:
+        serve.release.set()
+        backend._closed = True
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+def test_joining_is_bounded_and_its_failure_names_ray_address_and_the_token() -> None:
+    """ray.init on a GCS that answers but refuses (token authentication) retries for long:
+    the join gives up after its timeout, or says why ray.init failed."""
+    release = threading.Event()
+
+    class Hangs:
+        def init(self, **_: Any) -> None:
+            release.wait(10)
+
+    class Refused:
+        def init(self, **_: Any) -> None:
+            raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.5:6379")
+
+    try:
+        with pytest.raises(ConfigError, match=r"did not return within 0\.1 s") as err:
+            _join(Hangs(), "10.0.0.5:6379", {}, 0.1)
+        assert "RAY_ADDRESS=10.0.0.5:6379" in str(err.value)
+    finally:
+        release.set()
+    with pytest.raises(ConfigError, match="ConnectionError: Failed to connect") as err:
+        _join(Refused(), "10.0.0.5:6379", {}, 5)
+    assert "RAY_AUTH_MODE=token" in str(err.value)
