@@ -121,6 +121,16 @@ class _Cluster:
     _lock = threading.Lock()
     _users = 0
     _owned = False
+    _registry: Any = None  # the handle of the cluster's _Apps actor, once asked for
+
+    @classmethod
+    def apps(cls) -> Any:
+        """The cluster's _Apps actor (blocking, the first time)."""
+        ray, _ = _ray()
+        with cls._lock:
+            if cls._registry is None:
+                cls._registry = _apps(ray)
+            return cls._registry
 
     @classmethod
     def acquire(cls, settings: Settings) -> None:
@@ -147,7 +157,7 @@ class _Cluster:
         """Count `user` in the application's users, deploying it unless it is there or being
         deployed (blocking); whether this call deployed it."""
         ray, serve = _ray()
-        apps = _apps(ray)
+        apps = cls.apps()
         deploy: bool = ray.get(apps.join.remote(app, user))
         if deploy:
             try:
@@ -159,8 +169,7 @@ class _Cluster:
     @classmethod
     def touch(cls, app: str, user: str) -> None:
         """Say that `user` still uses the application (fire and forget)."""
-        ray, _ = _ray()
-        _apps(ray).touch.remote(app, user)
+        cls.apps().touch.remote(app, user)
 
     @classmethod
     def release(cls, app: str, user: str) -> None:
@@ -171,16 +180,21 @@ class _Cluster:
             cls._users -= 1
             if cls._users == 0 and cls._owned:
                 cls._owned = False
+                cls._registry = None
                 with _SERVE, contextlib.suppress(Exception):
                     serve.shutdown()
                 ray.shutdown()
                 log.info("ray: the local instance stopped")
                 return
         try:
-            left = ray.get(_apps(ray).leave.remote(app, user))
+            left = ray.get(cls.apps().leave.remote(app, user))
         except Exception as err:  # noqa: BLE001 - the cluster is gone: nothing left to delete
             log.warning("ray: leaving application %s failed: %s", app, err)
             return
+        finally:
+            with cls._lock:
+                if cls._users == 0:  # the next user may be on another connection
+                    cls._registry = None
         if left:
             log.info("ray: application %s kept for its %d other front-end(s)", app, left)
 
@@ -551,13 +565,19 @@ class RayBackend:
         while not self._closed:
             await asyncio.sleep(STATUS_POLL_S)
             try:
-                status = await asyncio.to_thread(_status, serve)
-                if self.user:
-                    _Cluster.touch(self.app, self.user)
+                status = await asyncio.to_thread(self._poll, serve)
             except Exception as err:  # noqa: BLE001 - the cluster does not answer
                 self._set(False, f"ray status unknown ({type(err).__name__}: {err})")
                 continue
             self._follow(status.applications.get(self.app))
+
+    def _poll(self, serve: Any) -> Any:
+        """Serve's status, and this backend's word that it still uses the application
+        (blocking)."""
+        status = _status(serve)
+        if self.user:
+            _Cluster.touch(self.app, self.user)
+        return status
 
     def _follow(self, app: Any) -> None:
         """Serve's view of the application: running while a replica of it runs."""

@@ -36,7 +36,7 @@ from tests.support.service_harness import make_settings, rows, running_service, 
 from tests.support.waits import until
 
 ROOT = Path(__file__).resolve().parents[2]
-DELAY_MS = 1500
+DELAY_MS = 500
 PERSONA = "i love pizza ."
 
 
@@ -162,6 +162,9 @@ async def test_a_replica_killed_mid_generation_loses_and_repeats_nothing(
     assert len(set(second)) == 1, "a rebuilt model input differs from the cached one"
 
 
+# About 30 s beyond the module's Ray start: deselected from `make test` (the stall limit's
+# sizing is unit-tested in tests/unit/test_ray_backend.py).
+@pytest.mark.slow
 async def test_a_stopped_replica_is_replaced_within_the_stall_limit(
     marks: Path, sqlite_url: str, tmp_path: Path, api: FakeBotAPI, tiny_model_file: str
 ) -> None:
@@ -200,7 +203,8 @@ async def test_a_stopped_replica_is_replaced_within_the_stall_limit(
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim, signal.SIGKILL)
-        assert model_check(service.responder)[0]
+        # Serve's status, polled every few seconds, catches up with the new replica.
+        await until(lambda: model_check(service.responder)[0], within_s=30, what="ready again")
         assert backend.restart_reasons["unhealthy"] == 1
         assert backend.lost_turns >= 1  # the stopped replica's turn was sent again
         await _answered_once(service, api, [chat], turns=2)
