@@ -37,13 +37,17 @@ Stickiness is a matter of speed, never of correctness: a replica that is not the
 the clone rebuilds it from the context, and a stale clone is never used (see Responder).
 
 Cache upkeep is ordered by riding on the session's next request (see ray_server): Stored is
-only sent that way; Evict is also sent at once, to free the clone's memory.
+only sent that way; Evict is also sent at once, to free the clone's memory. Each front-end
+keeps its own: a chat whose next turn another front-end takes (its lease moved) costs at most
+one rebuild, never a stale clone.
 
 Drafts stream back over the handle (`stream=True`) into the turn's `on_draft`. A replica that
 dies during a turn (its actor lost) fails the call; the turn is sent again (at most MAX_LOST
 times), to a replica Serve keeps or starts, which asks for the context. Every turn has a
-deadline (GENERATION_TIMEOUT_S). `alive` and `state` follow Serve's status of the application,
-read every STATUS_POLL_S off the event loop.
+deadline (GENERATION_TIMEOUT_S). A replica that stalls (no decoding step while it has work)
+or stops answering is replaced by Serve's health check, sized from WORKER_STALL_S
+(_health_check_s), and its turns are sent again the same way. `alive` and `state` follow
+Serve's status of the application, read every STATUS_POLL_S off the event loop.
 """
 
 from __future__ import annotations
