@@ -178,27 +178,28 @@ class _Cluster:
     @classmethod
     def release(cls, app: str, user: str) -> None:
         """Stop using the application (deleted after its last user); stop the local instance
-        after this process's last backend (blocking)."""
+        after this process's last backend (blocking). Under the lock throughout: a backend's
+        leave is never cut short by another one's shutdown of the local instance."""
         ray, serve = _ray()
         with cls._lock:
             cls._users -= 1
-            if cls._users == 0 and cls._owned:
+            last = cls._users == 0
+            registry, cls._registry = cls._registry, None
+            if last and cls._owned:
                 cls._owned = False
-                cls._registry = None
                 with _SERVE, contextlib.suppress(Exception):
                     serve.shutdown()
                 ray.shutdown()
                 log.info("ray: the local instance stopped")
                 return
-        try:
-            left = ray.get(cls.apps().leave.remote(app, user))
-        except Exception as err:  # noqa: BLE001 - the cluster is gone: nothing left to delete
-            log.warning("ray: leaving application %s failed: %s", app, err)
-            return
-        finally:
-            with cls._lock:
-                if cls._users == 0:  # the next user may be on another connection
-                    cls._registry = None
+            try:
+                registry = registry or _apps(ray)
+                left = ray.get(registry.leave.remote(app, user))
+            except Exception as err:  # noqa: BLE001 - the cluster is gone: nothing to delete
+                log.warning("ray: leaving application %s failed: %s", app, err)
+                return
+            if not last:  # else the next user may be on another connection
+                cls._registry = registry
         if left:
             log.info("ray: application %s kept for its %d other front-end(s)", app, left)
 
