@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PARLAI := parlai==1.7.2
 PYTEST_ARGS ?=
 
-.PHONY: install run chat train train-shipped test test-all lint format i18n-extract i18n-update bench bench-quick bench-variants bench-loop bench-peer soak scaleout clean
+.PHONY: install run chat train train-shipped test test-all lint format i18n-extract i18n-update bench bench-quick bench-variants bench-loop bench-peer bench-modelserver soak scaleout clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -100,6 +100,13 @@ bench-peer: install $(PEER_STAMP)
 
 soak: install
 	$(PY) -m tests.soak
+
+# 3 front-ends on PostgreSQL sharing one Ray Serve deployment against 3 with their own model
+# workers: RSS, replies/s, latency, a Ray replica SIGKILLed mid-load. BENCH_MODELSERVER_ARGS=--quick
+# for a smoke run. Never part of `make test`.
+BENCH_MODELSERVER_ARGS ?=
+bench-modelserver: install
+	nice -n 10 $(PY) -m bench.modelserver $(BENCH_MODELSERVER_ARGS)
 
 # Replicas on PostgreSQL behind nginx (installed if missing), SIGKILL/SIGTERM mid-load, then
 # the poller killed in polling mode; about 12 minutes. Never part of `make test`.

@@ -1,12 +1,25 @@
 """A variant's model on Ray Serve (MODEL_BACKEND=ray): the router's Backend over a deployment.
 
-Each variant is one Serve application of its own (a unique name per backend, so a variant that
-is reloaded with another model, or two services on one cluster, never replace each other's),
-whose replicas run bot.inference.ray_server.ModelServer: the same Responder as a model process,
-speaking the same typed messages (bot/engine/pipe.py) over Serve's handle. RAY_ADDRESS names
-the cluster to join; unset, the first backend starts a local Ray instance (RAY_NUM_CPUS), owned
-by this process, and the last one to close stops it. No HTTP proxy is started: the service
-calls its deployments through handles only.
+Each variant is one Serve application whose replicas run bot.inference.ray_server.ModelServer:
+the same Responder as a model process, speaking the same typed messages (bot/engine/pipe.py)
+over Serve's handle. RAY_ADDRESS names the cluster to join; unset, the first backend starts a
+local Ray instance (RAY_NUM_CPUS), owned by this process, and the last one to close stops it.
+No HTTP proxy is started: the service calls its deployments through handles only.
+
+Front-ends share a variant's application (the point of model servers). Its name is the rule
+that makes them meet: `<variant>-<key>`, the key a hash of the service (its database URL, the
+password left out: one database, one set of session ids, which the replicas' clone caches are
+keyed by) and of what the replicas load (the variant's model, threads, generation options and
+sizing, bot.engine.variants.Variant.same_model) and the protocol version. So every front-end of
+one service with the same variants file joins the same application; a variant changed or
+reloaded with another model, another service on the same cluster, or front-ends of another
+code version each get their own. The first front-end deploys it (its settings size it: cache,
+batch, stall limits), the others only take its handle. Who uses which application is kept by one
+small detached actor in the cluster (`_Apps`, namespace APPS_NAMESPACE, no CPU), which serializes
+deploying and deleting: the last front-end to stop deletes the application; a front-end that
+stops while others use it leaves it running. A front-end killed without stopping stays counted
+until it has not been heard of for USER_STALE_S (each backend says it is alive with every
+status poll): until then the application outlives it, which is the safe side.
 
 No database in the replicas: a replica with no up-to-date clone of a conversation answers
 NeedContext, and the turn is sent again with the conversation's tail (read from the store
@@ -24,21 +37,28 @@ Stickiness is a matter of speed, never of correctness: a replica that is not the
 the clone rebuilds it from the context, and a stale clone is never used (see Responder).
 
 Cache upkeep is ordered by riding on the session's next request (see ray_server): Stored is
-only sent that way; Evict is also sent at once, to free the clone's memory.
+only sent that way; Evict is also sent at once, to free the clone's memory. Each front-end
+keeps its own: a chat whose next turn another front-end takes (its lease moved) costs at most
+one rebuild, never a stale clone.
 
 Drafts stream back over the handle (`stream=True`) into the turn's `on_draft`. A replica that
 dies during a turn (its actor lost) fails the call; the turn is sent again (at most MAX_LOST
 times), to a replica Serve keeps or starts, which asks for the context. Every turn has a
-deadline (GENERATION_TIMEOUT_S). `alive` and `state` follow Serve's status of the application,
-read every STATUS_POLL_S off the event loop.
+deadline (GENERATION_TIMEOUT_S). A replica that stalls (no decoding step while it has work)
+or stops answering is replaced by Serve's health check, sized from WORKER_STALL_S
+(_health_check_s), and its turns are sent again the same way. `alive` and `state` follow
+Serve's status of the application, read every STATUS_POLL_S off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
+import json
 import logging
+import os
 import secrets
 import signal
 import socket
@@ -114,6 +134,16 @@ class _Cluster:
     _lock = threading.Lock()
     _users = 0
     _owned = False
+    _registry: Any = None  # the handle of the cluster's _Apps actor, once asked for
+
+    @classmethod
+    def apps(cls) -> Any:
+        """The cluster's _Apps actor (blocking, the first time)."""
+        ray, _ = _ray()
+        with cls._lock:
+            if cls._registry is None:
+                cls._registry = _apps(ray)
+            return cls._registry
 
     @classmethod
     def acquire(cls, settings: Settings) -> None:
@@ -141,23 +171,129 @@ class _Cluster:
             cls._users += 1
 
     @classmethod
-    def release(cls, app: str) -> None:
-        """Delete the application; stop the local instance after its last user (blocking)."""
+    def join(cls, app: str, user: str, spec: ProcessSpec, variant: Variant) -> bool:
+        """Count `user` in the application's users, deploying it unless it is there or being
+        deployed (blocking); whether this call deployed it."""
+        ray, serve = _ray()
+        apps = cls.apps()
+        deploy: bool = ray.get(apps.join.remote(app, user))
+        if deploy:
+            try:
+                _deploy(serve, spec, variant, app)
+            finally:
+                ray.get(apps.deployed.remote(app))
+        return deploy
+
+    @classmethod
+    def touch(cls, app: str, user: str) -> None:
+        """Say that `user` still uses the application (fire and forget)."""
+        cls.apps().touch.remote(app, user)
+
+    @classmethod
+    def release(cls, app: str, user: str) -> None:
+        """Stop using the application (deleted after its last user); stop the local instance
+        after this process's last backend (blocking). Under the lock throughout: a backend's
+        leave is never cut short by another one's shutdown of the local instance."""
         ray, serve = _ray()
         with cls._lock:
             cls._users -= 1
-            if cls._users == 0 and cls._owned:
+            last = cls._users == 0
+            registry, cls._registry = cls._registry, None
+            if last and cls._owned:
                 cls._owned = False
                 with _SERVE, contextlib.suppress(Exception):
                     serve.shutdown()
                 ray.shutdown()
                 log.info("ray: the local instance stopped")
                 return
-        try:
-            with _SERVE:
-                serve.delete(app)
-        except Exception as err:  # noqa: BLE001 - the cluster is gone: nothing left to delete
-            log.warning("ray: deleting application %s failed: %s", app, err)
+            try:
+                registry = registry or _apps(ray)
+                left = ray.get(registry.leave.remote(app, user))
+            except Exception as err:  # noqa: BLE001 - the cluster is gone: nothing to delete
+                log.warning("ray: leaving application %s failed: %s", app, err)
+                return
+            if not last:  # else the next user may be on another connection
+                cls._registry = registry
+        if left:
+            log.info("ray: application %s kept for its %d other front-end(s)", app, left)
+
+
+APPS_NAMESPACE = "telegram-bot"
+APPS_ACTOR = "applications"
+USER_STALE_S = 60.0  # a user not heard of for this long no longer keeps an application
+CLAIM_S = 60.0  # a deploy claimed this long ago and never submitted is claimed again
+
+
+class _Apps:
+    """The cluster's one record of which front-ends use which application (a detached actor:
+    its calls run one at a time, so deploying and deleting never race)."""
+
+    def __init__(self) -> None:
+        self.users: dict[str, dict[str, float]] = {}  # app -> user -> last heard of
+        self.claims: dict[str, float] = {}  # app -> when a front-end set out to deploy it
+
+    def join(self, app: str, user: str) -> bool:
+        """Count the user; True: it is to deploy the application (absent, unclaimed)."""
+        from ray import serve
+
+        now = time.monotonic()
+        self.users.setdefault(app, {})[user] = now
+        if app in serve.status().applications:
+            return False
+        if now - self.claims.get(app, -CLAIM_S) < CLAIM_S:
+            return False  # another front-end is submitting it: wait for it to appear
+        self.claims[app] = now
+        return True
+
+    def deployed(self, app: str) -> None:
+        """The claimant submitted the application (or failed to: then it leaves)."""
+        self.claims.pop(app, None)
+
+    def touch(self, app: str, user: str) -> None:
+        self.users.setdefault(app, {})[user] = time.monotonic()
+
+    def leave(self, app: str, user: str) -> int:
+        """Uncount the user; delete the application after its last one. The users left."""
+        from ray import serve
+
+        now = time.monotonic()
+        users = self.users.get(app, {})
+        users.pop(user, None)
+        for other, seen in list(users.items()):
+            if now - seen > USER_STALE_S:
+                del users[other]
+        if users:
+            return len(users)
+        self.users.pop(app, None)
+        serve.delete(app)
+        return 0
+
+    def using(self) -> dict[str, int]:
+        """Each application's users (for tests and operators)."""
+        return {app: len(users) for app, users in self.users.items()}
+
+
+def _apps(ray: Any) -> Any:
+    """The cluster's _Apps actor, started by the first front-end that asks for it."""
+    return (
+        ray.remote(num_cpus=0, max_restarts=-1)(_Apps)
+        .options(name=APPS_ACTOR, namespace=APPS_NAMESPACE, lifetime="detached", get_if_exists=True)
+        .remote()
+    )
+
+
+def app_name(variant: Variant, settings: Settings) -> str:
+    """The Serve application of `variant` for the service of `settings` (its own settings,
+    the database URL still in them): one name for every front-end of the service, see above."""
+    from sqlalchemy.engine import URL, make_url
+
+    url = make_url(settings.db_url)  # its password left out (URL.set cannot clear one)
+    service = URL.create(url.drivername, url.username, None, url.host, url.port, url.database)
+    rendered = service.render_as_string(hide_password=False)
+    loaded = json.dumps(
+        [pipe.PROTOCOL_VERSION, rendered, *variant.loaded()], default=str, sort_keys=True
+    )
+    return f"{variant.name}-{hashlib.sha256(loaded.encode()).hexdigest()[:12]}"
 
 
 def _sigterm_to_python() -> None:
@@ -244,14 +380,22 @@ class RayBackend:
     """One variant's Serve application, as the router sees it (bot.engine.router.Backend)."""
 
     def __init__(
-        self, name: str, app: str, handle: Any, store: ContextSource, settings: Settings
+        self,
+        name: str,
+        app: str,
+        handle: Any,
+        store: ContextSource,
+        settings: Settings,
+        user: str = "",
     ) -> None:
         self.name = name
         self.app = app
+        self.user = user  # this backend, among the application's users (_Apps)
         self.store = store
         self.turn_timeout_s = settings.generation_timeout_s
         self.info: dict[str, Any] = {}
         self.restart_reasons: Counter[str] = Counter()
+        self.lost_turns = 0  # requests sent again because their replica was lost
         self._handle = handle
         self._ids = itertools.count(1)
         # session id -> the Evict/Stored its next request carries (the newest Stored only).
@@ -268,7 +412,6 @@ class RayBackend:
         """Deploy the variant (`settings`: its own, bot.engine.variants.Variant.settings) and
         wait until its replicas have loaded the model; ConfigError if they cannot."""
         from bot.inference.process import ProcessSpec
-        from bot.inference.ray_server import ModelServer
 
         _, serve = _ray()
         spec = ProcessSpec(
@@ -279,29 +422,32 @@ class RayBackend:
             log_level=settings.log_level,
             log_format=settings.log_format,  # no secrets: the settings' are cleared above
         )
-        app = f"{variant.name}-{secrets.token_hex(4)}"
+        app = app_name(variant, settings)
+        user = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         await asyncio.to_thread(_Cluster.acquire, settings)
         _sigterm_to_python()
         try:
-            handle = await asyncio.to_thread(_deploy, serve, ModelServer, spec, variant, app)
+            deployed = await asyncio.to_thread(_Cluster.join, app, user, spec, variant)
             await _wait_running(serve, app, START_TIMEOUT_S)
+            handle = await asyncio.to_thread(_app_handle, serve, app)
             ready = await handle.ready.remote()
         except BaseException as err:
-            await asyncio.to_thread(_Cluster.release, app)
+            await asyncio.to_thread(_Cluster.release, app, user)
             if isinstance(err, Exception):
                 raise ConfigError(f"ray: variant {variant.name} did not deploy: {err}") from err
             raise
         if not isinstance(ready, pipe.Ready) or ready.version != pipe.PROTOCOL_VERSION:
-            await asyncio.to_thread(_Cluster.release, app)
+            await asyncio.to_thread(_Cluster.release, app, user)
             raise ConfigError(
                 f"ray: variant {variant.name}'s replicas speak another protocol "
                 f"({getattr(ready, 'version', ready)!r}, this service {pipe.PROTOCOL_VERSION}): "
                 "install the same code on the cluster"
             )
-        backend = cls(variant.name, app, handle, store, settings)
+        backend = cls(variant.name, app, handle, store, settings, user)
         backend.info = dict(ready.info)
         backend._watcher = asyncio.create_task(backend._watch(), name=f"ray-status:{app}")
-        log.info("variant %s: ray application %s is serving", variant.name, app)
+        how = "deployed" if deployed else "joined"
+        log.info("variant %s: ray application %s %s, serving", variant.name, app, how)
         return backend
 
     # --- the router's Backend ----------------------------------------------------------------
@@ -317,7 +463,8 @@ class RayBackend:
         return "" if self.alive else self._state or "ray application stopped"
 
     async def close(self) -> None:
-        """Delete the application (and stop the local Ray instance after the last one)."""
+        """Leave the application: deleted after its last front-end (and the local Ray instance
+        stopped after this process's last backend)."""
         if self._closed:
             return
         self._closed = True
@@ -327,7 +474,7 @@ class RayBackend:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        await asyncio.to_thread(_Cluster.release, self.app)
+        await asyncio.to_thread(_Cluster.release, self.app, self.user)
 
     async def generate(
         self, session: SessionRow, user_text: str, *, on_draft: DraftSink | None = None
@@ -434,6 +581,7 @@ class RayBackend:
             except _Lost as err:
                 self._give_back(session.id, upkeep)
                 lost += 1
+                self.lost_turns += 1
                 if lost >= MAX_LOST:
                     raise GenerationError(
                         f"variant {self.name}: its replica was lost {lost} times during this "
@@ -515,7 +663,7 @@ class RayBackend:
             while not self._closed:
                 await asyncio.sleep(STATUS_POLL_S)
                 if poll is None:
-                    poll = asyncio.ensure_future(asyncio.to_thread(_status, serve))
+                    poll = asyncio.ensure_future(asyncio.to_thread(self._poll, serve))
                 done, _ = await asyncio.wait({poll}, timeout=STATUS_TIMEOUT_S)
                 if not done:
                     self._set(
@@ -534,6 +682,14 @@ class RayBackend:
         finally:
             if poll is not None:
                 poll.cancel()
+
+    def _poll(self, serve: Any) -> Any:
+        """Serve's status, and this backend's word that it still uses the application
+        (blocking)."""
+        status = _status(serve)
+        if self.user:
+            _Cluster.touch(self.app, self.user)
+        return status
 
     def _follow(self, app: Any) -> None:
         """Serve's view of the application: running while a replica of it runs."""
@@ -614,12 +770,28 @@ def _cancel(response: Any) -> None:
         asyncio.get_running_loop().run_in_executor(None, response.cancel)
 
 
-def _deploy(serve: Any, server: type, spec: ProcessSpec, variant: Variant, app: str) -> Any:
-    """Submit the variant's application and return its handle (blocking, briefly: the replicas
-    load meanwhile, see _wait_running)."""
+def _deploy(serve: Any, spec: ProcessSpec, variant: Variant, app: str) -> None:
+    """Submit the variant's application (blocking, briefly: the replicas load meanwhile, see
+    _wait_running)."""
+    from bot.inference.ray_server import ModelServer
+
     ongoing = max(ONGOING_PER_CHAT * spec.settings.max_concurrent_chats, 16)
     with _SERVE:
-        return _submit(serve, server, spec, variant, app, ongoing)
+        _submit(serve, ModelServer, spec, variant, app, ongoing)
+
+
+def _app_handle(serve: Any, app: str) -> Any:
+    with _SERVE:
+        return serve.get_app_handle(app)
+
+
+HEALTH_CHECK_FAILURES = 3  # Serve's REPLICA_HEALTH_CHECK_UNHEALTHY_THRESHOLD
+
+
+def _health_check_s(stall_s: float) -> float:
+    """The period and the timeout of a replica's health check: a stalled replica is replaced
+    about WORKER_STALL_S after its last answer (plus one period)."""
+    return max(1.0, stall_s / HEALTH_CHECK_FAILURES)
 
 
 def _submit(
@@ -631,9 +803,12 @@ def _submit(
         num_replicas=variant.replicas,
         ray_actor_options={"num_cpus": variant.num_cpus, "num_gpus": variant.num_gpus},
         max_ongoing_requests=ongoing,
-        # A replica that fails (bot.inference.ray_server.check_health) is replaced soon.
-        health_check_period_s=5.0,
-        health_check_timeout_s=30.0,
+        # WORKER_STALL_S for a replica: Serve replaces one after HEALTH_CHECK_FAILURES checks
+        # in a row failed (bot.inference.ray_server.check_health: no decoding step while it
+        # has work) or went unanswered (a stopped or wedged process), so each check is given a
+        # share of it; the turns it held fail as lost and are sent again (_round_trips).
+        health_check_period_s=_health_check_s(spec.settings.worker_stall_s),
+        health_check_timeout_s=_health_check_s(spec.settings.worker_stall_s),
         # The router drains a backend's turns before it closes it (DRAIN_S): what is left
         # when the application is deleted is given a few seconds only.
         graceful_shutdown_wait_loop_s=0.5,

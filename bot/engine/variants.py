@@ -95,9 +95,11 @@ class Variant:
     def same_model(self, other: Variant) -> bool:
         """Whether both load the same model the same way, on the same replicas (weight and
         control aside)."""
-        return self._loaded() == other._loaded()
+        return self.loaded() == other.loaded()
 
-    def _loaded(self) -> tuple[Any, ...]:
+    def loaded(self) -> tuple[Any, ...]:
+        """What its model is loaded with and served on (the model, threads, generation options,
+        replicas and their CPUs and GPUs)."""
         return (
             self.model,
             self.threads,

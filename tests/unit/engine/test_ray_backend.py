@@ -1,6 +1,7 @@
 """RayBackend's bookkeeping without a Ray instance (the contract test runs it on one): the cache
 upkeep a session's next request carries, the secrets a replica never gets, Serve's status read
-as alive or not, and a clear error where Ray is not installed."""
+as alive or not, the application name front-ends meet on, the health check's share of
+WORKER_STALL_S, and a clear error where Ray is not installed."""
 
 from __future__ import annotations
 
@@ -19,12 +20,16 @@ from pydantic import SecretStr
 from bot.config import ConfigError, Settings
 from bot.engine import pipe, ray_backend
 from bot.engine.ray_backend import (
+    HEALTH_CHECK_FAILURES,
     RayBackend,
     _check_reachable,
+    _health_check_s,
     _join,
     _ray,
     _without_secrets,
+    app_name,
 )
+from bot.engine.variants import Variant
 from tests.support.waits import until
 
 
@@ -183,3 +188,30 @@ def test_joining_is_bounded_and_its_failure_names_ray_address_and_the_token() ->
     with pytest.raises(ConfigError, match="ConnectionError: Failed to connect") as err:
         _join(Refused(), "10.0.0.5:6379", {}, 5)
     assert "RAY_AUTH_MODE=token" in str(err.value)
+
+
+def _front_end(url: str, **own: Any) -> Settings:
+    return Settings(_env_file=None, database_url=SecretStr(url), **own)  # type: ignore[call-arg]
+
+
+def test_front_ends_of_one_service_name_a_variants_application_alike() -> None:
+    a = Variant("a", "zoo:blender/blender_90M/model")
+    url = "postgresql+asyncpg://bot:secret@db:5432/bot"
+    name = app_name(a, _front_end(url, data_dir="/srv/one", metrics_port=9101))
+    # What is each front-end's own (its folder, its port, the password it is given) is not in it.
+    assert name == app_name(a, _front_end(url.replace("secret", "other"), data_dir="/srv/two"))
+    assert name.startswith("a-") and "secret" not in name
+    others = [
+        app_name(a, _front_end("postgresql+asyncpg://bot:secret@db:5432/other")),  # a service
+        app_name(Variant("a", "zoo:blender/blender_400Mdistill/model"), _front_end(url)),
+        app_name(Variant("a", a.model, replicas=2), _front_end(url)),
+        app_name(Variant("a", a.model, generation={"beam_size": 3}), _front_end(url)),
+        app_name(Variant("b", a.model), _front_end(url)),
+    ]
+    assert len({name, *others}) == 1 + len(others)
+
+
+def test_a_stalled_replica_is_replaced_within_the_stall_limit() -> None:
+    # Serve replaces a replica after HEALTH_CHECK_FAILURES checks in a row time out.
+    assert HEALTH_CHECK_FAILURES * _health_check_s(10.0) == pytest.approx(10.0)
+    assert _health_check_s(2.0) == 1.0  # not below a second
