@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from bot.db.conversations import SessionRow
     from bot.engine.protocol import ConversationContext, Generated, ModelView
 
-PROTOCOL_VERSION = 3  # 1: the positional tuples of waves 1-2; 3: Generated.replica
+PROTOCOL_VERSION = 4  # 1: the positional tuples of waves 1-2; 3: Generated.replica; 4: Stored's
 
 
 class Kind(StrEnum):
@@ -107,6 +107,9 @@ class Stored(Message):
     kind: ClassVar[Kind] = Kind.STORED
     session_id: int
     last_message_id: int
+    # The model server whose clone made the turn (a Ray replica's id): another one's clone of
+    # the session missed the turn and must stay stale. None: the only model server.
+    replica: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -399,7 +399,9 @@ class RayBackend:
         self._handle = handle
         self._ids = itertools.count(1)
         # session id -> the Evict/Stored its next request carries (the newest Stored only).
-        self._upkeep: OrderedDict[int, tuple[bool, int | None]] = OrderedDict()
+        self._upkeep: OrderedDict[int, tuple[bool, pipe.Stored | None]] = OrderedDict()
+        # session id -> the replica that made its latest reply (whose clone a Stored is for).
+        self._made_by: OrderedDict[int, str | None] = OrderedDict()
         self._calls: set[asyncio.Task[None]] = set()
         self._alive = True
         self._state = ""
@@ -512,8 +514,12 @@ class RayBackend:
         task.add_done_callback(self._calls.discard)
 
     def turn_stored(self, session_id: int, last_message_id: int) -> None:
-        """The clone is in step up to `last_message_id`: said with the session's next request."""
-        self._note(session_id, stored=last_message_id)
+        """The clone is in step up to `last_message_id`: said with the session's next request,
+        to the clone of the replica that made the turn only. The next request may land on
+        another replica, whose clone of the session (if it has one) missed this turn: taking
+        the Stored there would make that stale clone look fresh (found by the contract test)."""
+        replica = self._made_by.pop(session_id, None)
+        self._note(session_id, stored=pipe.Stored(session_id, last_message_id, replica))
 
     def set_persona(self, session_id: int, persona: str) -> None:
         """Nothing to do: every turn carries the session's persona, and the replica follows."""
@@ -524,13 +530,12 @@ class RayBackend:
         """The handle for requests about a session: to the replica that holds it."""
         return self._handle.options(multiplexed_model_id=f"session-{session_id}")
 
-    def _note(self, session_id: int, *, evict: bool = False, stored: int | None = None) -> None:
+    def _note(
+        self, session_id: int, *, evict: bool = False, stored: pipe.Stored | None = None
+    ) -> None:
         was_evicted, was_stored = self._upkeep.pop(session_id, (False, None))
         # An Evict drops whatever the clone had; a later Stored names the newest turn.
-        self._upkeep[session_id] = (
-            was_evicted or evict,
-            None if evict else stored if stored is not None else was_stored,
-        )
+        self._upkeep[session_id] = (was_evicted or evict, None if evict else stored or was_stored)
         while len(self._upkeep) > UPKEEP_SESSIONS:
             self._upkeep.popitem(last=False)
 
@@ -538,13 +543,13 @@ class RayBackend:
         evict, stored = self._upkeep.pop(session_id, (False, None))
         messages: list[pipe.Message] = [pipe.Evict(session_id)] if evict else []
         if stored is not None:
-            messages.append(pipe.Stored(session_id, stored))
+            messages.append(stored)
         return tuple(messages)
 
     def _give_back(self, session_id: int, upkeep: tuple[pipe.Message, ...]) -> None:
         """A request that failed: its upkeep waits for the next one, before what came since."""
         old_evict = any(isinstance(m, pipe.Evict) for m in upkeep)
-        old_stored = next((m.last_message_id for m in upkeep if isinstance(m, pipe.Stored)), None)
+        old_stored = next((m for m in upkeep if isinstance(m, pipe.Stored)), None)
         evict, stored = self._upkeep.pop(session_id, (False, None))
         if stored is None and not evict:
             stored = old_stored
@@ -595,6 +600,10 @@ class RayBackend:
                 self._give_back(session.id, upkeep)
                 raise
             if isinstance(answer, pipe.NeedContext):
+                # The request went to a replica without the clone; the one with it may get the
+                # request sent again and needs the upkeep too (its Stored above all: without
+                # it, its clone would look stale and be rebuilt; found by the contract test).
+                self._give_back(session.id, upkeep)
                 asked += 1
                 if asked > MAX_LOST:  # the context it was sent did not serve: not a loop forever
                     raise GenerationError(f"variant {self.name}: the replica refused the context")
@@ -606,6 +615,11 @@ class RayBackend:
                 raise GenerationError(f"variant {self.name}: {answer.message}")
             if not isinstance(answer, pipe.Reply):
                 raise GenerationError(f"variant {self.name}: unexpected answer {answer!r}")
+            if isinstance(answer.result, Generated):
+                self._made_by.pop(session.id, None)
+                self._made_by[session.id] = answer.result.replica
+                while len(self._made_by) > UPKEEP_SESSIONS:
+                    self._made_by.popitem(last=False)
             return answer.result
 
     def _turn_call(

@@ -128,8 +128,10 @@ class ModelServer:
             match message:
                 case pipe.Evict(session_id=session_id):
                     self.responder.evict(session_id)
-                case pipe.Stored(session_id=session_id, last_message_id=last):
-                    self.responder.turn_stored(session_id, last)
+                case pipe.Stored(session_id=session_id, last_message_id=last, replica=replica):
+                    # Only the clone that made the turn is in step with it (pipe.Stored).
+                    if replica in (None, self.replica):
+                        self.responder.turn_stored(session_id, last)
 
     async def _hold(self, answer: pipe.Message) -> pipe.Message:
         """Register the request's session with Serve's router once this replica holds its

@@ -16,7 +16,7 @@ from what it does (no drafts from a responder that declares none)."""
 from __future__ import annotations
 
 import asyncio
-import time
+import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -161,8 +161,14 @@ async def test_eviction_and_rebuild_are_invisible(subject: Subject) -> None:
 
 
 async def test_a_chats_later_turns_find_its_clone_cached(subject: Subject) -> None:
-    """Where the clone lives is the responder's business, but a chat's next turn finds it: on
-    Ray, variant b's two replicas must keep sending the chat's turns to the one holding it."""
+    """Where the clone lives is the responder's business, but a chat's next turn served where
+    its previous one was finds it, and one served elsewhere rebuilds it (a stale clone is
+    never used). With one model server that is every turn. On Ray, variant b's two replicas:
+    Serve's router keeps a chat on the replica that registered it, but under load it falls
+    back to another when the holder's queue probe is slow, which then registers the chat too,
+    and from there the chat's turns can alternate: stickiness is a rate there, not a rule
+    (docs/model-servers.md), so this asserts the cache's rule on every turn and that the chat
+    stays put at least once."""
     chat = 21
     variants = subject.abilities.variants
     if variants is not None:  # the variant with two replicas on Ray
@@ -171,15 +177,19 @@ async def test_a_chats_later_turns_find_its_clone_cached(subject: Subject) -> No
     first = await subject.turn(chat, "hello how are you today")
     if first.cache_hit is None:
         pytest.skip("reports no cache figures")
-    # Serve's router learns where a session lives within moments of its first turn (the
-    # others: at once); from then on every turn finds the clone.
-    deadline = time.monotonic() + 15
-    while not (await subject.turn(chat, "tell me more")).cache_hit:
-        assert time.monotonic() < deadline, "the chat's clone was never found again"
-    hits = []
-    for text in ("what do you like to eat", "tell me more", "do you have a dog"):
-        hits.append((await subject.turn(chat, text)).cache_hit)
-    assert first.cache_hit is False and hits == [True, True, True]
+    assert first.cache_hit is False
+    replies = [first]
+    for text in ("tell me more", "what do you like to eat", "tell me more", "do you have a dog"):
+        replies.append(await subject.turn(chat, text))
+        replies.append(await subject.turn(chat, "and then"))
+    moves = []
+    for before, reply in itertools.pairwise(replies):
+        stayed = reply.model_replica == before.model_replica
+        moves.append(not stayed)
+        assert reply.cache_hit is stayed, [(r.model_replica, r.cache_hit) for r in replies]
+    assert not all(moves), "the chat never stayed on a replica"
+    if replies[0].model_replica is None:  # one model server: the clone is always found
+        assert not any(moves)
 
 
 async def test_context_shows_the_persona_the_model_reads(subject: Subject) -> None:

@@ -27,6 +27,7 @@ EXAMPLES: list[pipe.Message] = [
     pipe.StatsRequest(4),
     pipe.Evict(7),
     pipe.Stored(7, 99),
+    pipe.Stored(7, 99, "rep1ica"),
     pipe.Ping(),
     pipe.Stop(),
     pipe.Ready({"pid": 123, "model": "zoo:blender/blender_90M/model", "beam_size": 10}),

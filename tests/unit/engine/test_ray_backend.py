@@ -19,6 +19,7 @@ from pydantic import SecretStr
 
 from bot.config import ConfigError, Settings
 from bot.engine import pipe, ray_backend
+from bot.engine.protocol import Generated
 from bot.engine.ray_backend import (
     HEALTH_CHECK_FAILURES,
     RayBackend,
@@ -50,6 +51,28 @@ def test_upkeep_rides_on_the_next_request_evict_first_newest_stored_only() -> No
     backend.turn_stored(3, 30)
     backend._note(3, evict=True)  # an Evict after a Stored: the clone is gone
     assert backend._take_upkeep(3) == (pipe.Evict(3),)
+
+
+async def test_a_stored_is_for_the_clone_of_the_replica_that_made_the_turn() -> None:
+    """Another replica's clone of the session missed the turn: the Stored names the replica
+    whose reply it was, and only that replica takes it (ray_server.ModelServer._upkeep)."""
+    backend = _backend()
+    session = SimpleNamespace(id=6, last_message_id=None)
+
+    async def answered_by(replica: str) -> Any:
+        async def call(_session: Any, request: pipe.Request, _upkeep: Any) -> pipe.Message:
+            return pipe.Reply(request.req_id, Generated("hi", [1], 1, 1.0, replica=replica))
+
+        return await backend._round_trips(lambda i, _c: pipe.StatsRequest(i), session, call)
+
+    await answered_by("r1")
+    backend.turn_stored(6, 60)
+    assert backend._take_upkeep(6) == (pipe.Stored(6, 60, "r1"),)
+    await answered_by("r2")
+    backend.turn_stored(6, 62)
+    assert backend._take_upkeep(6) == (pipe.Stored(6, 62, "r2"),)
+    backend.turn_stored(6, 64)  # no reply of ours since: for whichever clone made it
+    assert backend._take_upkeep(6) == (pipe.Stored(6, 64, None),)
 
 
 def test_a_failed_requests_upkeep_waits_for_the_next_one() -> None:
