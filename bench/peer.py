@@ -248,6 +248,27 @@ def agreement(
     return {"replies": same / len(ours), "prefix": prefix / (len(ours) * upto)}
 
 
+def sequence_scores(
+    model: Any, text_vec: Any, replies: Sequence[Sequence[int]], length_penalty: float = 0.65
+) -> list[float]:
+    """Each reply's fp32 sequence score under `model` (a ParlAI TorchGeneratorModel, fp32):
+    the sum of its tokens' log-probabilities given the context row of `text_vec` (teacher
+    forced), divided by ParlAI's length penalty ((1 + length) / 6) ** length_penalty, the score
+    the beam search ranks its finished hypotheses by."""
+    import torch
+    import torch.nn.functional as F
+
+    out = []
+    with torch.no_grad():
+        for i, reply in enumerate(replies):
+            ys = torch.tensor([list(reply)], dtype=torch.long)
+            logits, _, _ = model(text_vec[i : i + 1], ys=ys)
+            lp = F.log_softmax(logits.float(), dim=-1).gather(2, ys.unsqueeze(2))
+            penalty = ((1 + len(reply)) / 6) ** length_penalty
+            out.append(float(lp.sum()) / penalty)
+    return out
+
+
 def work_check(replies: Sequence[Sequence[int]], tokens: int) -> dict[str, Any]:
     """Tokens per reply: equal work means every reply is exactly `tokens` long."""
     lengths = [len(r) for r in replies]

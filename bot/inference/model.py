@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from bot.config import ConfigError, Settings
 
@@ -49,6 +49,14 @@ def generation_overrides(settings: Settings) -> dict[str, Any]:
         "beam_context_block_ngram": settings.beam_context_block_ngram,
     }
     return {k: v for k, v in pairs.items() if v is not None}
+
+
+def projection_kind(settings: Settings) -> Literal["int8", "fused"] | None:
+    """The fast search's output projection for these settings (fastgen/projection.py): int8
+    under QUANTIZE=int8; None (ParlAI's own, bit for bit) by default."""
+    if settings.quantize == "int8":
+        return "int8"
+    return None
 
 
 def resolve_device(settings: Settings) -> str:
@@ -154,6 +162,11 @@ def load_shared_agent(
 
         # batched beam search, same replies; other model types come back unchanged
         agent = fastgen.accelerate(agent)
+        kind = projection_kind(settings)
+        if kind is not None and fastgen.fast_decoder_supported(agent.model):
+            # the output projection in int8 (or the cast dtype), fused with the search's
+            # log-softmax and top-k (fastgen/projection.py)
+            fastgen.projection.prepare(agent.model, kind)
     log.info(
         "model ready: %s, inference=%s beam=%s text_truncate=%s",
         type(agent).__name__,
