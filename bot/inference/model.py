@@ -59,6 +59,39 @@ def projection_kind(settings: Settings) -> Literal["int8", "fused"] | None:
     return None
 
 
+def model_dtype(settings: Settings, device: str) -> Any:
+    """The torch dtype DTYPE casts the model to on `device` (None: fp32, as loaded), or a
+    ConfigError saying what to set where this machine cannot do it."""
+    if settings.dtype == "fp32":
+        return None
+    import torch
+
+    from bot.inference import hardware
+
+    name = settings.dtype.upper()
+    if settings.quantize != "none":
+        raise ConfigError(
+            f"DTYPE={settings.dtype} and QUANTIZE={settings.quantize} exclude each other: "
+            "set DTYPE=fp32 to quantize, or QUANTIZE=none to cast."
+        )
+    if device == "cuda":
+        if settings.dtype == "bf16" and not torch.cuda.is_bf16_supported():
+            raise ConfigError("DTYPE=bf16: this GPU has no bf16; set DTYPE=fp16 or fp32.")
+        return torch.bfloat16 if settings.dtype == "bf16" else torch.float16
+    if settings.dtype == "fp16":
+        raise ConfigError(
+            "DTYPE=fp16 needs a GPU (MODEL_DEVICE=cuda); on the CPU set DTYPE=bf16 (with AMX "
+            "or AVX-512-bf16) or DTYPE=fp32."
+        )
+    if not hardware.has_bf16():
+        raise ConfigError(
+            f"DTYPE={name} on the CPU needs AMX or AVX-512-bf16 (cpuinfo flag amx_bf16 or "
+            "avx512_bf16), which this CPU lacks: without them bf16 is emulated and slower than "
+            "fp32. Set DTYPE=fp32 (or QUANTIZE=int8 for a faster CPU mode)."
+        )
+    return torch.bfloat16
+
+
 def resolve_device(settings: Settings) -> str:
     """cpu or cuda, from MODEL_DEVICE and what this machine has."""
     import torch
@@ -122,6 +155,7 @@ def load_shared_agent(
     from parlai.core.build_data import modelzoo_path
 
     device = resolve_device(settings)
+    dtype = model_dtype(settings, device)  # refused before the model loads
     datapath = str((settings.data_dir / "parlai").resolve())
     model_file = settings.model_file
     # zoo: paths are downloaded here, into the data directory, on first use.
@@ -145,7 +179,7 @@ def load_shared_agent(
     if agent is None:  # pragma: no cover - guarded by the .opt check above
         raise ConfigError(f"could not load a ParlAI model from {model_file}")
     agent.model.eval()
-    if share_weights and settings.quantize == "none" and device == "cpu":
+    if share_weights and settings.quantize == "none" and dtype is None and device == "cpu":
         shared = map_weights(agent, str(resolved))
         log.info("weights of %s: %s", model_file, "mapped from the file" if shared else "private")
     if settings.quantize == "int8":
@@ -157,6 +191,10 @@ def load_shared_agent(
         torch.ao.quantization.quantize_dynamic(
             agent.model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
         )
+    if dtype is not None:
+        # in place: every clone shares agent.model, so one cast copy of the weights; the
+        # search's log-softmax and scores stay fp32 (fastgen/beam.py)
+        agent.model.to(dtype)
     if settings.search_impl == "fast":
         from bot.inference import fastgen
 
@@ -164,8 +202,8 @@ def load_shared_agent(
         agent = fastgen.accelerate(agent)
         kind = projection_kind(settings)
         if kind is not None and fastgen.fast_decoder_supported(agent.model):
-            # the output projection in int8 (or the cast dtype), fused with the search's
-            # log-softmax and top-k (fastgen/projection.py)
+            # the output projection in int8 too (fastgen/projection.py); a cast model's is
+            # ParlAI's F.linear in its dtype
             fastgen.projection.prepare(agent.model, kind)
     log.info(
         "model ready: %s, inference=%s beam=%s text_truncate=%s",

@@ -5,7 +5,8 @@ fp32 fused (projection + log-softmax + masking + top-k in vocabulary slices): th
 ParlAI's `F.linear` + `log_softmax` + `topk`, every case, scores within float rounding. int8
 (QUANTIZE=int8, which now covers the projection): replies identical on most chats, and where
 they differ, the reply's fp32 sequence score (bench.peer.sequence_scores) at most
-INT8_SCORE_GAP (relative) below the fp32 reply's. Measured on this model: 114 of 128 identical,
+INT8_SCORE_GAP (relative) below the fp32 reply's. DTYPE=bf16 likewise (BF16_*), and refused
+clearly where the CPU lacks AMX and AVX-512-bf16. Measured on this model: 114 of 128 identical,
 gaps up to 7% of the score (every linear layer is int8 there, not only the projection).
 """
 
@@ -13,12 +14,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.peer import sequence_scores
-from bot.inference import fastgen
+from bot.config import ConfigError
+from bot.inference import fastgen, hardware
 from bot.inference.fastgen import projection
 from bot.inference.model import load_shared_agent
 from tests.integration.test_fastgen import (
@@ -29,6 +32,10 @@ from tests.integration.test_fastgen import (
     observations,
     random_case,
 )
+
+# bf16 against fp32, the same two figures (measured: 130 of 139 identical, gaps up to 1.4%)
+BF16_SAME_REPLIES = 0.75
+BF16_SCORE_GAP = 0.15
 
 # int8 against fp32: the share of chats with the identical reply, and the largest fp32
 # sequence-score gap (length-penalised log-probability) where they differ, relative to the
@@ -107,14 +114,14 @@ def test_fused_fp32_gives_parlais_tokens(agent: Any, one_thread: None) -> None:
         projection.prepare(agent.model, None)
 
 
-def test_int8_projection_agrees_with_fp32_within_bounds(
-    agent: Any, int8_agent: Any, one_thread: None
-) -> None:
+def agreement(agent: Any, other: Any, seed: int) -> tuple[int, int, list[float]]:
+    """`other`'s replies against fp32 `agent`'s on random cases: (identical, chats, relative fp32
+    sequence-score gaps where they differ; positive: the fp32 reply scores higher)."""
     same = total = 0
     gaps = []
-    for case in cases(agent, seed=5, per_config=6):
+    for case in cases(agent, seed=seed, per_config=6):
         ref, _, batch = generate(agent, case)
-        got, _, _ = generate(int8_agent, case)
+        got, _, _ = generate(other, case)
         for i, (r, g) in enumerate(zip(ref, got, strict=True)):
             total += 1
             if g[0].tolist() == r[0].tolist():
@@ -125,6 +132,13 @@ def test_int8_projection_agrees_with_fp32_within_bounds(
                 agent.model, batch.text_vec[i : i + 1].repeat(2, 1), replies
             )
             gaps.append((fp32 - int8) / abs(fp32))
+    return same, total, gaps
+
+
+def test_int8_projection_agrees_with_fp32_within_bounds(
+    agent: Any, int8_agent: Any, one_thread: None
+) -> None:
+    same, total, gaps = agreement(agent, int8_agent, seed=5)
     shown = ", ".join(f"{g:+.1%}" for g in sorted(gaps))
     print(f"\nint8 vs fp32: {same}/{total} identical replies, fp32 score gaps {shown}")
     assert total >= 90
@@ -145,3 +159,43 @@ def test_fused_int8_gives_the_unfused_int8_tokens(int8_agent: Any, one_thread: N
             assert [g[0].tolist() for g in got] == [r[0].tolist() for r in ref], case
     finally:
         object.__setattr__(model, "_fastgen_projection", unfused)
+
+
+@pytest.mark.skipif(not hardware.has_bf16(), reason="this CPU has neither AMX nor AVX-512-bf16")
+def test_bf16_agrees_with_fp32_within_bounds(
+    agent: Any, tiny_model_file: str, tmp_path: Path, one_thread: None
+) -> None:
+    import torch
+
+    bf16 = load_shared_agent(_settings(tiny_model_file, tmp_path, dtype="bf16"))
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16
+    assert bf16.clone().model is bf16.model  # one cast copy, shared
+    same, total, gaps = agreement(agent, bf16, seed=8)
+    shown = ", ".join(f"{g:+.1%}" for g in sorted(gaps))
+    print(f"\nbf16 vs fp32: {same}/{total} identical replies, fp32 score gaps {shown}")
+    assert total >= 90
+    assert same / total >= BF16_SAME_REPLIES
+    assert max(gaps, default=0.0) <= BF16_SCORE_GAP
+
+
+def test_bf16_refused_clearly_without_amx_or_avx512_bf16(
+    tiny_model_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hardware, "read_cpuinfo", lambda: "flags\t: fpu sse2 avx2 avx512f\n")
+    with pytest.raises(ConfigError, match="needs AMX or AVX-512-bf16") as err:
+        load_shared_agent(_settings(tiny_model_file, tmp_path, dtype="bf16"))
+    assert "Set DTYPE=fp32" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"dtype": "fp16"}, "DTYPE=fp16 needs a GPU"),
+        ({"dtype": "bf16", "quantize": "int8"}, "exclude each other"),
+    ],
+)
+def test_dtype_combinations_refused(
+    tiny_model_file: str, tmp_path: Path, kw: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_shared_agent(_settings(tiny_model_file, tmp_path, model_device="cpu", **kw))
