@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,16 +28,36 @@ def route_parlai_logging(level: int | str = logging.WARNING) -> None:
     plog.setLevel(level)
 
 
-def set_torch_threads(threads: int | None) -> None:
-    """Torch's intra-op thread count for this process (TORCH_THREADS); None keeps torch's own.
+# Torch intra-op threads of a model process when neither TORCH_THREADS nor WORKER_THREADS nor
+# a variant's `threads` says: one. On a shared host more threads collapse (the figure in
+# docs/configuration.md: greedy batch 8 beside a busy process); the service scales by
+# processes (variants, replicas), each with its own thread.
+MODEL_THREADS = 1
 
-    Process-wide: the composition root (bot/__main__.py) calls it once, before the model loads
-    or trains.
+
+def passive_waiting() -> None:
+    """OpenMP threads that sleep when idle instead of spinning (OMP_WAIT_POLICY=PASSIVE, and
+    KMP_BLOCKTIME=0 for Intel's runtime), unless the environment already says. OpenMP reads
+    these when torch loads it: call before the process imports torch (set_torch_threads does).
     """
-    if threads:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("KMP_BLOCKTIME", "0")
+
+
+def set_torch_threads(threads: int | None, default: int | None = MODEL_THREADS) -> None:
+    """Torch's intra-op thread count for this process: `threads` (TORCH_THREADS, a worker's or
+    variant's), else `default` (one per model process; None keeps torch's own: one per core,
+    for training). Sets passive waiting first (see passive_waiting).
+
+    Process-wide: a model process calls it once, before the model loads or trains, ideally
+    before anything imports torch.
+    """
+    passive_waiting()
+    n = threads or default
+    if n:
         import torch
 
-        torch.set_num_threads(threads)
+        torch.set_num_threads(n)
 
 
 def generation_overrides(settings: Settings) -> dict[str, Any]:
