@@ -19,7 +19,7 @@ full-vocabulary scores never exist at once, and the tokens are those of `F.linea
 `log_softmax` + `topk` (tests/unit/test_projection.py).
 
 It does not pay on this CPU, so it is off (`fuse=False`: the search takes `scores`, then its own
-log-softmax and top-k). Best of 15 on one thread of a Sapphire Rapids vCPU, vocab 54,944 x 512,
+log-softmax and top-k). Best of 15 on one thread of an AMX/VNNI Xeon vCPU, vocab 54,944 x 512,
 rows = hypotheses (ms): int8 full scores + log-softmax + top-k 4.0 / 7.0 / 10.9 / 58.9 at 1 / 8
 / 10 / 80 rows, fused in 16,384-word slices 5.1 / 7.8 / 15.4 / 62.7 (8,192: 9.7 / 9.9 / 19.9 /
 65.8); fp32 fused 22.6 / 56.7 / 79.0 / 172.0 against ParlAI's 15.1 / 50.0 / 65.9 / 136.7. The
