@@ -69,12 +69,16 @@ class Projection:
             (lo, min(lo + slice_rows, self.vocab)) for lo in range(0, self.vocab, slice_rows)
         ]
         w = weight.detach()
+        self.weight = w
         # 7-bit activations (quantize_dynamic's default for fbgemm) where the kernels sum
         # pairs of products in 16 bits; the full 8 bits (half the error) on VNNI/AMX
         self.reduce_range = not hardware.has_int8_dot()
         if kind == "int8":
             self.full = _prepack_int8(w)
-            self.slices: list[Any] = [_prepack_int8(w[lo:hi]) for lo, hi in self.bounds]
+            # the sliced copy (another 28 MB at 54,944 x 512) only where `topk` is used
+            self.slices: list[Any] = (
+                [_prepack_int8(w[lo:hi]) for lo, hi in self.bounds] if fuse else []
+            )
         else:
             self.full = w
             self.slices = [w[lo:hi] for lo, hi in self.bounds]
@@ -108,6 +112,8 @@ class Projection:
         lses, cand_v, cand_i = [], [], []
         if blocked is not None and blocked[0].numel() == 0:
             blocked = None
+        if len(self.slices) != len(self.bounds):
+            self.slices = [_prepack_int8(self.weight[lo:hi]) for lo, hi in self.bounds]
         for (lo, hi), weight in zip(self.bounds, self.slices, strict=True):
             z = self._linear(x, weight).float()
             if self.start is not None and lo <= self.start < hi:
