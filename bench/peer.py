@@ -9,16 +9,21 @@ dictionary) is built once; its weights are copied into HF's
 converted from there for CTranslate2. Every system gets the same input token ids and generates
 exactly `--tokens` new tokens per reply (min length = max length: end-of-sequence is blocked
 until then, no n-gram blocking), so the work per reply is equal; that is checked (tokens per
-reply, every system) and the greedy replies are compared with HF's.
+reply, every system) and the greedy replies are compared with HF's. Each of our faster modes is
+compared with ours_batch_fp32 (the default): identical replies in percent and, where they
+differ, the gap in fp32 sequence score (`sequence_scores`, scored by the fp32 worker).
 
 Systems (each in its own spawned worker process, loaded once; in every round and cell they take
 turns in rotated order, one at a time; the figure is the median over rounds):
 
-  ours_batch_fp32/int8  the service's batched search: the agent from `load_shared_agent`
-                        (QUANTIZE=none|int8, SEARCH_IMPL=fast), `agent._generate` on a batch
-                        (SCHEDULER=batch's path, bot/inference/batcher.py)
-  ours_cont_fp32/int8   the continuous scheduler's search (SCHEDULER=continuous, the default):
-                        `fastgen.continuous.ContinuousSearch`, every chat joins at step 0
+  ours_batch_fp32/int8/bf16  the service's batched search: the agent from
+                        `load_shared_agent` (QUANTIZE=none|int8 or DTYPE=bf16, SEARCH_IMPL=fast),
+                        `agent._generate` on a batch (SCHEDULER=batch's path,
+                        bot/inference/batcher.py); int8 includes the int8 output projection
+  ours_batch_int8lin    QUANTIZE=int8 as it was before the output projection was quantized
+                        (linear layers only): what the int8 projection adds
+  ours_cont_fp32/int8/bf16   the continuous scheduler's search (SCHEDULER=continuous, the
+                        default): `fastgen.continuous.ContinuousSearch`, every chat joins at 0
   hf_fp32               transformers `generate` (sdpa attention, KV cache)
   ct2_fp32/int8         CTranslate2 `Translator.translate_batch`, compute_type float32 / int8
 
@@ -56,13 +61,18 @@ from bench import common
 SYSTEMS = (
     "ours_batch_fp32",
     "ours_batch_int8",
+    "ours_batch_int8lin",
+    "ours_batch_bf16",
     "ours_cont_fp32",
     "ours_cont_int8",
+    "ours_cont_bf16",
     "hf_fp32",
     "ct2_fp32",
     "ct2_int8",
 )
 OURS = tuple(s for s in SYSTEMS if s.startswith("ours_"))
+# The default (fp32, bit for bit ParlAI's): what our faster modes' replies are compared with.
+REFERENCE = "ours_batch_fp32"
 # ParlAI's dictionary starts with these four, and HF's BlenderBot-Small uses the same ids.
 NULL, START, END, UNK = 0, 1, 2, 3
 SPECIALS = ("__null__", "__start__", "__end__", "__unk__")
@@ -248,6 +258,27 @@ def agreement(
     return {"replies": same / len(ours), "prefix": prefix / (len(ours) * upto)}
 
 
+def sequence_scores(
+    model: Any, text_vec: Any, replies: Sequence[Sequence[int]], length_penalty: float = 0.65
+) -> list[float]:
+    """Each reply's fp32 sequence score under `model` (a ParlAI TorchGeneratorModel, fp32):
+    the sum of its tokens' log-probabilities given the context row of `text_vec` (teacher
+    forced), divided by ParlAI's length penalty ((1 + length) / 6) ** length_penalty, the score
+    the beam search ranks its finished hypotheses by."""
+    import torch
+    import torch.nn.functional as F
+
+    out = []
+    with torch.no_grad():
+        for i, reply in enumerate(replies):
+            ys = torch.tensor([list(reply)], dtype=torch.long)
+            logits, _, _ = model(text_vec[i : i + 1], ys=ys)
+            lp = F.log_softmax(logits.float(), dim=-1).gather(2, ys.unsqueeze(2))
+            penalty = ((1 + len(reply)) / 6) ** length_penalty
+            out.append(float(lp.sum()) / penalty)
+    return out
+
+
 def work_check(replies: Sequence[Sequence[int]], tokens: int) -> dict[str, Any]:
     """Tokens per reply: equal work means every reply is exactly `tokens` long."""
     lengths = [len(r) for r in replies]
@@ -274,9 +305,14 @@ def results(cells: Sequence[dict[str, Any]]) -> dict[str, float]:
             if system in rps:
                 out[f"peer_{system}_{key}_rps"] = rps[system]
     for cell in cells:
+        key = cell_key(cell["decoding"], cell["batch"], cell["threads"])
         ratio = best_ratio(cell["rps"])
         if ratio is not None:
-            out[f"peer_ratio_{cell_key(cell['decoding'], cell['batch'], cell['threads'])}"] = ratio
+            out[f"peer_ratio_{key}"] = ratio
+        fp32 = [cell["rps"][s] for s in ("ours_batch_fp32", "ours_cont_fp32") if s in cell["rps"]]
+        if fp32 and cell["rps"].get("ct2_fp32"):
+            # the issue's goal for the default path: our fp32 against CTranslate2 fp32
+            out[f"peer_fp32_ratio_{key}"] = max(fp32) / cell["rps"]["ct2_fp32"]
     return out
 
 
@@ -654,7 +690,7 @@ def prepare(plan: Plan, greedy_contexts: list[list[int]]) -> dict[str, Any]:
 # --- the systems (one per worker process) ---------------------------------------------------
 
 
-def load_ours(model_file: str, tokens: int, quantize: str, threads: int) -> Any:
+def load_ours(model_file: str, tokens: int, precision: str, threads: int) -> Any:
     """The shared agent, loaded the way the service loads it, with fixed-length replies."""
     from bot.config import Settings
     from bot.inference import compat
@@ -673,10 +709,15 @@ def load_ours(model_file: str, tokens: int, quantize: str, threads: int) -> Any:
         beam_min_length=tokens,
         beam_block_ngram=-1,
         beam_context_block_ngram=-1,
-        quantize=quantize,
+        quantize="int8" if precision.startswith("int8") else "none",
+        dtype="bf16" if precision == "bf16" else "fp32",
         search_impl="fast",
     )
     agent = load_shared_agent(settings)
+    if precision == "int8lin":
+        from bot.inference.fastgen import projection
+
+        projection.prepare(agent.model, None)  # ParlAI's fp32 F.linear for the projection
     agent.label_truncate = tokens
     return agent
 
@@ -685,10 +726,15 @@ class Ours:
     """The service's search: `mode` batch (`agent._generate`, the micro-batcher's path) or
     cont (`ContinuousSearch`, the continuous scheduler's)."""
 
-    def __init__(self, model_file: str, tokens: int, quantize: str, mode: str) -> None:
-        self.agent = load_ours(model_file, tokens, quantize, threads=1)
+    def __init__(self, model_file: str, tokens: int, precision: str, mode: str) -> None:
+        self.agent = load_ours(model_file, tokens, precision, threads=1)
         self.tokens = tokens
         self.mode = mode
+
+    def score(self, contexts: list[list[int]], replies: list[list[int]]) -> list[float]:
+        """The replies' sequence scores under this system's model (fp32 for the reference)."""
+        ids, _ = _pad(contexts)
+        return sequence_scores(self.agent.model, ids, replies)
 
     def run(self, beam: int, contexts: list[list[int]]) -> tuple[float, list[list[int]]]:
         import torch
@@ -791,8 +837,7 @@ def make_system(system: str, paths: dict[str, str], plan: Plan) -> Any:
     """The runner of one system, loaded."""
     if system.startswith("ours_"):
         _, mode, precision = system.split("_")
-        quantize = "int8" if precision == "int8" else "none"
-        return Ours(paths["parlai"], plan.tokens, quantize, mode)
+        return Ours(paths["parlai"], plan.tokens, precision, mode)
     if system == "hf_fp32":
         return HF(paths["hf"], plan.tokens)
     if system in ("ct2_fp32", "ct2_int8"):
@@ -806,6 +851,9 @@ def worker_main(conn: Any, system: str, paths: dict[str, str], plan: Plan) -> No
     (seconds, replies) until told None."""
     os.environ.setdefault("TQDM_DISABLE", "1")
     try:
+        from bot.inference.model import passive_waiting
+
+        passive_waiting()  # as a model process does, before torch loads
         import torch
 
         torch.set_num_threads(1)
@@ -815,6 +863,9 @@ def worker_main(conn: Any, system: str, paths: dict[str, str], plan: Plan) -> No
             msg = conn.recv()
             if msg is None:
                 break
+            if msg[0] == "score":
+                conn.send(("ok", runner.score(msg[1], msg[2])))
+                continue
             beam, threads, contexts = msg
             torch.set_num_threads(threads)
             if isinstance(runner, CT2):
@@ -909,6 +960,7 @@ def measure(plan: Plan) -> dict[str, Any]:
                     if round_ == 0:
                         replies.setdefault((decoding, batch), {})[system] = out
             print(f"round {round_ + 1}/{plan.rounds} done", flush=True)
+        gaps = score_gaps(plan, workers.get(REFERENCE), replies, contexts)
     finally:
         for worker in workers.values():
             with contextlib.suppress(BrokenPipeError, OSError):
@@ -932,12 +984,50 @@ def measure(plan: Plan) -> dict[str, Any]:
             }
         )
     checks = work_and_agreement(plan, replies, prep)
+    for key, row in gaps.items():
+        checks["agreement"].setdefault(key, {}).update(row)
     checks["replies"] = {f"{d}_b{b}": by_system for (d, b), by_system in replies.items()}
     return {
         "prepare": {k: v for k, v in prep.items() if k != "bart_layout_greedy"},
         "cells": cells,
         **checks,
     }
+
+
+def score_gaps(
+    plan: Plan,
+    reference: Worker | None,
+    replies: dict[tuple[str, int], dict[str, list[list[int]]]],
+    contexts: list[list[int]],
+) -> dict[str, dict[str, Any]]:
+    """Each of our faster modes against the fp32 default (REFERENCE): identical replies, and
+    where they differ, the fp32 sequence score of the default's reply less that of the mode's
+    (positive: the default's scores higher), scored by the fp32 worker."""
+    out: dict[str, dict[str, Any]] = {}
+    if reference is None:
+        return out
+    upto = plan.tokens - 1
+    for (decoding, batch), by_system in replies.items():
+        ref = by_system[REFERENCE]
+        row: dict[str, Any] = {}
+        for system, got in by_system.items():
+            if system == REFERENCE or system not in OURS:
+                continue
+            cell = agreement(got, ref, upto)
+            differ = [i for i in range(batch) if got[i] != ref[i]]
+            if differ:
+                ctx = [contexts[i] for i in differ] * 2
+                scored = reference.ask(
+                    ("score", ctx, [ref[i] for i in differ] + [got[i] for i in differ])
+                )
+                n = len(differ)
+                gap = [a - b for a, b in zip(scored[:n], scored[n:], strict=True)]
+                cell["score_gap_max"] = max(gap)
+                cell["score_gap_mean"] = statistics.mean(gap)
+                cell["score_ref_mean"] = statistics.mean(scored[:n])
+            row[f"{system}_vs_{REFERENCE}"] = cell
+        out[f"{decoding}_b{batch}"] = row
+    return out
 
 
 def work_and_agreement(
@@ -1019,7 +1109,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"equal work (every reply {plan.tokens} tokens): {payload['work_equal']}")
     for key, row in payload["agreement"].items():
-        parts = [f"{k} {v['replies']:.0%} (prefix {v['prefix']:.0%})" for k, v in row.items()]
+        parts = [
+            f"{k} {v['replies']:.0%} (prefix {v['prefix']:.0%}"
+            + (
+                f"; fp32 score gap where they differ: max {v['score_gap_max']:+.3f}, mean "
+                f"{v['score_gap_mean']:+.3f}, of {v['score_ref_mean']:.2f})"
+                if "score_gap_max" in v
+                else ")"
+            )
+            for k, v in row.items()
+        ]
         print(f"agreement {key}: " + "; ".join(parts))
     name = "peer-quick" if plan.quick else "peer"
     common.write_json(

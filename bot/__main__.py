@@ -183,13 +183,15 @@ def _set_up_logging(settings: Settings, level: str) -> None:
     setup_logging(level, settings_secrets(settings), settings.log_format)
 
 
-def _set_up_model_process(settings: Settings) -> None:
-    """ParlAI's shims and torch's thread count, before anything imports ParlAI."""
+def _set_up_model_process(settings: Settings, training: bool = False) -> None:
+    """Torch's thread count (one unless TORCH_THREADS says; training: every core) and
+    ParlAI's shims, before anything imports ParlAI."""
+    from bot.inference.model import MODEL_THREADS, set_torch_threads
+
+    set_torch_threads(settings.torch_threads, default=None if training else MODEL_THREADS)
     from bot.inference import compat
-    from bot.inference.model import set_torch_threads
 
     compat.apply()
-    set_torch_threads(settings.torch_threads)
 
 
 def _ensure_model(settings: Settings, serving_level: str) -> None:
@@ -263,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(run_terminal(settings, chat_id=args.chat_id, language=args.lang))
         if args.command == "train":
             _set_up_logging(settings, settings.log_level)
-            _set_up_model_process(settings)
+            _set_up_model_process(settings, training=True)
             return _train(settings, args)
         if args.command == "db":
             _set_up_logging(settings, _quiet_level(settings))

@@ -105,6 +105,9 @@ class Settings(BaseSettings):
     search_impl: Literal["fast", "parlai"] = "fast"
     # int8 dynamic quantization of the linear layers (CPU only): faster greedy decoding.
     quantize: Literal["none", "int8"] = "none"
+    # The model's weights and activations: fp32 (ParlAI's replies bit for bit), or, opt-in,
+    # bf16 (CPUs with AMX or AVX-512-bf16; GPUs) or fp16 (GPUs); the search adds up in fp32.
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     train_minutes: float = Field(default=12.0, gt=0, le=15)
 
     # --- variants and feedback ------------------------------------------------------------

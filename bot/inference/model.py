@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from bot.config import ConfigError, Settings
 
@@ -27,16 +28,36 @@ def route_parlai_logging(level: int | str = logging.WARNING) -> None:
     plog.setLevel(level)
 
 
-def set_torch_threads(threads: int | None) -> None:
-    """Torch's intra-op thread count for this process (TORCH_THREADS); None keeps torch's own.
+# Torch intra-op threads of a model process when neither TORCH_THREADS nor WORKER_THREADS nor
+# a variant's `threads` says: one. On a shared host more threads collapse (the figure in
+# docs/configuration.md: greedy batch 8 beside a busy process); the service scales by
+# processes (variants, replicas), each with its own thread.
+MODEL_THREADS = 1
 
-    Process-wide: the composition root (bot/__main__.py) calls it once, before the model loads
-    or trains.
+
+def passive_waiting() -> None:
+    """OpenMP threads that sleep when idle instead of spinning (OMP_WAIT_POLICY=PASSIVE, and
+    KMP_BLOCKTIME=0 for Intel's runtime), unless the environment already says. OpenMP reads
+    these when torch loads it: call before the process imports torch (set_torch_threads does).
     """
-    if threads:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("KMP_BLOCKTIME", "0")
+
+
+def set_torch_threads(threads: int | None, default: int | None = MODEL_THREADS) -> None:
+    """Torch's intra-op thread count for this process: `threads` (TORCH_THREADS, a worker's or
+    variant's), else `default` (one per model process; None keeps torch's own: one per core,
+    for training). Sets passive waiting first (see passive_waiting).
+
+    Process-wide: a model process calls it once, before the model loads or trains, ideally
+    before anything imports torch.
+    """
+    passive_waiting()
+    n = threads or default
+    if n:
         import torch
 
-        torch.set_num_threads(threads)
+        torch.set_num_threads(n)
 
 
 def generation_overrides(settings: Settings) -> dict[str, Any]:
@@ -49,6 +70,47 @@ def generation_overrides(settings: Settings) -> dict[str, Any]:
         "beam_context_block_ngram": settings.beam_context_block_ngram,
     }
     return {k: v for k, v in pairs.items() if v is not None}
+
+
+def projection_kind(settings: Settings) -> Literal["int8", "fused"] | None:
+    """The fast search's output projection for these settings (fastgen/projection.py): int8
+    under QUANTIZE=int8; None (ParlAI's own, bit for bit) by default."""
+    if settings.quantize == "int8":
+        return "int8"
+    return None
+
+
+def model_dtype(settings: Settings, device: str) -> Any:
+    """The torch dtype DTYPE casts the model to on `device` (None: fp32, as loaded), or a
+    ConfigError saying what to set where this machine cannot do it."""
+    if settings.dtype == "fp32":
+        return None
+    import torch
+
+    from bot.inference import hardware
+
+    name = settings.dtype.upper()
+    if settings.quantize != "none":
+        raise ConfigError(
+            f"DTYPE={settings.dtype} and QUANTIZE={settings.quantize} exclude each other: "
+            "set DTYPE=fp32 to quantize, or QUANTIZE=none to cast."
+        )
+    if device == "cuda":
+        if settings.dtype == "bf16" and not torch.cuda.is_bf16_supported():
+            raise ConfigError("DTYPE=bf16: this GPU has no bf16; set DTYPE=fp16 or fp32.")
+        return torch.bfloat16 if settings.dtype == "bf16" else torch.float16
+    if settings.dtype == "fp16":
+        raise ConfigError(
+            "DTYPE=fp16 needs a GPU (MODEL_DEVICE=cuda); on the CPU set DTYPE=bf16 (with AMX "
+            "or AVX-512-bf16) or DTYPE=fp32."
+        )
+    if not hardware.has_bf16():
+        raise ConfigError(
+            f"DTYPE={name} on the CPU needs AMX or AVX-512-bf16 (cpuinfo flag amx_bf16 or "
+            "avx512_bf16), which this CPU lacks: without them bf16 is emulated and slower than "
+            "fp32. Set DTYPE=fp32 (or QUANTIZE=int8 for a faster CPU mode)."
+        )
+    return torch.bfloat16
 
 
 def resolve_device(settings: Settings) -> str:
@@ -114,6 +176,7 @@ def load_shared_agent(
     from parlai.core.build_data import modelzoo_path
 
     device = resolve_device(settings)
+    dtype = model_dtype(settings, device)  # refused before the model loads
     datapath = str((settings.data_dir / "parlai").resolve())
     model_file = settings.model_file
     # zoo: paths are downloaded here, into the data directory, on first use.
@@ -137,7 +200,7 @@ def load_shared_agent(
     if agent is None:  # pragma: no cover - guarded by the .opt check above
         raise ConfigError(f"could not load a ParlAI model from {model_file}")
     agent.model.eval()
-    if share_weights and settings.quantize == "none" and device == "cpu":
+    if share_weights and settings.quantize == "none" and dtype is None and device == "cpu":
         shared = map_weights(agent, str(resolved))
         log.info("weights of %s: %s", model_file, "mapped from the file" if shared else "private")
     if settings.quantize == "int8":
@@ -149,11 +212,20 @@ def load_shared_agent(
         torch.ao.quantization.quantize_dynamic(
             agent.model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
         )
+    if dtype is not None:
+        # in place: every clone shares agent.model, so one cast copy of the weights; the
+        # search's log-softmax and scores stay fp32 (fastgen/beam.py)
+        agent.model.to(dtype)
     if settings.search_impl == "fast":
         from bot.inference import fastgen
 
         # batched beam search, same replies; other model types come back unchanged
         agent = fastgen.accelerate(agent)
+        kind = projection_kind(settings)
+        if kind is not None and fastgen.fast_decoder_supported(agent.model):
+            # the output projection in int8 too (fastgen/projection.py); a cast model's is
+            # ParlAI's F.linear in its dtype
+            fastgen.projection.prepare(agent.model, kind)
     log.info(
         "model ready: %s, inference=%s beam=%s text_truncate=%s",
         type(agent).__name__,

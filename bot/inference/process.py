@@ -96,8 +96,8 @@ def main(conn: Connection, spec: ProcessSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.nice(MODEL_PROCESS_NICE)
     setup_logging(spec.log_level, spec.secrets, spec.log_format)
+    set_torch_threads(spec.threads)  # passive waiting first, before torch loads
     compat.apply()
-    set_torch_threads(spec.threads)
     route_parlai_logging(spec.log_level)
     try:
         agent = load_shared_agent(

@@ -55,8 +55,8 @@ def _load(spec: ProcessSpec) -> Any:
     with contextlib.suppress(OSError):
         os.nice(MODEL_PROCESS_NICE)  # a local instance shares the cores with the service
     setup_logging(spec.log_level, (), spec.log_format)
+    set_torch_threads(spec.threads)  # passive waiting first, before torch loads
     compat.apply()
-    set_torch_threads(spec.threads)
     route_parlai_logging(spec.log_level)
     try:
         return load_shared_agent(

@@ -34,13 +34,17 @@ call on agents that are already loaded. So one path stays: load with ParlAI's cl
 
 Modules: `agent` (the fast class, `accelerate`), `policy` (when the batched search applies),
 `beam` (the search loop and its per-chat result), `kernels` (top-k, n-gram blocking), `steppers`
-(the decoder stepped one token at a time, with its incremental state).
+(the decoder stepped one token at a time, with its incremental state), `projection` (the
+output projection in the faster modes: int8 or the cast dtype, fused with log-softmax and top-k;
+the default keeps ParlAI's `F.linear`, bit for bit).
 """
 
+from bot.inference.fastgen import projection
 from bot.inference.fastgen.agent import FastTransformerGeneratorAgent, accelerate, is_accelerated
 from bot.inference.fastgen.beam import BatchedBeams, batched_generate
 from bot.inference.fastgen.kernels import NEG
 from bot.inference.fastgen.policy import fallback_reason
+from bot.inference.fastgen.steppers import fast_decoder_supported
 
 __all__ = [
     "NEG",
@@ -49,5 +53,7 @@ __all__ = [
     "accelerate",
     "batched_generate",
     "fallback_reason",
+    "fast_decoder_supported",
     "is_accelerated",
+    "projection",
 ]

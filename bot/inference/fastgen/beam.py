@@ -8,7 +8,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bot.inference.fastgen.kernels import NEG, block_context_ngrams, block_self_ngrams, row_topk
+from bot.inference.fastgen import projection
+from bot.inference.fastgen.kernels import (
+    NEG,
+    block_context_ngrams,
+    block_self_ngrams,
+    context_ngram_blocks,
+    row_topk,
+    self_ngram_blocks,
+)
 from bot.inference.fastgen.steppers import (
     FastDecoder,
     GenericDecoder,
@@ -119,6 +127,9 @@ def batched_generate(
     else:
         stepper = GenericDecoder(agent, model, encoder_states, bsz, beam)
     context = agent._get_batch_context(batch).to(dev) if context_ngram > 0 else None
+    fused = projection.of(model) if isinstance(stepper, FastDecoder) else None
+    if fused is not None and not fused.fuse:
+        fused = None  # its full scores come through stepper.logits
 
     hyps = torch.full((rows, 1), bos, dtype=torch.long, device=dev)  # partial_hyps, all rows
     scores = torch.zeros(bsz, beam, dtype=torch.float32, device=dev)
@@ -136,46 +147,67 @@ def batched_generate(
         active = [not (eos_top[b] and n_best[b] >= beam) for b in range(bsz)]
         if not any(active):
             break
-        score = stepper.logits(t).view(bsz, beam, -1)
-        if temperature != 1.0:
-            score.div_(temperature)
-        lp = F.log_softmax(score, dim=-1, dtype=torch.float32)
-        vocab = lp.size(-1)
-        if t < min_length:
-            lp[:, :, eos] = NEG
-        if block_ngram > 0:
-            block_self_ngrams(lp.view(rows, vocab), hyps, block_ngram)
-        if context is not None:
-            block_context_ngrams(lp, hyps, context, context_ngram)
+        if fused is None:
+            score = stepper.logits(t).view(bsz, beam, -1)
+            if temperature != 1.0:
+                score.div_(temperature)
+            lp = F.log_softmax(score, dim=-1, dtype=torch.float32)
+            vocab = lp.size(-1)
+            if t < min_length:
+                lp[:, :, eos] = NEG
+            if block_ngram > 0:
+                block_self_ngrams(lp.view(rows, vocab), hyps, block_ngram)
+            if context is not None:
+                block_context_ngrams(lp, hyps, context, context_ngram)
+        else:
+            # the projection fused with log-softmax, masking and top-k (projection.py): each
+            # branch below takes the same top-k entries it takes from the full scores
+            assert isinstance(stepper, FastDecoder)
+            blocked = _blocked_pairs(
+                rows, t < min_length, eos, hyps, block_ngram, context, context_ngram, beam
+            )
+            k = topk if t < delay else 1 if greedy else beam
+            cvals, ctoks = fused.topk(stepper.hidden(t).squeeze(1), k, temperature, blocked)
 
         if t < delay:
             # TopKSampling.select_paths: every row draws one token from its own top-k (at the
             # first step all rows are the same start: that is what makes them differ)
             prior = scores if t == 0 else scores.masked_fill(last == eos, NEG)
-            values, indices = lp.view(rows, vocab).topk(topk, dim=-1)
+            if fused is None:
+                values, indices = lp.view(rows, vocab).topk(topk, dim=-1)
+            else:
+                values, indices = cvals, ctoks
             choices = torch.multinomial(torch.softmax(values, dim=-1), 1)
             tok_ids = indices.gather(1, choices).view(bsz, beam)
             new_scores = values.gather(1, choices).view(bsz, beam) + prior
             hyp_ids = torch.arange(beam, device=dev).expand(bsz, beam)
         elif t == 0:
             # only the first hypothesis of each chat exists yet
-            first = lp[:, 0, :]
-            if greedy:
-                best, tok = first.max(1, keepdim=True)
+            if fused is not None:
+                best = cvals.view(bsz, beam, -1)[:, 0, :]
+                tok = ctoks.view(bsz, beam, -1)[:, 0, :]
+            elif greedy:
+                best, tok = lp[:, 0, :].max(1, keepdim=True)
             else:
-                best, tok = torch.topk(first, beam, dim=1)
+                best, tok = torch.topk(lp[:, 0, :], beam, dim=1)
             new_scores = best + scores[:, :1]
             hyp_ids = torch.zeros(bsz, beam, dtype=torch.long, device=dev)
             tok_ids = tok
         else:
             prior = scores.masked_fill(last == eos, NEG)
             if greedy:
-                best, tok = lp.view(bsz, vocab).max(1, keepdim=True)
+                if fused is None:
+                    best, tok = lp.view(bsz, vocab).max(1, keepdim=True)
+                else:
+                    best, tok = cvals.view(bsz, 1), ctoks.view(bsz, 1)
                 new_scores = best + prior
                 hyp_ids = torch.zeros(bsz, 1, dtype=torch.long, device=dev)
                 tok_ids = tok
             else:
-                vals, toks = row_topk(lp.view(rows, vocab), beam)
+                if fused is None:
+                    vals, toks = row_topk(lp.view(rows, vocab), beam)
+                else:
+                    vals, toks = cvals, ctoks
                 cand = vals.view(bsz, beam, beam) + prior.unsqueeze(2)
                 new_scores, pos = torch.topk(cand.view(bsz, beam * beam), beam, dim=1)
                 hyp_ids = torch.div(pos, beam, rounding_mode="trunc")
@@ -230,3 +262,29 @@ def batched_generate(
         )
     preds = [b.get_rescored_finished()[0] for b in beams]
     return preds, beams
+
+
+def _blocked_pairs(
+    rows: int,
+    short: bool,
+    eos: int,
+    hyps: torch.Tensor,
+    block_ngram: int,
+    context: torch.Tensor | None,
+    context_ngram: int,
+    beam: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (row, token) pairs the search masks this step: end of sentence while the reply is
+    shorter than the minimum (`short`), then self and context n-gram blocking."""
+    parts = []
+    if short:
+        r = torch.arange(rows, device=hyps.device)
+        parts.append((r, torch.full_like(r, eos)))
+    if block_ngram > 0:
+        parts.append(self_ngram_blocks(hyps, block_ngram))
+    if context is not None:
+        parts.append(context_ngram_blocks(hyps, context, context_ngram, beam))
+    if not parts:
+        empty = torch.zeros(0, dtype=torch.long, device=hyps.device)
+        return empty, empty
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])

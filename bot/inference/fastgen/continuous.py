@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from parlai.utils.torch import neginf
 
+from bot.inference.fastgen import projection
 from bot.inference.fastgen.beam import BatchedBeams
 from bot.inference.fastgen.kernels import NEG, block_context_ngrams, block_self_ngrams, row_topk
 from bot.inference.fastgen.policy import search_reason
@@ -469,7 +470,7 @@ class ContinuousSearch:
             x = after_self_attention(layer, self.variant, x, residual, self._cross_attend, ck, cv)
         if self.variant == "prelayernorm":
             x = self.dec.norm_embeddings(x)
-        return self.model.output(x).squeeze(1)  # type: ignore[no-any-return]
+        return projection.scores(self.model, x).squeeze(1)
 
     def step(self) -> list[ChatSearch]:
         """Advance every chat by one token; returns the chats that finished (they have left)."""

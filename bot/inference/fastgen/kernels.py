@@ -44,18 +44,32 @@ def block_self_ngrams(lp: torch.Tensor, hyps: torch.Tensor, n: int) -> None:
     `lp` is (rows, vocab), `hyps` (rows, length) including the start token. A token is blocked
     when it would repeat an n-gram the hypothesis already contains.
     """
-    length = hyps.size(1)
     if n == 1:
         lp.scatter_(1, hyps, NEG)
         return
+    r, tok = self_ngram_blocks(hyps, n)
+    if r.numel():
+        lp[r, tok] = NEG
+
+
+def self_ngram_blocks(hyps: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (row, token) pairs `block_self_ngrams` blocks."""
+    rows, length = hyps.shape
+    if n == 1:
+        r = torch.arange(rows, device=hyps.device).repeat_interleave(length)
+        return r, hyps.reshape(-1)
     if length < n:
-        return
+        return _none(hyps.device)
     windows = hyps.unfold(1, n, 1)  # (rows, length - n + 1, n)
     prefix = hyps[:, length - (n - 1) :]
     match = (windows[:, :, :-1] == prefix.unsqueeze(1)).all(dim=2)
     r, w = match.nonzero(as_tuple=True)
-    if r.numel():
-        lp[r, windows[r, w, -1]] = NEG
+    return r, windows[r, w, -1]
+
+
+def _none(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    empty = torch.zeros(0, dtype=torch.long, device=device)
+    return empty, empty
 
 
 def block_context_ngrams(
@@ -67,18 +81,32 @@ def block_context_ngrams(
     padding included (ParlAI blocks with the padded batch row too).
     """
     bsz, beam, _ = lp.shape
-    length = hyps.size(1)
     if context.size(1) == 0:
         return
     if n == 1:
         index = context.unsqueeze(1).expand(bsz, beam, context.size(1))
         lp.scatter_(2, index, NEG)
         return
+    r, tok = context_ngram_blocks(hyps, context, n, beam)
+    if r.numel():
+        lp[torch.div(r, beam, rounding_mode="trunc"), r % beam, tok] = NEG
+
+
+def context_ngram_blocks(
+    hyps: torch.Tensor, context: torch.Tensor, n: int, beam: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (row, token) pairs `block_context_ngrams` blocks (rows of `hyps`, bsz * beam)."""
+    bsz = context.size(0)
+    length = hyps.size(1)
+    if context.size(1) == 0:
+        return _none(hyps.device)
+    if n == 1:
+        r = torch.arange(bsz * beam, device=hyps.device).repeat_interleave(context.size(1))
+        return r, context.repeat_interleave(beam, dim=0).reshape(-1)
     if length < n - 1 or context.size(1) < n:
-        return
+        return _none(hyps.device)
     windows = context.unfold(1, n, 1)  # (bsz, windows, n)
     prefix = hyps[:, length - (n - 1) :].view(bsz, beam, 1, n - 1)
     match = (windows[:, :, :-1].unsqueeze(1) == prefix).all(dim=3)  # (bsz, beam, windows)
     b, k, w = match.nonzero(as_tuple=True)
-    if b.numel():
-        lp[b, k, windows[b, w, -1]] = NEG
+    return b * beam + k, windows[b, w, -1]

@@ -20,6 +20,8 @@ from parlai.agents.transformer.modules import (
 from parlai.agents.transformer.modules.generator import TransformerGeneratorModel
 from parlai.utils.torch import neginf
 
+from bot.inference.fastgen import projection
+
 # Below this many encoder rows, a matrix kernel may round differently for `batch` and
 # `batch x beam` copies of the same rows, so the cross-attention K/V are then projected from the
 # expanded encoder output, exactly as ParlAI does (cheap at that size).
@@ -252,6 +254,10 @@ class FastDecoder:
 
     def logits(self, step: int) -> torch.Tensor:
         """Scores of the next token for every row, shape (rows, vocab)."""
+        return projection.scores(self.model, self.hidden(step)).squeeze(1)
+
+    def hidden(self, step: int) -> torch.Tensor:
+        """The decoder's output for every row, (rows, 1, dim), before the output projection."""
         t = step
         positions = torch.tensor([[t]], dtype=torch.long, device=self.tokens.device)
         x = self.dec.forward_embedding(self.tokens, positions)
@@ -270,7 +276,7 @@ class FastDecoder:
         if self.variant == "prelayernorm":
             x = self.dec.norm_embeddings(x)
         self.step = t + 1
-        return self.model.output(x).squeeze(1)  # type: ignore[no-any-return]
+        return x
 
     def advance(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
         """Follow the back-pointers `rows` and feed `tokens` next (both shape (rows,))."""
