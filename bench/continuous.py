@@ -1,6 +1,6 @@
 """Continuous batching against the micro-batcher, under open-loop load, in one run.
 
-    python -m bench.continuous [--minutes 3] [--quick] [--max-size 16] [--threads 2]
+    python -m bench.continuous [--minutes 3] [--quick] [--max-size 16] [--threads 2] [--churn]
 
 The model has BlenderBot-90M's architecture (random weights, bench.common), beam 10 with n-gram
 and context blocking, and every reply is exactly 32 tokens (beam_min_length == label_truncate ==
@@ -13,6 +13,9 @@ same chats at the same arrival times (one seed), one after the other:
                then up to 2 minutes), per scheduler; the offered loads are 50%, 70% and 90%
                of the micro-batcher's (today's capacity), the same for both
   single       one chat alone: its reply latency (p50 of a few turns, after a warm-up turn)
+  churn        what a join and a leave cost the running batch's caches (`_admit` and `_drop`
+               of `ContinuousSearch`, the encoder excluded) at label_truncate 32 and 256, with
+               8 chats of beam 10 in flight (`--churn` runs only this)
   load points  p50 and p95 reply latency (submit to reply) of the turns asked in the window,
                and for the continuous scheduler the p50 time to the first draft (the first
                whole word of the best hypothesis; the service shows "Thinking…" before that)
@@ -207,6 +210,66 @@ async def open_loop(agent: Any, point: Point, args: argparse.Namespace) -> None:
     point.seconds = time.perf_counter() - started
 
 
+CHURN_TRUNCATES = (32, 256)
+
+
+def churn(agent: Any, label_truncate: int, chats: int = 8, changes: int = 3) -> dict[str, float]:
+    """Milliseconds one join and one leave spend on the running batch's caches (median of
+    `changes` each), and one step's, with `chats` chats in flight at `label_truncate`."""
+    import torch
+    from parlai.core.message import Message
+
+    from bot.inference.fastgen.continuous import ContinuousSearch
+
+    search = ContinuousSearch(agent)
+    timings: dict[str, list[float]] = {"join": [], "leave": [], "step": []}
+
+    def timed(name: str, method: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                timings[name].append(1000 * (time.perf_counter() - started))
+
+        return wrapper
+
+    search._admit = timed("join", search._admit)  # type: ignore[method-assign]
+    search._drop = timed("leave", search._drop)  # type: ignore[method-assign]
+    chat_maker = Chats(agent)
+    saved = agent.label_truncate
+    agent.label_truncate = label_truncate
+    try:
+        with torch.no_grad():
+
+            def join(key: int) -> None:
+                user, entry = chat_maker.new()
+                clone = entry.clone
+                obs = clone.observe(
+                    Message(
+                        {"text": entry.user_turn(common.user_message(user)), "episode_done": False}
+                    )
+                )
+                search.join(key, agent.batchify([obs]))
+
+            for key in range(chats):
+                join(key)
+            timings["join"].clear()
+            for change in range(changes):
+                for _ in range(3):
+                    started = time.perf_counter()
+                    search.step()
+                    timings["step"].append(1000 * (time.perf_counter() - started))
+                join(chats + change)  # one more chat joins
+                search.step()
+                search.chats[0].max_ts = search.chats[0].t + 1  # and the oldest leaves next step
+                search.step()
+    finally:
+        agent.label_truncate = saved
+        search.clear()
+    return {name: statistics.median(values) for name, values in timings.items()}
+
+
 def plot(summaries: list[dict[str, Any]], singles: dict[str, float], path_name: str) -> None:
     """p50 and p95 latency against offered load, both schedulers (from the points' figures)."""
     fig, axes = common.new_figure(1, width=7.0)
@@ -241,6 +304,11 @@ async def main_async(args: argparse.Namespace) -> None:
     model = common.build_bench_model()
     agent = common.load_agent(model, GENERATION, threads=args.threads)
     agent.label_truncate = REPLY  # with beam_min_length == REPLY: every reply is 32 tokens
+    churns = {n: churn(agent, n) for n in CHURN_TRUNCATES}
+    print({n: {k: f"{v:.1f} ms" for k, v in c.items()} for n, c in churns.items()}, flush=True)
+    if args.churn:
+        common.emit_results(_churn_results(churns))
+        return
     names = ("batch", "continuous")
     singles = {name: await single(agent, name, args) for name in names}
     print({k: f"{v:.2f} s" for k, v in singles.items()}, flush=True)
@@ -286,6 +354,7 @@ async def main_async(args: argparse.Namespace) -> None:
         common.percentile(seventy.latencies, 95) / singles["continuous"]
     )
     results["saturation_speedup"] = capacities["continuous"] / capacities["batch"]
+    results.update(_churn_results(churns))
     common.emit_results(results)
     common.write_json(
         "continuous",
@@ -295,10 +364,20 @@ async def main_async(args: argparse.Namespace) -> None:
             "single_s": singles,
             "capacity_replies_per_s": capacities,
             "points": [p.summary() for p in points],
+            "churn_ms": churns,
             "results": results,
         },
     )
     plot([p.summary() for p in points], singles, "continuous")
+
+
+def _churn_results(churns: dict[int, dict[str, float]]) -> dict[str, float]:
+    results = {}
+    for n, c in churns.items():
+        results[f"continuous_join_ms_lt{n}"] = c["join"]
+        results[f"continuous_leave_ms_lt{n}"] = c["leave"]
+        results[f"continuous_step_ms_lt{n}"] = c["step"]
+    return results
 
 
 def main() -> None:
@@ -312,6 +391,7 @@ def main() -> None:
     parser.add_argument("--saturate", type=int, default=32, help="chats in the capacity run")
     parser.add_argument("--single-turns", type=int, default=4)
     parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--churn", action="store_true", help="only the join/leave costs")
     parser.add_argument("--replot", action="store_true", help="only redraw the last run's plot")
     args = parser.parse_args()
     if args.replot:

@@ -14,6 +14,19 @@ running batch is a set of chats, each at its own decoding step with its own cont
   `beam.batched_generate` for a batch of one;
 - a chat whose search is done leaves at once: its rows are dropped from the caches.
 
+The self-attention cache is a pool of row slots: per layer two buffers (the one read this step
+and the one the beam back-pointers are gathered into, then swapped), each holding `slots >=
+rows` rows of `capacity` positions. The rows in use are always the pool's first `rows` slots,
+in the running chats' order; the free slots are the tail. A join takes the next free slots and
+writes nothing into them (the new rows start at position 0 and write their own keys/values as
+they go; what a previous chat left there is finite and masked); a leave is folded into the
+step's back-pointer gather, which every step does anyway and which then simply skips the
+leaving rows, so the rows behind them move up and their slots return to the tail. Neither
+copies the other chats' rows, so both cost the same at `label_truncate` 256 as at 32. The pool
+grows (doubling) when a join needs more slots than it has, copying the rows in use once, and
+is let go when the last chat leaves. Steps compute on the first `rows` slots only (a view, no
+gather of used slots).
+
 Results equal ParlAI's solo search up to float rounding: a row's matrix products run in a batch
 of another size, and masked attention sums a few exact zeros, so scores can differ in the last
 bits and a near-tie can go the other way (tests/integration/test_continuous.py measures it).
@@ -40,6 +53,9 @@ from bot.inference.fastgen.steppers import after_self_attention, bare_model, fas
 # Private switch for the agreement test: False drops the padding and position masks, which must
 # make chats' replies depend on their companions.
 _MASKS = True
+# Private switch for the slot-pool test: what a fresh pool's slots hold before any row wrote
+# there. Any finite value must give the same scores (stale slots are masked); NaN must not.
+_FILL = 0.0
 
 
 def continuous_supported(agent: Any) -> str | None:
@@ -231,8 +247,8 @@ class ContinuousSearch:
         self.variant = self.dec.variant
         self.dev = next(model.parameters()).device
         self.chats: list[ChatSearch] = []
-        self.capacity = 0
-        self.cache: list[torch.Tensor] = []  # per layer (2, rows, heads, capacity, dh)
+        self.capacity = 0  # positions per slot
+        self.cache: list[torch.Tensor] = []  # per layer (2, slots, heads, capacity, dh)
         self.spare: list[torch.Tensor] = []  # the buffers the next reorder writes into
         self.pos = torch.zeros(0, dtype=torch.long, device=self.dev)  # each row's step
         self.tokens = torch.zeros(0, 1, dtype=torch.long, device=self.dev)
@@ -300,29 +316,46 @@ class ContinuousSearch:
         self._admit([chat])
         return chat
 
+    @property
+    def slots(self) -> int:
+        """Row slots in the self-attention pool (used and free)."""
+        return self.cache[0].size(1) if self.cache else 0
+
     def _admit(self, new: Sequence[ChatSearch]) -> None:
         beam = new[0].beam
         capacity = max([self.capacity, *(c.max_ts for c in new), 1])
-        add = len(new) * beam
+        rows, add = self.rows, len(new) * beam
         dtype = new[0].cross[0][1].dtype
         if capacity > self.capacity and self.cache:
+            # a chat allowed longer replies than the pool's slots hold (label_truncate changed)
             self.cache = [_grow(c, capacity) for c in self.cache]
+            self.spare = [_grow(c, capacity) for c in self.spare]
         self.capacity = capacity
-        fresh = [
-            torch.zeros(2, add, self.heads, capacity, self.dh, dtype=dtype, device=self.dev)
-            for _ in self.dec.layers
-        ]
-        self.cache = (
-            fresh
-            if not self.cache
-            else [torch.cat([old, f], dim=1) for old, f in zip(self.cache, fresh, strict=True)]
-        )
+        if rows + add > self.slots:
+            self._reserve(max(rows + add, 2 * self.slots), dtype)
         start = torch.full((add, 1), self.model.start_idx, dtype=torch.long, device=self.dev)
         self.tokens = torch.cat([self.tokens, start])
         self.pos = torch.cat([self.pos, torch.zeros(add, dtype=torch.long, device=self.dev)])
-        self.spare = [torch.zeros_like(c) for c in self.cache]
         self.chats.extend(new)
         self._pack_cross(new)
+
+    def _reserve(self, slots: int, dtype: torch.dtype) -> None:
+        """A bigger pool: the rows in use copied once (the positions written so far)."""
+        rows = self.rows
+        width = int(self.pos.max()) + 1 if rows else 0
+        shape = (2, slots, self.heads, self.capacity, self.dh)
+
+        def fresh() -> torch.Tensor:
+            return torch.full(shape, _FILL, dtype=dtype, device=self.dev)
+
+        cache = []
+        for old in self.cache:
+            grown = fresh()
+            if rows:
+                grown[:, :rows, :, :width] = old[:, :rows, :, :width]
+            cache.append(grown)
+        self.cache = cache or [fresh() for _ in self.dec.layers]
+        self.spare = [fresh() for _ in self.dec.layers]
 
     def _pack_cross(self, new: Sequence[ChatSearch] = (), keep: list[int] | None = None) -> None:
         """The running chats' encoder K/V, padded to the longest context, and the mask of the
@@ -462,8 +495,9 @@ class ContinuousSearch:
                 x = layer.norm1(x)
             cache[0, every, :, pos] = sa.k_lin(x).view(rows, self.heads, self.dh)
             cache[1, every, :, pos] = sa.v_lin(x).view(rows, self.heads, self.dh)
-            keys = cache[0].view(rows * self.heads, -1, self.dh)[:, :width]
-            values = cache[1].view(rows * self.heads, -1, self.dh)[:, :width]
+            # the rows in use are the pool's first `rows` slots: a view, no gather
+            keys = cache[0, :rows].view(rows * self.heads, -1, self.dh)[:, :width]
+            values = cache[1, :rows].view(rows * self.heads, -1, self.dh)[:, :width]
             x = self._self_attend(sa, x, keys, values, fill)
             x = after_self_attention(layer, self.variant, x, residual, self._cross_attend, ck, cv)
         if self.variant == "prelayernorm":
@@ -494,37 +528,34 @@ class ContinuousSearch:
             )
             src.append(hyp_ids + i * beam)
             toks.append(tok_ids)
-        rows = torch.cat(src)
+        keep = [i for i, c in enumerate(self.chats) if not c.done]
+        done = [c for c in self.chats if c.done]
+        if not keep:
+            self.clear()
+            return done
+        rows = torch.cat([src[i] for i in keep])
+        used = rows.numel()
         width = int(self.pos.max()) + 1
         for i, cache in enumerate(self.cache):
-            # the cache follows the back-pointers; positions past `width` hold nothing yet (the
-            # spare's stale values there are finite, and masked)
+            # the cache follows the back-pointers of the chats that stay: the leaving chats'
+            # rows are not gathered, so the others move up into the pool's first slots.
+            # Positions past `width` hold nothing yet (stale values there are finite, and
+            # masked).
             spare = self.spare[i]
-            torch.index_select(cache[:, :, :, :width], 1, rows, out=spare[:, :, :, :width])
+            torch.index_select(cache[:, :, :, :width], 1, rows, out=spare[:, :used, :, :width])
             self.cache[i], self.spare[i] = spare, cache
-        self.tokens = torch.cat(toks).unsqueeze(1)
+        self.tokens = torch.cat([toks[i] for i in keep]).unsqueeze(1)
         self.pos = self.pos + 1
-        done = [c for c in self.chats if c.done]
         if done:
-            self._drop(done)
+            self._drop(keep)
         return done
 
-    def _drop(self, done: list[ChatSearch]) -> None:
+    def _drop(self, keep: list[int]) -> None:
+        """The chats at `keep` stay (their cache rows moved up already, in `step`'s gather)."""
         beam = self.chats[0].beam
-        keep = [i for i, c in enumerate(self.chats) if not c.done]
-        if not keep:
-            self.chats = []
-            self.cache, self.spare, self.capacity = [], [], 0
-            self.tokens = self.tokens[:0]
-            self.pos = self.pos[:0]
-            self._pack_cross()
-            return
         rows = torch.tensor(
             [i * beam + k for i in keep for k in range(beam)], dtype=torch.long, device=self.dev
         )
-        self.cache = [torch.index_select(c, 1, rows) for c in self.cache]
-        self.spare = [torch.zeros_like(c) for c in self.cache]
-        self.tokens = torch.index_select(self.tokens, 0, rows)
         self.pos = torch.index_select(self.pos, 0, rows)
         self.chats = [self.chats[i] for i in keep]
         self._pack_cross(keep=keep)
@@ -541,6 +572,6 @@ class ContinuousSearch:
 
 
 def _grow(cache: torch.Tensor, capacity: int) -> torch.Tensor:
-    grown = cache.new_zeros(*cache.shape[:3], capacity, cache.size(4))
+    grown = cache.new_full((*cache.shape[:3], capacity, cache.size(4)), _FILL)
     grown[:, :, :, : cache.size(3)] = cache
     return grown
