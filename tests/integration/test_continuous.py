@@ -106,6 +106,8 @@ class Tally:
     cases: int = 0
     differences: list[str] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)  # |score(ours) - score(ParlAI's)|
+    joined_ahead: int = 0  # chats that took their first step among the newcomers
+    finished_ahead: int = 0  # ... and finished at it
 
 
 def rescore(agent: Any, batch: Any, tokens: list[int]) -> float:
@@ -125,9 +127,10 @@ def rescore(agent: Any, batch: Any, tokens: list[int]) -> float:
     return total / penalty
 
 
-def run_case(agent: Any, case: Case, tally: Tally) -> None:
+def run_case(agent: Any, case: Case, tally: Tally, ahead: bool = False) -> None:
     """ParlAI's solo reply for every chat, then all of them through one ContinuousSearch with
-    their arrival steps; every chat's top reply compared."""
+    their arrival steps; every chat's top reply compared. `ahead`: chats arriving while others
+    run take their first step among themselves (`join_ahead`, as streamed turns do)."""
     import torch
 
     with generation(agent, **case.gen), torch.no_grad():
@@ -141,10 +144,18 @@ def run_case(agent: Any, case: Case, tally: Tally) -> None:
         got: dict[int, list[int]] = {}
         step = 0
         while len(got) < len(case.chats):
-            for i, chat in enumerate(case.chats):
-                if chat.arrival == step or (chat.arrival > step and len(search) == 0):
-                    chat.arrival = step
-                    search.join(i, batches[i])
+            if ahead and len(search):
+                arriving = [i for i, chat in enumerate(case.chats) if chat.arrival == step]
+                if arriving:
+                    for done in search.join_ahead([(i, batches[i]) for i in arriving]):
+                        got[done.key] = done.result().get_rescored_finished()[0][0].tolist()
+                        tally.finished_ahead += 1
+                    tally.joined_ahead += len(arriving)
+            else:
+                for i, chat in enumerate(case.chats):
+                    if chat.arrival == step or (chat.arrival > step and len(search) == 0):
+                        chat.arrival = step
+                        search.join(i, batches[i])
             for done in search.step():
                 got[done.key] = done.result().get_rescored_finished()[0][0].tolist()
             step += 1
@@ -162,13 +173,13 @@ def run_case(agent: Any, case: Case, tally: Tally) -> None:
             )
 
 
-def sweep(agent: Any, seed: int, cases: int, **shape: Any) -> Tally:
+def sweep(agent: Any, seed: int, cases: int, ahead: bool = False, **shape: Any) -> Tally:
     """`cases` random cases (`shape`: random_case's reply lengths and arrivals)."""
     rng = random.Random(seed)
     words = [agent.dict.ind2tok[i] for i in range(4, len(agent.dict))]
     tally = Tally()
     for _ in range(cases):
-        run_case(agent, random_case(rng, words, **shape), tally)
+        run_case(agent, random_case(rng, words, **shape), tally, ahead)
     return tally
 
 
@@ -277,6 +288,18 @@ def test_staggered_joins_and_leaves_at_long_replies(
         tally = sweep(ending_agent, seed=24, cases=24, truncates=(32, 48, 64), latest=40)
     print("\n" + summary(tally), seen)
     assert all(seen.values()), seen  # the pool's paths really ran
+    assert tally.same >= 0.99 * tally.chats, summary(tally) + "\n" + "\n".join(tally.differences)
+    assert all(gap <= NEAR_TIE for gap in tally.gaps), "\n".join(tally.differences)
+
+
+def test_first_steps_ahead_change_nothing(ending_agent: Any) -> None:
+    """Chats that arrive while others run and take their first step among themselves
+    (`join_ahead`, what the scheduler does for a turn that streams drafts) get ParlAI's solo
+    reply as in the sweeps above, those ending at that first step included."""
+    with torch_threads(1):
+        tally = sweep(ending_agent, seed=18, cases=80, ahead=True, latest=10)
+    print("\n" + summary(tally), tally.joined_ahead, tally.finished_ahead)
+    assert tally.joined_ahead >= 40 and tally.finished_ahead > 0, tally  # the paths ran
     assert tally.same >= 0.99 * tally.chats, summary(tally) + "\n" + "\n".join(tally.differences)
     assert all(gap <= NEAR_TIE for gap in tally.gaps), "\n".join(tally.differences)
 

@@ -258,6 +258,7 @@ class ContinuousSearch:
         self.cross: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.cross_fill = torch.zeros(0, dtype=torch.bool, device=self.dev)
         self.length = 0
+        self._ahead: ContinuousSearch | None = None  # where `join_ahead` runs first steps
 
     @property
     def rows(self) -> int:
@@ -268,6 +269,40 @@ class ContinuousSearch:
         return len(self.chats)
 
     # --- joining ----------------------------------------------------------------------------
+
+    def join_ahead(self, joins: Sequence[tuple[Any, Any]]) -> list[ChatSearch]:
+        """Encode chats (`(key, batch)` pairs, as `join` takes them) and run their first step
+        among themselves, in a batch of the newcomers only, before they join the running
+        chats at step 1: their first token (and so their first draft) comes after a step of
+        their own rows instead of a step of every row in flight. Returns the newcomers that
+        finished at that step (a reply of one token); they never join."""
+        if self._ahead is None:
+            self._ahead = ContinuousSearch(self.agent)
+        ahead = self._ahead
+        for key, batch in joins:
+            chat = ahead.join(key, batch)
+            if self.chats and chat.beam != self.chats[0].beam:
+                raise ValueError("every chat in the running batch must have the same beam size")
+        done = ahead.step()
+        if ahead.chats:
+            self._adopt(ahead)
+        return done
+
+    def _adopt(self, ahead: ContinuousSearch) -> None:
+        """Take over every chat of `ahead` (a search of newcomers, a few steps in): their
+        cache rows (the positions written so far) go into free slots, their encoder K/V into
+        the packed cross-attention tensors."""
+        new = ahead.chats
+        for j, chat in enumerate(new):
+            chat.cross = [
+                (kt[j, :, :, : chat.length], v[j, :, : chat.length]) for kt, v in ahead._packed
+            ]
+        written = int(ahead.pos.max())
+        rows = self.rows
+        self._admit(new, tokens=ahead.tokens, pos=ahead.pos)
+        for mine, theirs in zip(self.cache, ahead.cache, strict=True):
+            mine[:, rows : rows + ahead.rows, :, :written] = theirs[:, : ahead.rows, :, :written]
+        ahead.clear(keep_pool=True)
 
     def join(self, key: Any, batch: Any) -> ChatSearch:
         """Encode one chat's batch (of one) and add it at step 0."""
@@ -321,10 +356,16 @@ class ContinuousSearch:
         """Row slots in the self-attention pool (used and free)."""
         return self.cache[0].size(1) if self.cache else 0
 
-    def _admit(self, new: Sequence[ChatSearch]) -> None:
-        beam = new[0].beam
+    def _admit(
+        self,
+        new: Sequence[ChatSearch],
+        tokens: torch.Tensor | None = None,
+        pos: torch.Tensor | None = None,
+    ) -> None:
+        """Room in the pool for `new`'s rows, which start at `pos` (default 0) fed `tokens`
+        (default the start token)."""
         capacity = max([self.capacity, *(c.max_ts for c in new), 1])
-        rows, add = self.rows, len(new) * beam
+        rows, add = self.rows, len(new) * new[0].beam
         dtype = new[0].cross[0][1].dtype
         if capacity > self.capacity and self.cache:
             # a chat allowed longer replies than the pool's slots hold (label_truncate changed)
@@ -333,9 +374,12 @@ class ContinuousSearch:
         self.capacity = capacity
         if rows + add > self.slots:
             self._reserve(max(rows + add, 2 * self.slots), dtype)
-        start = torch.full((add, 1), self.model.start_idx, dtype=torch.long, device=self.dev)
-        self.tokens = torch.cat([self.tokens, start])
-        self.pos = torch.cat([self.pos, torch.zeros(add, dtype=torch.long, device=self.dev)])
+        if tokens is None:
+            tokens = torch.full((add, 1), self.model.start_idx, dtype=torch.long, device=self.dev)
+        if pos is None:
+            pos = torch.zeros(add, dtype=torch.long, device=self.dev)
+        self.tokens = torch.cat([self.tokens, tokens])
+        self.pos = torch.cat([self.pos, pos])
         self.chats.extend(new)
         self._pack_cross(new)
 
@@ -478,9 +522,13 @@ class ContinuousSearch:
         pos = self.pos
         x = self.dec.forward_embedding(self.tokens, pos.unsqueeze(1))
         width = int(pos.max()) + 1
-        every = torch.arange(rows, device=self.dev)
+        # every row at the same position (one chat alone, or chats that joined together): its
+        # keys/values go into one column by a plain slice write instead of a scatter
+        same = int(pos.min()) == width - 1
+        every: Any = slice(0, rows) if same else torch.arange(rows, device=self.dev)
+        at: Any = width - 1 if same else pos
         fill = None
-        if _MASKS:
+        if _MASKS and not same:
             later = torch.arange(width, device=self.dev).unsqueeze(0) > pos.unsqueeze(1)
             if bool(later.any()):
                 fill = (
@@ -493,8 +541,8 @@ class ContinuousSearch:
             residual = x
             if self.variant == "prelayernorm":
                 x = layer.norm1(x)
-            cache[0, every, :, pos] = sa.k_lin(x).view(rows, self.heads, self.dh)
-            cache[1, every, :, pos] = sa.v_lin(x).view(rows, self.heads, self.dh)
+            cache[0, every, :, at] = sa.k_lin(x).view(rows, self.heads, self.dh)
+            cache[1, every, :, at] = sa.v_lin(x).view(rows, self.heads, self.dh)
             # the rows in use are the pool's first `rows` slots: a view, no gather
             keys = cache[0, :rows].view(rows * self.heads, -1, self.dh)[:, :width]
             values = cache[1, :rows].view(rows * self.heads, -1, self.dh)[:, :width]
@@ -560,14 +608,18 @@ class ContinuousSearch:
         self.chats = [self.chats[i] for i in keep]
         self._pack_cross(keep=keep)
 
-    def clear(self) -> list[ChatSearch]:
-        """Drop every chat (after a failure); returns them."""
+    def clear(self, keep_pool: bool = False) -> list[ChatSearch]:
+        """Drop every chat (after a failure); returns them. `keep_pool`: keep the
+        self-attention pool's buffers for the next chats."""
         chats = self.chats
         self.chats = []
-        self.cache, self.spare, self.capacity = [], [], 0
+        if not keep_pool:
+            self.cache, self.spare, self.capacity = [], [], 0
         self.tokens = self.tokens[:0]
         self.pos = self.pos[:0]
         self._pack_cross()
+        if self._ahead is not None:
+            self._ahead.clear()
         return chats
 
 
