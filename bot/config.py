@@ -105,6 +105,9 @@ class Settings(BaseSettings):
     search_impl: Literal["fast", "parlai"] = "fast"
     # int8 dynamic quantization of the linear layers (CPU only): faster greedy decoding.
     quantize: Literal["none", "int8"] = "none"
+    # Micro-batches: the encoder over buckets of contexts of similar length instead of one batch
+    # padded to the longest (less padding work; replies may differ from ParlAI's in a near-tie).
+    encoder_buckets: bool = False
     train_minutes: float = Field(default=12.0, gt=0, le=15)
 
     # --- variants and feedback ------------------------------------------------------------

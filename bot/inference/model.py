@@ -154,6 +154,7 @@ def load_shared_agent(
 
         # batched beam search, same replies; other model types come back unchanged
         agent = fastgen.accelerate(agent)
+        agent.encoder_buckets = settings.encoder_buckets  # opt-in: not ParlAI's exact replies
     log.info(
         "model ready: %s, inference=%s beam=%s text_truncate=%s",
         type(agent).__name__,
