@@ -1,6 +1,7 @@
 """Continuous batching against the micro-batcher, under open-loop load, in one run.
 
-    python -m bench.continuous [--minutes 3] [--quick] [--max-size 16] [--threads 2]
+    python -m bench.continuous [--minutes 3] [--quick] [--max-size 16] [--threads 2] [--churn]
+                               [--alone] [--buckets]
 
 The model has BlenderBot-90M's architecture (random weights, bench.common), beam 10 with n-gram
 and context blocking, and every reply is exactly 32 tokens (beam_min_length == label_truncate ==
@@ -13,6 +14,12 @@ same chats at the same arrival times (one seed), one after the other:
                then up to 2 minutes), per scheduler; the offered loads are 50%, 70% and 90%
                of the micro-batcher's (today's capacity), the same for both
   single       one chat alone: its reply latency (p50 of a few turns, after a warm-up turn)
+  churn        what a join and a leave cost the running batch's caches (`_admit` and `_drop`
+               of `ContinuousSearch`, the encoder excluded) at label_truncate 32 and 256, with
+               8 chats of beam 10 in flight (`--churn` runs only this)
+  buckets      (`--buckets` only) ENCODER_BUCKETS against one padded encoder batch on the
+               micro-batcher's search: micro-batches of 8 chats, encoder ms, padded positions,
+               identical replies
   load points  p50 and p95 reply latency (submit to reply) of the turns asked in the window,
                and for the continuous scheduler the p50 time to the first draft (the first
                whole word of the best hypothesis; the service shows "Thinking…" before that)
@@ -153,20 +160,31 @@ async def capacity(agent: Any, scheduler: str, args: argparse.Namespace) -> floa
     return done / measured
 
 
-async def single(agent: Any, scheduler: str, args: argparse.Namespace) -> float:
-    """One chat alone: the p50 latency of a few turns (seconds)."""
-    engine = make_engine(agent, scheduler, args.max_size)
-    await engine.start()
+async def singles(agent: Any, args: argparse.Namespace) -> dict[str, float]:
+    """One chat alone, per scheduler: the p50 latency of a few turns (seconds). Both engines
+    run at once and take turns (ABBA order, after a warm-up turn each), so a neighbour's load
+    that comes and goes weighs on both alike; each has its own chat, with the same persona and
+    the same messages (the same work)."""
+    names = ("batch", "continuous")
+    engines = {name: make_engine(agent, name, args.max_size) for name in names}
+    for engine in engines.values():
+        await engine.start()
     try:
-        user_id, entry = Chats(agent).new()
-        await ask(engine, entry, common.user_message(user_id, 99), None)  # warm-up
-        latencies = [
-            await ask(engine, entry, common.user_message(user_id, turn), None)
-            for turn in range(args.single_turns)
-        ]
+        cache = Chats(agent).cache
+        entries = {name: cache.rebuild(i, common.persona(0), []) for i, name in enumerate(names)}
+        latencies: dict[str, list[float]] = {name: [] for name in names}
+        for name in names:  # warm-up
+            await ask(engines[name], entries[name], common.user_message(0, 99), None)
+        for turn in range(args.single_turns):
+            for name in names if turn % 2 == 0 else names[::-1]:
+                latency = await ask(
+                    engines[name], entries[name], common.user_message(0, turn), None
+                )
+                latencies[name].append(latency)
     finally:
-        await engine.close()
-    return statistics.median(latencies)
+        for engine in engines.values():
+            await engine.close()
+    return {name: statistics.median(values) for name, values in latencies.items()}
 
 
 async def open_loop(agent: Any, point: Point, args: argparse.Namespace) -> None:
@@ -207,6 +225,109 @@ async def open_loop(agent: Any, point: Point, args: argparse.Namespace) -> None:
     point.seconds = time.perf_counter() - started
 
 
+CHURN_TRUNCATES = (32, 256)
+
+
+def buckets(agent: Any, batches: int = 4, size: int = 8) -> dict[str, float]:
+    """ENCODER_BUCKETS on and off over the same micro-batches (chats with a persona each):
+    encoder time per batch (median), the padding share of the encoder's positions, and the
+    share of chats whose reply is identical."""
+    import torch
+    from parlai.core.message import Message
+
+    from bot.inference.fastgen.beam import batched_generate, encode
+
+    chat_maker = Chats(agent)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    same = chats = padded = positions = 0
+    with torch.no_grad():
+        for _ in range(batches):
+            observed = []
+            for _ in range(size):
+                user, entry = chat_maker.new()
+                text = entry.user_turn(common.user_message(user))
+                observed.append(entry.clone.observe(Message({"text": text, "episode_done": False})))
+            batch = agent.batchify(observed)
+            lengths = (batch.text_vec != agent.NULL_IDX).sum(1)
+            padded += int(batch.text_vec.numel() - lengths.sum())
+            positions += batch.text_vec.numel()
+            replies = {}
+            for on in (False, True, True, False):
+                agent.encoder_buckets = on
+                started = time.perf_counter()
+                encode(agent, agent.model, batch)
+                times[on].append(1000 * (time.perf_counter() - started))
+                if on not in replies:
+                    preds, _ = batched_generate(agent, batch, int(agent.beam_size), REPLY)
+                    replies[on] = [p[0].tolist() for p in preds]
+            agent.encoder_buckets = False
+            chats += size
+            same += sum(a == b for a, b in zip(replies[False], replies[True], strict=True))
+    return {
+        "encoder_padded_ms": statistics.median(times[False]),
+        "encoder_bucketed_ms": statistics.median(times[True]),
+        "encoder_padding_share": padded / positions,
+        "bucketed_same_reply_share": same / chats,
+    }
+
+
+def churn(agent: Any, label_truncate: int, chats: int = 8, changes: int = 3) -> dict[str, float]:
+    """Milliseconds one join and one leave spend on the running batch's caches (median of
+    `changes` each), and one step's, with `chats` chats in flight at `label_truncate`."""
+    import torch
+    from parlai.core.message import Message
+
+    from bot.inference.fastgen.continuous import ContinuousSearch
+
+    search = ContinuousSearch(agent)
+    timings: dict[str, list[float]] = {"join": [], "leave": [], "step": []}
+
+    def timed(name: str, method: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                timings[name].append(1000 * (time.perf_counter() - started))
+
+        return wrapper
+
+    search._admit = timed("join", search._admit)  # type: ignore[method-assign]
+    search._drop = timed("leave", search._drop)  # type: ignore[method-assign]
+    chat_maker = Chats(agent)
+    saved = agent.label_truncate
+    agent.label_truncate = label_truncate
+    try:
+        with torch.no_grad():
+
+            def join(key: int) -> None:
+                user, entry = chat_maker.new()
+                clone = entry.clone
+                obs = clone.observe(
+                    Message(
+                        {"text": entry.user_turn(common.user_message(user)), "episode_done": False}
+                    )
+                )
+                search.join(key, agent.batchify([obs]))
+
+            for key in range(chats):
+                join(key)
+            timings["join"].clear()
+            for change in range(changes):
+                for _ in range(3):
+                    started = time.perf_counter()
+                    search.step()
+                    timings["step"].append(1000 * (time.perf_counter() - started))
+                join(chats + change)  # one more chat joins
+                search.step()
+                search.chats[0].max_ts = search.chats[0].t + 1  # and the oldest leaves next step
+                search.step()
+    finally:
+        agent.label_truncate = saved
+        search.clear()
+    return {name: statistics.median(values) for name, values in timings.items()}
+
+
 def plot(summaries: list[dict[str, Any]], singles: dict[str, float], path_name: str) -> None:
     """p50 and p95 latency against offered load, both schedulers (from the points' figures)."""
     fig, axes = common.new_figure(1, width=7.0)
@@ -241,9 +362,21 @@ async def main_async(args: argparse.Namespace) -> None:
     model = common.build_bench_model()
     agent = common.load_agent(model, GENERATION, threads=args.threads)
     agent.label_truncate = REPLY  # with beam_min_length == REPLY: every reply is 32 tokens
+    if args.buckets:
+        common.emit_results(buckets(agent))
+        return
+    if not args.churn:
+        alone = await singles(agent, args)
+        print({k: f"{v:.2f} s" for k, v in alone.items()}, flush=True)
+        if args.alone:
+            common.emit_results({"continuous_alone_ratio": alone["continuous"] / alone["batch"]})
+            return
+    churns = {n: churn(agent, n) for n in CHURN_TRUNCATES}
+    print({n: {k: f"{v:.1f} ms" for k, v in c.items()} for n, c in churns.items()}, flush=True)
+    if args.churn:
+        common.emit_results(_churn_results(churns))
+        return
     names = ("batch", "continuous")
-    singles = {name: await single(agent, name, args) for name in names}
-    print({k: f"{v:.2f} s" for k, v in singles.items()}, flush=True)
     capacities = {name: await capacity(agent, name, args) for name in names}
     print({k: f"{v:.2f} replies/s" for k, v in capacities.items()}, flush=True)
     points = []
@@ -272,7 +405,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
     results: dict[str, float] = {}
     for name in names:
-        results[f"{name}_single_chat_ms"] = 1000 * singles[name]
+        results[f"{name}_single_chat_ms"] = 1000 * alone[name]
         results[f"{name}_saturation_replies_per_s"] = capacities[name]
     for p in points:
         s = p.summary()
@@ -283,22 +416,36 @@ async def main_async(args: argparse.Namespace) -> None:
             results[f"{tag}_first_draft_p50_ms"] = s["first_draft_p50_ms"]
     seventy = next(p for p in points if p.scheduler == "continuous" and p.load == 0.7)
     results["continuous_p95_load70_over_single"] = (
-        common.percentile(seventy.latencies, 95) / singles["continuous"]
+        common.percentile(seventy.latencies, 95) / alone["continuous"]
     )
+    results["continuous_alone_ratio"] = alone["continuous"] / alone["batch"]
+    if seventy.first_drafts:  # the issue's figure: the continuous scheduler at 70% load
+        results["first_draft_p50_ms"] = 1000 * common.percentile(seventy.first_drafts, 50)
     results["saturation_speedup"] = capacities["continuous"] / capacities["batch"]
+    results.update(_churn_results(churns))
     common.emit_results(results)
     common.write_json(
         "continuous",
         {
             "args": vars(args),
             "generation": {**GENERATION, "label_truncate": REPLY},
-            "single_s": singles,
+            "single_s": alone,
             "capacity_replies_per_s": capacities,
             "points": [p.summary() for p in points],
+            "churn_ms": churns,
             "results": results,
         },
     )
-    plot([p.summary() for p in points], singles, "continuous")
+    plot([p.summary() for p in points], alone, "continuous")
+
+
+def _churn_results(churns: dict[int, dict[str, float]]) -> dict[str, float]:
+    results = {}
+    for n, c in churns.items():
+        results[f"continuous_join_ms_lt{n}"] = c["join"]
+        results[f"continuous_leave_ms_lt{n}"] = c["leave"]
+        results[f"continuous_step_ms_lt{n}"] = c["step"]
+    return results
 
 
 def main() -> None:
@@ -310,16 +457,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--turns", type=int, default=3, help="turns per chat")
     parser.add_argument("--saturate", type=int, default=32, help="chats in the capacity run")
-    parser.add_argument("--single-turns", type=int, default=4)
+    parser.add_argument("--single-turns", type=int, default=4, help="turns per scheduler alone")
     parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--churn", action="store_true", help="only the join/leave costs")
+    parser.add_argument("--alone", action="store_true", help="only one chat alone, both")
+    parser.add_argument("--buckets", action="store_true", help="only ENCODER_BUCKETS on/off")
     parser.add_argument("--replot", action="store_true", help="only redraw the last run's plot")
     args = parser.parse_args()
     if args.replot:
         replot()
         return
     args.seconds = 20.0 if args.quick else 60.0 * args.minutes
-    if args.quick:
-        args.single_turns = 2
     asyncio.run(main_async(args))
 
 

@@ -108,6 +108,9 @@ class Settings(BaseSettings):
     # The model's weights and activations: fp32 (ParlAI's replies bit for bit), or, opt-in,
     # bf16 (CPUs with AMX or AVX-512-bf16; GPUs) or fp16 (GPUs); the search adds up in fp32.
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # Micro-batches: the encoder over buckets of contexts of similar length instead of one batch
+    # padded to the longest (less padding work; replies may differ from ParlAI's in a near-tie).
+    encoder_buckets: bool = False
     train_minutes: float = Field(default=12.0, gt=0, le=15)
 
     # --- variants and feedback ------------------------------------------------------------

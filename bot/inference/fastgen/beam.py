@@ -89,6 +89,57 @@ class BatchedBeams:
         return self._rescored if n_best is None else self._rescored[:n_best]
 
 
+# ENCODER_BUCKETS: chats whose contexts differ in length by more than this share an encoder
+# batch only when that pads at most this fraction of its positions.
+BUCKET_WASTE = 0.1
+
+
+def encode(agent: Any, model: Any, batch: Any) -> Any:
+    """The encoder over the batch: ParlAI's (one padded batch, the default), or, with
+    `agent.encoder_buckets` (ENCODER_BUCKETS=on), over buckets of contexts of similar length,
+    each padded only to its own longest, the outputs then laid out as the padded batch (the
+    padding positions zero and masked, as ParlAI's encoder leaves them).
+
+    Buckets change how many rows each matrix product runs on, so the encoder outputs differ
+    from the padded batch's in the last bits and a near-tie can go the other way: opt-in
+    (tests/integration/test_fastgen.py measures the agreement)."""
+    inputs = agent._encoder_input(batch)
+    text = batch.text_vec
+    if not getattr(agent, "encoder_buckets", False) or len(inputs) != 1 or inputs[0] is not text:
+        return model.encoder(*inputs)
+    bsz, width = text.shape
+    filled = text != agent.NULL_IDX
+    lengths = filled.sum(1)
+    right_padded = bool(
+        (filled == (torch.arange(width, device=text.device) < lengths[:, None])).all()
+    )
+    if bsz < 2 or not right_padded:
+        return model.encoder(*inputs)
+    order = sorted(range(bsz), key=lambda i: int(lengths[i]))
+    buckets: list[list[int]] = [[order[0]]]
+    for i in order[1:]:
+        bucket = [*buckets[-1], i]
+        longest = int(lengths[i])
+        used = sum(int(lengths[j]) for j in bucket)
+        if longest * len(bucket) - used <= BUCKET_WASTE * longest * len(bucket):
+            buckets[-1] = bucket
+        else:
+            buckets.append([i])
+    if len(buckets) == 1:
+        return model.encoder(*inputs)
+    out: torch.Tensor | None = None
+    mask = torch.zeros(bsz, width, dtype=torch.bool, device=text.device)
+    for bucket in buckets:
+        index = torch.tensor(bucket, dtype=torch.long, device=text.device)
+        longest = int(lengths[bucket[-1]])
+        part, part_mask = model.encoder(text.index_select(0, index)[:, :longest])
+        if out is None:
+            out = part.new_zeros(bsz, width, part.size(2))
+        out[index, :longest] = part
+        mask[index, :longest] = part_mask
+    return out, mask
+
+
 def batched_generate(
     agent: Any, batch: Any, beam_size: int, max_ts: int
 ) -> tuple[list[tuple[Any, Any, Any]], list[BatchedBeams]]:
@@ -120,7 +171,7 @@ def batched_generate(
     length_penalty = opt.get("beam_length_penalty", 0.65)
     temperature = agent.temperature
 
-    encoder_states = model.encoder(*agent._encoder_input(batch))
+    encoder_states = encode(agent, model, batch)
     stepper: FastDecoder | GenericDecoder
     if fast_decoder_supported(model):
         stepper = FastDecoder(model, encoder_states, bsz, beam, max_ts)

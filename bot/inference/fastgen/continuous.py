@@ -14,6 +14,19 @@ running batch is a set of chats, each at its own decoding step with its own cont
   `beam.batched_generate` for a batch of one;
 - a chat whose search is done leaves at once: its rows are dropped from the caches.
 
+The self-attention cache is a pool of row slots: per layer two buffers (the one read this step
+and the one the beam back-pointers are gathered into, then swapped), each holding `slots >=
+rows` rows of `capacity` positions. The rows in use are always the pool's first `rows` slots,
+in the running chats' order; the free slots are the tail. A join takes the next free slots and
+writes nothing into them (the new rows start at position 0 and write their own keys/values as
+they go; what a previous chat left there is finite and masked); a leave is folded into the
+step's back-pointer gather, which every step does anyway and which then simply skips the
+leaving rows, so the rows behind them move up and their slots return to the tail. Neither
+copies the other chats' rows, so both cost the same at `label_truncate` 256 as at 32. The pool
+grows (doubling) when a join needs more slots than it has, copying the rows in use once, and
+is let go when the last chat leaves. Steps compute on the first `rows` slots only (a view, no
+gather of used slots).
+
 Results equal ParlAI's solo search up to float rounding: a row's matrix products run in a batch
 of another size, and masked attention sums a few exact zeros, so scores can differ in the last
 bits and a near-tie can go the other way (tests/integration/inference/test_continuous.py
@@ -42,6 +55,9 @@ from bot.inference.fastgen.steppers import after_self_attention, bare_model, fas
 # Private switch for the agreement test: False drops the padding and position masks, which must
 # make chats' replies depend on their companions.
 _MASKS = True
+# Private switch for the slot-pool test: what a fresh pool's slots hold before any row wrote
+# there. Any finite value must give the same scores (stale slots are masked); NaN must not.
+_FILL = 0.0
 
 
 def continuous_supported(agent: Any) -> str | None:
@@ -233,8 +249,8 @@ class ContinuousSearch:
         self.variant = self.dec.variant
         self.dev = next(model.parameters()).device
         self.chats: list[ChatSearch] = []
-        self.capacity = 0
-        self.cache: list[torch.Tensor] = []  # per layer (2, rows, heads, capacity, dh)
+        self.capacity = 0  # positions per slot
+        self.cache: list[torch.Tensor] = []  # per layer (2, slots, heads, capacity, dh)
         self.spare: list[torch.Tensor] = []  # the buffers the next reorder writes into
         self.pos = torch.zeros(0, dtype=torch.long, device=self.dev)  # each row's step
         self.tokens = torch.zeros(0, 1, dtype=torch.long, device=self.dev)
@@ -244,6 +260,7 @@ class ContinuousSearch:
         self.cross: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.cross_fill = torch.zeros(0, dtype=torch.bool, device=self.dev)
         self.length = 0
+        self._ahead: ContinuousSearch | None = None  # where `join_ahead` runs first steps
 
     @property
     def rows(self) -> int:
@@ -254,6 +271,40 @@ class ContinuousSearch:
         return len(self.chats)
 
     # --- joining ----------------------------------------------------------------------------
+
+    def join_ahead(self, joins: Sequence[tuple[Any, Any]]) -> list[ChatSearch]:
+        """Encode chats (`(key, batch)` pairs, as `join` takes them) and run their first step
+        among themselves, in a batch of the newcomers only, before they join the running
+        chats at step 1: their first token (and so their first draft) comes after a step of
+        their own rows instead of a step of every row in flight. Returns the newcomers that
+        finished at that step (a reply of one token); they never join."""
+        if self._ahead is None:
+            self._ahead = ContinuousSearch(self.agent)
+        ahead = self._ahead
+        for key, batch in joins:
+            chat = ahead.join(key, batch)
+            if self.chats and chat.beam != self.chats[0].beam:
+                raise ValueError("every chat in the running batch must have the same beam size")
+        done = ahead.step()
+        if ahead.chats:
+            self._adopt(ahead)
+        return done
+
+    def _adopt(self, ahead: ContinuousSearch) -> None:
+        """Take over every chat of `ahead` (a search of newcomers, a few steps in): their
+        cache rows (the positions written so far) go into free slots, their encoder K/V into
+        the packed cross-attention tensors."""
+        new = ahead.chats
+        for j, chat in enumerate(new):
+            chat.cross = [
+                (kt[j, :, :, : chat.length], v[j, :, : chat.length]) for kt, v in ahead._packed
+            ]
+        written = int(ahead.pos.max())
+        rows = self.rows
+        self._admit(new, tokens=ahead.tokens, pos=ahead.pos)
+        for mine, theirs in zip(self.cache, ahead.cache, strict=True):
+            mine[:, rows : rows + ahead.rows, :, :written] = theirs[:, : ahead.rows, :, :written]
+        ahead.clear(keep_pool=True)
 
     def join(self, key: Any, batch: Any) -> ChatSearch:
         """Encode one chat's batch (of one) and add it at step 0."""
@@ -302,29 +353,55 @@ class ContinuousSearch:
         self._admit([chat])
         return chat
 
-    def _admit(self, new: Sequence[ChatSearch]) -> None:
-        beam = new[0].beam
+    @property
+    def slots(self) -> int:
+        """Row slots in the self-attention pool (used and free)."""
+        return self.cache[0].size(1) if self.cache else 0
+
+    def _admit(
+        self,
+        new: Sequence[ChatSearch],
+        tokens: torch.Tensor | None = None,
+        pos: torch.Tensor | None = None,
+    ) -> None:
+        """Room in the pool for `new`'s rows, which start at `pos` (default 0) fed `tokens`
+        (default the start token)."""
         capacity = max([self.capacity, *(c.max_ts for c in new), 1])
-        add = len(new) * beam
+        rows, add = self.rows, len(new) * new[0].beam
         dtype = new[0].cross[0][1].dtype
         if capacity > self.capacity and self.cache:
+            # a chat allowed longer replies than the pool's slots hold (label_truncate changed)
             self.cache = [_grow(c, capacity) for c in self.cache]
+            self.spare = [_grow(c, capacity) for c in self.spare]
         self.capacity = capacity
-        fresh = [
-            torch.zeros(2, add, self.heads, capacity, self.dh, dtype=dtype, device=self.dev)
-            for _ in self.dec.layers
-        ]
-        self.cache = (
-            fresh
-            if not self.cache
-            else [torch.cat([old, f], dim=1) for old, f in zip(self.cache, fresh, strict=True)]
-        )
-        start = torch.full((add, 1), self.model.start_idx, dtype=torch.long, device=self.dev)
-        self.tokens = torch.cat([self.tokens, start])
-        self.pos = torch.cat([self.pos, torch.zeros(add, dtype=torch.long, device=self.dev)])
-        self.spare = [torch.zeros_like(c) for c in self.cache]
+        if rows + add > self.slots:
+            self._reserve(max(rows + add, 2 * self.slots), dtype)
+        if tokens is None:
+            tokens = torch.full((add, 1), self.model.start_idx, dtype=torch.long, device=self.dev)
+        if pos is None:
+            pos = torch.zeros(add, dtype=torch.long, device=self.dev)
+        self.tokens = torch.cat([self.tokens, tokens])
+        self.pos = torch.cat([self.pos, pos])
         self.chats.extend(new)
         self._pack_cross(new)
+
+    def _reserve(self, slots: int, dtype: torch.dtype) -> None:
+        """A bigger pool: the rows in use copied once (the positions written so far)."""
+        rows = self.rows
+        width = int(self.pos.max()) + 1 if rows else 0
+        shape = (2, slots, self.heads, self.capacity, self.dh)
+
+        def fresh() -> torch.Tensor:
+            return torch.full(shape, _FILL, dtype=dtype, device=self.dev)
+
+        cache = []
+        for old in self.cache:
+            grown = fresh()
+            if rows:
+                grown[:, :rows, :, :width] = old[:, :rows, :, :width]
+            cache.append(grown)
+        self.cache = cache or [fresh() for _ in self.dec.layers]
+        self.spare = [fresh() for _ in self.dec.layers]
 
     def _pack_cross(self, new: Sequence[ChatSearch] = (), keep: list[int] | None = None) -> None:
         """The running chats' encoder K/V, padded to the longest context, and the mask of the
@@ -447,9 +524,13 @@ class ContinuousSearch:
         pos = self.pos
         x = self.dec.forward_embedding(self.tokens, pos.unsqueeze(1))
         width = int(pos.max()) + 1
-        every = torch.arange(rows, device=self.dev)
+        # every row at the same position (one chat alone, or chats that joined together): its
+        # keys/values go into one column by a plain slice write instead of a scatter
+        same = int(pos.min()) == width - 1
+        every: Any = slice(0, rows) if same else torch.arange(rows, device=self.dev)
+        at: Any = width - 1 if same else pos
         fill = None
-        if _MASKS:
+        if _MASKS and not same:
             later = torch.arange(width, device=self.dev).unsqueeze(0) > pos.unsqueeze(1)
             if bool(later.any()):
                 fill = (
@@ -462,10 +543,11 @@ class ContinuousSearch:
             residual = x
             if self.variant == "prelayernorm":
                 x = layer.norm1(x)
-            cache[0, every, :, pos] = sa.k_lin(x).view(rows, self.heads, self.dh)
-            cache[1, every, :, pos] = sa.v_lin(x).view(rows, self.heads, self.dh)
-            keys = cache[0].view(rows * self.heads, -1, self.dh)[:, :width]
-            values = cache[1].view(rows * self.heads, -1, self.dh)[:, :width]
+            cache[0, every, :, at] = sa.k_lin(x).view(rows, self.heads, self.dh)
+            cache[1, every, :, at] = sa.v_lin(x).view(rows, self.heads, self.dh)
+            # the rows in use are the pool's first `rows` slots: a view, no gather
+            keys = cache[0, :rows].view(rows * self.heads, -1, self.dh)[:, :width]
+            values = cache[1, :rows].view(rows * self.heads, -1, self.dh)[:, :width]
             x = self._self_attend(sa, x, keys, values, fill)
             x = after_self_attention(layer, self.variant, x, residual, self._cross_attend, ck, cv)
         if self.variant == "prelayernorm":
@@ -496,53 +578,54 @@ class ContinuousSearch:
             )
             src.append(hyp_ids + i * beam)
             toks.append(tok_ids)
-        rows = torch.cat(src)
+        keep = [i for i, c in enumerate(self.chats) if not c.done]
+        done = [c for c in self.chats if c.done]
+        if not keep:
+            self.clear()
+            return done
+        rows = torch.cat([src[i] for i in keep])
+        used = rows.numel()
         width = int(self.pos.max()) + 1
         for i, cache in enumerate(self.cache):
-            # the cache follows the back-pointers; positions past `width` hold nothing yet (the
-            # spare's stale values there are finite, and masked)
+            # the cache follows the back-pointers of the chats that stay: the leaving chats'
+            # rows are not gathered, so the others move up into the pool's first slots.
+            # Positions past `width` hold nothing yet (stale values there are finite, and
+            # masked).
             spare = self.spare[i]
-            torch.index_select(cache[:, :, :, :width], 1, rows, out=spare[:, :, :, :width])
+            torch.index_select(cache[:, :, :, :width], 1, rows, out=spare[:, :used, :, :width])
             self.cache[i], self.spare[i] = spare, cache
-        self.tokens = torch.cat(toks).unsqueeze(1)
+        self.tokens = torch.cat([toks[i] for i in keep]).unsqueeze(1)
         self.pos = self.pos + 1
-        done = [c for c in self.chats if c.done]
         if done:
-            self._drop(done)
+            self._drop(keep)
         return done
 
-    def _drop(self, done: list[ChatSearch]) -> None:
+    def _drop(self, keep: list[int]) -> None:
+        """The chats at `keep` stay (their cache rows moved up already, in `step`'s gather)."""
         beam = self.chats[0].beam
-        keep = [i for i, c in enumerate(self.chats) if not c.done]
-        if not keep:
-            self.chats = []
-            self.cache, self.spare, self.capacity = [], [], 0
-            self.tokens = self.tokens[:0]
-            self.pos = self.pos[:0]
-            self._pack_cross()
-            return
         rows = torch.tensor(
             [i * beam + k for i in keep for k in range(beam)], dtype=torch.long, device=self.dev
         )
-        self.cache = [torch.index_select(c, 1, rows) for c in self.cache]
-        self.spare = [torch.zeros_like(c) for c in self.cache]
-        self.tokens = torch.index_select(self.tokens, 0, rows)
         self.pos = torch.index_select(self.pos, 0, rows)
         self.chats = [self.chats[i] for i in keep]
         self._pack_cross(keep=keep)
 
-    def clear(self) -> list[ChatSearch]:
-        """Drop every chat (after a failure); returns them."""
+    def clear(self, keep_pool: bool = False) -> list[ChatSearch]:
+        """Drop every chat (after a failure); returns them. `keep_pool`: keep the
+        self-attention pool's buffers for the next chats."""
         chats = self.chats
         self.chats = []
-        self.cache, self.spare, self.capacity = [], [], 0
+        if not keep_pool:
+            self.cache, self.spare, self.capacity = [], [], 0
         self.tokens = self.tokens[:0]
         self.pos = self.pos[:0]
         self._pack_cross()
+        if self._ahead is not None:
+            self._ahead.clear()
         return chats
 
 
 def _grow(cache: torch.Tensor, capacity: int) -> torch.Tensor:
-    grown = cache.new_zeros(*cache.shape[:3], capacity, cache.size(4))
+    grown = cache.new_full((*cache.shape[:3], capacity, cache.size(4)), _FILL)
     grown[:, :, :, : cache.size(3)] = cache
     return grown

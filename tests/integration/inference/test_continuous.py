@@ -50,8 +50,14 @@ class Case:
     chats: list[Chat]
 
 
-def random_case(rng: random.Random, words: list[str]) -> Case:
-    """Random beam size, min length, n-gram and context blocking, reply length and arrivals."""
+def random_case(
+    rng: random.Random,
+    words: list[str],
+    truncates: tuple[int, ...] = (4, 8, 12, 16),
+    latest: int = 12,
+) -> Case:
+    """Random beam size, min length, n-gram and context blocking, reply length (one of
+    `truncates`) and arrivals (up to step `latest`)."""
     beam = rng.choice([1, 1, 2, 3, 5, 10])
     greedy = beam == 1 and rng.random() < 0.5
     gen: dict[str, Any] = {
@@ -62,7 +68,7 @@ def random_case(rng: random.Random, words: list[str]) -> Case:
         "beam_context_block_ngram": rng.choice([-1, -1, 1, 2, 3]),
         "beam_block_full_context": rng.random() < 0.4,
         "beam_length_penalty": rng.choice([0.65, 0.65, 0.0, 1.0]),
-        "label_truncate": rng.choice([4, 8, 12, 16]),
+        "label_truncate": rng.choice(truncates),
     }
     chats = []
     for _ in range(rng.randint(2, 7)):
@@ -70,7 +76,7 @@ def random_case(rng: random.Random, words: list[str]) -> Case:
         chats.append(
             Chat(
                 [" ".join(rng.choice(words) for _ in range(n)) for n in turns],
-                rng.choice([0, 0, rng.randint(0, 12)]),
+                rng.choice([0, 0, rng.randint(0, latest)]),
             )
         )
     return Case(gen, chats)
@@ -100,6 +106,8 @@ class Tally:
     cases: int = 0
     differences: list[str] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)  # |score(ours) - score(ParlAI's)|
+    joined_ahead: int = 0  # chats that took their first step among the newcomers
+    finished_ahead: int = 0  # ... and finished at it
 
 
 def rescore(agent: Any, batch: Any, tokens: list[int]) -> float:
@@ -119,9 +127,10 @@ def rescore(agent: Any, batch: Any, tokens: list[int]) -> float:
     return total / penalty
 
 
-def run_case(agent: Any, case: Case, tally: Tally) -> None:
+def run_case(agent: Any, case: Case, tally: Tally, ahead: bool = False) -> None:
     """ParlAI's solo reply for every chat, then all of them through one ContinuousSearch with
-    their arrival steps; every chat's top reply compared."""
+    their arrival steps; every chat's top reply compared. `ahead`: chats arriving while others
+    run take their first step among themselves (`join_ahead`, as streamed turns do)."""
     import torch
 
     with generation(agent, **case.gen), torch.no_grad():
@@ -135,10 +144,18 @@ def run_case(agent: Any, case: Case, tally: Tally) -> None:
         got: dict[int, list[int]] = {}
         step = 0
         while len(got) < len(case.chats):
-            for i, chat in enumerate(case.chats):
-                if chat.arrival == step or (chat.arrival > step and len(search) == 0):
-                    chat.arrival = step
-                    search.join(i, batches[i])
+            if ahead and len(search):
+                arriving = [i for i, chat in enumerate(case.chats) if chat.arrival == step]
+                if arriving:
+                    for done in search.join_ahead([(i, batches[i]) for i in arriving]):
+                        got[done.key] = done.result().get_rescored_finished()[0][0].tolist()
+                        tally.finished_ahead += 1
+                    tally.joined_ahead += len(arriving)
+            else:
+                for i, chat in enumerate(case.chats):
+                    if chat.arrival == step or (chat.arrival > step and len(search) == 0):
+                        chat.arrival = step
+                        search.join(i, batches[i])
             for done in search.step():
                 got[done.key] = done.result().get_rescored_finished()[0][0].tolist()
             step += 1
@@ -156,13 +173,13 @@ def run_case(agent: Any, case: Case, tally: Tally) -> None:
             )
 
 
-def sweep(agent: Any, seed: int, cases: int) -> Tally:
-    """`cases` random cases."""
+def sweep(agent: Any, seed: int, cases: int, ahead: bool = False, **shape: Any) -> Tally:
+    """`cases` random cases (`shape`: random_case's reply lengths and arrivals)."""
     rng = random.Random(seed)
     words = [agent.dict.ind2tok[i] for i in range(4, len(agent.dict))]
     tally = Tally()
     for _ in range(cases):
-        run_case(agent, random_case(rng, words), tally)
+        run_case(agent, random_case(rng, words, **shape), tally, ahead)
     return tally
 
 
@@ -235,6 +252,105 @@ def test_companions_change_nothing_when_replies_end_at_different_steps(
     assert seen["left_while_others_run"] > 0, seen
     assert tally.same >= 0.99 * tally.chats, summary(tally) + "\n" + "\n".join(tally.differences)
     assert all(gap <= NEAR_TIE for gap in tally.gaps), "\n".join(tally.differences)
+
+
+def test_staggered_joins_and_leaves_at_long_replies(
+    ending_agent: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The slot pool under churn: replies up to 64 tokens (the tiny model's positions), chats
+    arriving over 40 steps and ending at different steps, so joins take free slots that
+    leaving chats gave back while others run, and the pool grows under running chats; every
+    reply checked against ParlAI's solo search as in the sweeps above."""
+    seen = {"reused": 0, "grown_while_running": 0, "left_while_others_run": 0}
+    admit, reserve, step = (
+        continuous.ContinuousSearch._admit,
+        continuous.ContinuousSearch._reserve,
+        continuous.ContinuousSearch.step,
+    )
+
+    def counting_admit(self: Any, new: Any) -> None:
+        seen["reused"] += self.rows + len(new) * new[0].beam <= self.slots and self.rows > 0
+        admit(self, new)
+
+    def counting_reserve(self: Any, slots: int, dtype: Any) -> None:
+        seen["grown_while_running"] += self.rows > 0
+        reserve(self, slots, dtype)
+
+    def counting_step(self: Any) -> Any:
+        done = step(self)
+        seen["left_while_others_run"] += bool(done) and bool(self.chats)
+        return done
+
+    monkeypatch.setattr(continuous.ContinuousSearch, "_admit", counting_admit)
+    monkeypatch.setattr(continuous.ContinuousSearch, "_reserve", counting_reserve)
+    monkeypatch.setattr(continuous.ContinuousSearch, "step", counting_step)
+    with torch_threads(1):
+        tally = sweep(ending_agent, seed=24, cases=24, truncates=(32, 48, 64), latest=40)
+    print("\n" + summary(tally), seen)
+    assert all(seen.values()), seen  # the pool's paths really ran
+    assert tally.same >= 0.99 * tally.chats, summary(tally) + "\n" + "\n".join(tally.differences)
+    assert all(gap <= NEAR_TIE for gap in tally.gaps), "\n".join(tally.differences)
+
+
+def test_first_steps_ahead_change_nothing(ending_agent: Any) -> None:
+    """Chats that arrive while others run and take their first step among themselves
+    (`join_ahead`, what the scheduler does for a turn that streams drafts) get ParlAI's solo
+    reply as in the sweeps above, those ending at that first step included."""
+    with torch_threads(1):
+        tally = sweep(ending_agent, seed=18, cases=80, ahead=True, latest=10)
+    print("\n" + summary(tally), tally.joined_ahead, tally.finished_ahead)
+    assert tally.joined_ahead >= 40 and tally.finished_ahead > 0, tally  # the paths ran
+    assert tally.same >= 0.99 * tally.chats, summary(tally) + "\n" + "\n".join(tally.differences)
+    assert all(gap <= NEAR_TIE for gap in tally.gaps), "\n".join(tally.differences)
+
+
+def churned_scores(agent: Any, seed: int) -> list[list[float]]:
+    """Every chat's per-step scores from one ContinuousSearch run of random staggered chats
+    (ending at different steps), in the order the chats finished."""
+    import torch
+
+    rng = random.Random(seed)
+    words = [agent.dict.ind2tok[i] for i in range(4, len(agent.dict))]
+    case = random_case(rng, words, truncates=(24, 40), latest=30)
+    with generation(agent, **case.gen), torch.no_grad():
+        batches = [agent.batchify([observe(agent, chat.turns)]) for chat in case.chats]
+        search = continuous.ContinuousSearch(agent)
+        out: list[list[float]] = []
+        step = 0
+        while len(out) < len(case.chats):
+            for i, chat in enumerate(case.chats):
+                if chat.arrival == step or (chat.arrival > step and len(search) == 0):
+                    chat.arrival = step
+                    search.join(i, batches[i])
+            for done in search.step():
+                out.append([float(done.key), *torch.cat(done.score_hist).view(-1).tolist()])
+            step += 1
+    return out
+
+
+@contextlib.contextmanager
+def pool_filled_with(value: float) -> Iterator[None]:
+    """The private switch: what fresh pool slots hold before a row writes there."""
+    continuous._FILL = value
+    try:
+        yield
+    finally:
+        continuous._FILL = 0.0
+
+
+def test_stale_slots_change_no_score(ending_agent: Any) -> None:
+    """Joins write nothing into the free slots they take: whatever a slot held (zeros, as
+    copying into fresh zeroed rows left there, another chat's old rows, or any finite garbage)
+    is masked, so every score is bit for bit the same. The test can fail: NaN in fresh slots
+    reaches the scores (0 x NaN is NaN)."""
+    with torch_threads(1):
+        for seed in range(3):
+            clean = churned_scores(ending_agent, seed)
+            with pool_filled_with(1e4):
+                assert churned_scores(ending_agent, seed) == clean, seed
+        with pool_filled_with(math.nan):
+            poisoned = churned_scores(ending_agent, 0)
+    assert poisoned != churned_scores(ending_agent, 0)
 
 
 def test_without_the_masks_companions_change_replies(agent: Any) -> None:

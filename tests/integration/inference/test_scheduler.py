@@ -151,6 +151,103 @@ async def test_a_short_reply_arriving_during_a_long_one_is_delivered_first(
     assert len(long_reply.result().text.split()) >= limit - 1
 
 
+async def test_a_streamed_turn_joining_running_chats_drafts_before_the_next_shared_step(
+    agent: Any,
+) -> None:
+    """A turn that streams drafts, arriving while another chat generates, takes its first step
+    among the newcomers (`join_ahead`) and its first draft is made right then, before the next
+    step of every chat in flight; its reply is still its solo reply."""
+    texts = _texts(agent, 2, seed=21)
+    with generation(agent, inference="greedy", beam_size=1, label_truncate=40):
+        solo = Batcher(agent, max_size=1, max_wait_ms=0)
+        await solo.start()
+        try:
+            ref = await solo.generate(agent.clone(), texts[1])
+        finally:
+            await solo.close()
+        engine = Scheduler(agent, max_size=16, draft_interval_s=0.0)
+        await engine.start()
+        search = engine._search
+        steps = {"shared": 0}
+        step, drafts_for = search.step, engine._drafts
+        first: dict[str, Any] = {}
+        second_drafts: list[str] = []
+
+        def counting_step() -> list[Any]:
+            steps["shared"] += 1
+            return step()
+
+        def watching_drafts(search_: Any, only: Any = None) -> None:
+            drafts_for(search_, only)
+            for job in engine._running.values():
+                if job.on_draft == second_drafts.append and job.last_draft and not first:
+                    first.update(steps=steps["shared"], ahead=only is not None)
+
+        search.step = counting_step
+        engine._drafts = watching_drafts  # type: ignore[method-assign]
+        second: list[asyncio.Future[Generated]] = []
+
+        def long_draft(_text: str) -> None:
+            if not second:  # the first chat is generating: the second one arrives
+                second.append(
+                    asyncio.ensure_future(
+                        engine.generate(agent.clone(), texts[1], on_draft=second_drafts.append)
+                    )
+                )
+
+        try:
+            await engine.generate(agent.clone(), texts[0], on_draft=long_draft)
+            got = await second[0]
+        finally:
+            await engine.close()
+    assert first["ahead"], first  # the first draft came from the step among the newcomers
+    assert got.text == ref.text and got.batch_size == 2
+    assert second_drafts and got.text.startswith(second_drafts[0].rstrip(".!?"))
+
+
+async def test_no_first_step_ahead_while_turns_are_left_waiting(agent: Any) -> None:
+    """A full batch (turns left waiting) spends its steps on replies: streamed turns then join
+    at step 0 like any other, and take the step ahead only when the batch has room again."""
+    texts = _texts(agent, 4, seed=22)
+    with generation(agent, inference="greedy", beam_size=1, label_truncate=30):
+        engine = Scheduler(agent, max_size=2, draft_interval_s=0.0)
+        await engine.start()
+        search = engine._search
+        ahead, admit = search.join_ahead, engine._admit
+        seen = {"ahead_while_waiting": 0, "ahead": 0, "saturated_rounds": 0}
+
+        def watching_ahead(joins: Any) -> Any:
+            seen["ahead"] += 1
+            seen["ahead_while_waiting"] += engine._saturated
+            return ahead(joins)
+
+        def watching_admit(jobs: Any) -> None:
+            seen["saturated_rounds"] += engine._saturated and bool(engine._running)
+            admit(jobs)
+
+        search.join_ahead = watching_ahead
+        engine._admit = watching_admit  # type: ignore[method-assign]
+        later: list[asyncio.Future[Generated]] = []
+
+        def long_draft(_text: str) -> None:
+            if not later:  # two streamed turns arrive at once; one slot is free
+                for text in texts[1:]:
+                    later.append(
+                        asyncio.ensure_future(
+                            engine.generate(agent.clone(), text, on_draft=lambda _t: None)
+                        )
+                    )
+
+        try:
+            await engine.generate(agent.clone(), texts[0], on_draft=long_draft)
+            await asyncio.gather(*later)
+        finally:
+            await engine.close()
+    assert seen["saturated_rounds"] > 0, seen  # a round did leave turns waiting
+    assert seen["ahead_while_waiting"] == 0, seen
+    assert seen["ahead"] > 0, seen  # and with room again, streamed turns went ahead
+
+
 async def test_drafts_are_whole_words_of_the_growing_reply(agent: Any) -> None:
     with generation(agent, inference="greedy", beam_size=1, beam_block_ngram=-1,
                     beam_context_block_ngram=-1, label_truncate=40):  # fmt: skip
