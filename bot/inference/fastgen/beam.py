@@ -102,7 +102,7 @@ def encode(agent: Any, model: Any, batch: Any) -> Any:
 
     Buckets change how many rows each matrix product runs on, so the encoder outputs differ
     from the padded batch's in the last bits and a near-tie can go the other way: opt-in
-    (tests/integration/test_fastgen.py measures the agreement)."""
+    (tests/integration/inference/test_fastgen.py measures the agreement)."""
     inputs = agent._encoder_input(batch)
     text = batch.text_vec
     if not getattr(agent, "encoder_buckets", False) or len(inputs) != 1 or inputs[0] is not text:

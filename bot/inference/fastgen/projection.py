@@ -16,7 +16,7 @@ slices whose scores stay in cache; each slice gives its log-sum-exp (merged into
 log-softmax's normaliser over the whole vocabulary) and its own top-k after the blocked tokens
 are masked; the merged candidates, less the normaliser, are the top-k log-probabilities. The
 full-vocabulary scores never exist at once, and the tokens are those of `F.linear` +
-`log_softmax` + `topk` (tests/unit/test_projection.py).
+`log_softmax` + `topk` (tests/unit/inference/test_projection.py).
 
 It does not pay on this CPU, so it is off (`fuse=False`: the search takes `scores`, then its own
 log-softmax and top-k). Best of 15 on one thread of an AMX/VNNI Xeon vCPU, vocab 54,944 x 512,

@@ -163,7 +163,7 @@ async def test_a_replica_killed_mid_generation_loses_and_repeats_nothing(
 
 
 # About 30 s beyond the module's Ray start: deselected from `make test` (the stall limit's
-# sizing is unit-tested in tests/unit/test_ray_backend.py).
+# sizing is unit-tested in tests/unit/engine/test_ray_backend.py).
 @pytest.mark.slow
 async def test_a_stopped_replica_is_replaced_within_the_stall_limit(
     marks: Path, sqlite_url: str, tmp_path: Path, api: FakeBotAPI, tiny_model_file: str

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bot.inference.fastgen import beam
-from tests.integration.test_fastgen import (
+from tests.integration.inference.test_fastgen import (
     _settings,
     generation,
     observations,

@@ -24,7 +24,7 @@ from bot.config import ConfigError
 from bot.inference import fastgen, hardware
 from bot.inference.fastgen import projection
 from bot.inference.model import load_shared_agent
-from tests.integration.test_fastgen import (
+from tests.integration.inference.test_fastgen import (
     Case,
     _settings,
     finished_lists,
