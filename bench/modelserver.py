@@ -290,18 +290,9 @@ class ModeRun(Run):
             retried = sum(
                 r.log.read_text(errors="replace").count("replica lost") for r in self.replicas
             )
-            for replica in self.replicas:
-                replica.signal(signal.SIGTERM)
-            for replica in self.replicas:
-                if await replica.wait(60) is None:
-                    replica.kill()
+            await self.stop_replicas()
         finally:
-            ledger.cancel()
-            for replica in self.replicas:
-                replica.kill()
-            if self.nginx is not None:
-                self.nginx.stop()
-            await self.api.stop()
+            await self.tear_down(ledger)
         sent, lost, duplicated = counted(self.books, Counter(s.chat_id for s in self.api.sent))
         return Figures(
             self.mode,

@@ -415,19 +415,27 @@ class Run:
             for task in chats:
                 task.cancel()
             await asyncio.gather(*chats, return_exceptions=True)
-            for replica in self.replicas:
-                replica.signal(signal.SIGTERM)
-            for replica in self.replicas:
-                if await replica.wait(60) is None:
-                    replica.kill()
+            await self.stop_replicas()
         finally:
-            ledger.cancel()
-            for replica in self.replicas:
-                replica.kill()
-            if self.nginx is not None:
-                self.nginx.stop()
-            await self.api.stop()
+            await self.tear_down(ledger)
         return await self.report(results, rates)
+
+    async def stop_replicas(self) -> None:
+        """SIGTERM every replica, then kill what has not stopped within a minute."""
+        for replica in self.replicas:
+            replica.signal(signal.SIGTERM)
+        for replica in self.replicas:
+            if await replica.wait(60) is None:
+                replica.kill()
+
+    async def tear_down(self, ledger: asyncio.Task[None]) -> None:
+        """Whatever happened: no replica, nginx or Bot API left running."""
+        ledger.cancel()
+        for replica in self.replicas:
+            replica.kill()
+        if self.nginx is not None:
+            self.nginx.stop()
+        await self.api.stop()
 
     async def faults(self) -> dict[str, float]:
         """SIGKILL one replica mid-load (the poller in polling mode), restart it; then SIGTERM
