@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -524,6 +525,12 @@ def ensure_model(settings: Settings) -> None:
         "(at most %.0f minutes; set BOT_MODEL to skip)",
         settings.train_minutes,
     )
+    import torch
+
+    # Training has a fixed time: it gets every core (TORCH_THREADS aside), not the one thread
+    # this process serves with (bot/__main__.py set it before).
+    serving = torch.get_num_threads()
+    torch.set_num_threads(settings.torch_threads or os.cpu_count() or 1)
     try:
         train_cli(settings, minutes=None, if_missing=True, out=None)
     except TrainingError as err:
@@ -531,3 +538,5 @@ def ensure_model(settings: Settings) -> None:
             f"{err}. Run `python -m bot train` to try again, or set BOT_MODEL to an existing "
             "ParlAI model."
         ) from err
+    finally:
+        torch.set_num_threads(serving)

@@ -282,6 +282,36 @@ def _apps(ray: Any) -> Any:
     )
 
 
+# The settings that shape a replica's model and search (the rest are the front-end's own).
+REPLICA_SETTINGS = (
+    "model_device",
+    "torch_threads",
+    "worker_threads",
+    "batch_max_size",
+    "batch_max_wait_ms",
+    "scheduler",
+    "inference",
+    "beam_size",
+    "beam_min_length",
+    "beam_block_ngram",
+    "beam_context_block_ngram",
+    "search_impl",
+    "quantize",
+    "dtype",
+    "encoder_buckets",
+)
+
+
+def bot_version() -> str:
+    """This code's version, as installed (a new release gets its own applications)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("bot")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def app_name(variant: Variant, settings: Settings) -> str:
     """The Serve application of `variant` for the service of `settings` (its own settings,
     the database URL still in them): one name for every front-end of the service, see above."""
@@ -290,8 +320,13 @@ def app_name(variant: Variant, settings: Settings) -> str:
     url = make_url(settings.db_url)  # its password left out (URL.set cannot clear one)
     service = URL.create(url.drivername, url.username, None, url.host, url.port, url.database)
     rendered = service.render_as_string(hide_password=False)
+    # What the replicas load and search with beyond the variant's own keys: a front-end
+    # restarted with another DTYPE or beam size must not join replicas made with the old one.
+    model = {key: getattr(settings, key) for key in REPLICA_SETTINGS}
     loaded = json.dumps(
-        [pipe.PROTOCOL_VERSION, rendered, *variant.loaded()], default=str, sort_keys=True
+        [pipe.PROTOCOL_VERSION, bot_version(), rendered, model, *variant.loaded()],
+        default=str,
+        sort_keys=True,
     )
     return f"{variant.name}-{hashlib.sha256(loaded.encode()).hexdigest()[:12]}"
 
@@ -430,7 +465,9 @@ class RayBackend:
         _sigterm_to_python()
         try:
             deployed = await asyncio.to_thread(_Cluster.join, app, user, spec, variant)
-            await _wait_running(serve, app, START_TIMEOUT_S)
+            await _wait_running(
+                serve, app, START_TIMEOUT_S, alive=lambda: _Cluster.touch(app, user), ours=deployed
+            )
             handle = await asyncio.to_thread(_app_handle, serve, app)
             ready = await handle.ready.remote()
         except BaseException as err:
@@ -803,8 +840,10 @@ HEALTH_CHECK_FAILURES = 3  # Serve's REPLICA_HEALTH_CHECK_UNHEALTHY_THRESHOLD
 
 
 def _health_check_s(stall_s: float) -> float:
-    """The period and the timeout of a replica's health check: a stalled replica is replaced
-    about WORKER_STALL_S after its last answer (plus one period)."""
+    """The period and the timeout of a replica's health check: a replica whose process stops
+    answering is replaced about WORKER_STALL_S later (three checks unanswered); one whose
+    inference thread is stuck fails its checks once stuck for WORKER_STALL_S, so it is
+    replaced about twice that after its last decoding step."""
     return max(1.0, stall_s / HEALTH_CHECK_FAILURES)
 
 
@@ -836,16 +875,24 @@ def _status(serve: Any) -> Any:
         return serve.status()
 
 
-async def _wait_running(serve: Any, app: str, timeout_s: float) -> None:
-    """Wait until the application runs; ConfigError if it fails to deploy, or in time."""
+async def _wait_running(
+    serve: Any, app: str, timeout_s: float, *, alive: Callable[[], None], ours: bool
+) -> None:
+    """Wait until the application runs; ConfigError if it fails to deploy, or in time.
+    `alive` says meanwhile that this front-end still uses it (a start can take minutes, and
+    _Apps forgets a user not heard of for a minute); an application another front-end
+    deployed (`ours` False) may be UNHEALTHY a while, as Serve replaces a replica: only its
+    failed deploy is final."""
     started = time.monotonic()
+    fatal = ("DEPLOY_FAILED", "UNHEALTHY") if ours else ("DEPLOY_FAILED",)
     while time.monotonic() - started < timeout_s:
         status = await asyncio.to_thread(_status, serve)
+        await asyncio.to_thread(alive)
         overview = status.applications.get(app)
         state = str(getattr(overview, "status", "")).rsplit(".", 1)[-1]
         if state == "RUNNING":
             return
-        if state in ("DEPLOY_FAILED", "UNHEALTHY"):
+        if state in fatal:
             raise ConfigError(str(overview.message or state))
         await asyncio.sleep(0.5)
     raise ConfigError(f"its replicas did not load within {timeout_s:.0f} s")

@@ -112,11 +112,16 @@ async def typing_action(
 def _command_name(message: Message) -> tuple[str, str | None] | None:
     """("persona", "botname"|None) for a message that starts with a command."""
     text = message.text or ""
-    if not text.startswith("/") or not any(
-        e.type == MessageEntity.BOT_COMMAND and e.offset == 0 for e in message.entities
-    ):
+    entity = next(
+        (e for e in message.entities if e.type == MessageEntity.BOT_COMMAND and e.offset == 0),
+        None,
+    )
+    if not text.startswith("/") or entity is None:
         return None
-    head = text.split(None, 1)[0][1:]
+    # The command is the entity, as Telegram marks it and PTB's CommandHandler reads it: in
+    # "/help." or "/done!" it is "/help", "/done" (command names are ASCII, so its UTF-16
+    # length counts characters here).
+    head = text[1 : entity.length]
     name, _, target = head.partition("@")
     return name.lower(), (target or None)
 

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -826,9 +827,13 @@ class FakeBotAPI:
     @staticmethod
     def _entities(text: str) -> list[dict[str, Any]]:
         entities: list[dict[str, Any]] = []
-        if text.startswith("/"):
-            command = text.split(maxsplit=1)[0]
-            entities.append({"type": "bot_command", "offset": 0, "length": utf16_len(command)})
+        # As Telegram marks a command: "/" and up to 32 of [A-Za-z0-9_], an optional @bot;
+        # "/help." is the command /help followed by a dot.
+        command = re.match(r"/[A-Za-z0-9_]{1,32}(@[A-Za-z0-9_]{1,64})?", text)
+        if command:
+            entities.append(
+                {"type": "bot_command", "offset": 0, "length": utf16_len(command.group())}
+            )
         start = 0
         while (at := text.find("@", start)) != -1:
             end = at + 1
