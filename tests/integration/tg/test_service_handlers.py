@@ -23,6 +23,19 @@ EDITED, NOT_TEXT, UNKNOWN_COMMAND = ENGLISH.EDITED, ENGLISH.NOT_TEXT, ENGLISH.UN
 HELP = ENGLISH.help("en")  # BOT_MODEL_LANGUAGE's default
 
 
+async def test_a_command_followed_by_punctuation_is_that_command(
+    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    """Telegram marks only "/help" in "/help." (a command is [A-Za-z0-9_]), and PTB runs /help's
+    handler for it: the use case is /help's, not an error."""
+    await start_service(make_settings(db_url, api, tmp_path), EchoResponder())
+    api.user_message(102, "/help.")
+    api.user_message(102, "/persona!")
+    texts = await api.wait_for_texts(102, 2)
+    assert texts[0] == HELP
+    assert texts[1].startswith("I have no persona yet")
+
+
 async def test_commands_persona_turns_done_and_forget(
     db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
 ) -> None:
