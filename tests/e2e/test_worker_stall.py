@@ -209,9 +209,13 @@ async def test_two_replicas_on_postgres_answer_every_chat_when_one_worker_hangs(
                     await api.wait_for_texts(
                         chat, 1, timeout_s=60 - (time.monotonic() - stopped_at)
                     )
-                # The hung replica notices its worker (it may have taken no chat at all).
+                # The hung replica notices its worker (it may have taken no chat at all, so
+                # the line to wait for is the watcher's own, "worker <pid> stalled": the
+                # "worker stalled" of a failed turn's error comes only with a chat it took).
                 await api.wait_for(
-                    lambda: "worker stalled" in first.output(), STALL_S + 5, "the stall noticed"
+                    lambda: f"worker {pid} stalled" in first.output(),
+                    STALL_S + 5,
+                    "the stall noticed",
                 )
                 await asyncio.sleep(2.0)  # would a duplicate follow once it is woken?
             for bot in (first, second):
@@ -226,4 +230,4 @@ async def test_two_replicas_on_postgres_answer_every_chat_when_one_worker_hangs(
             second.kill()
     counts = Counter(s.chat_id for s in api.sent)
     assert {c: counts[c] for c in chats} == {c: 1 for c in chats}
-    assert "worker stalled" in first.output()
+    assert f"worker {pid} stalled" in first.output()  # noticed, and killed
