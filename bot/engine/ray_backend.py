@@ -116,6 +116,11 @@ UNHEALTHY = "unhealthy"
 
 def _ray() -> tuple[Any, Any]:
     """ray and ray.serve; ConfigError when Ray is not installed."""
+    # No Ray call may connect by itself (Ray's documented switch, read when ray is imported):
+    # a status poll still in its thread as the backend closes would otherwise ray.init() the
+    # address of the instance just stopped, retry for minutes, and hold the process's exit.
+    # Every connection is made by _Cluster.acquire; a late call raises instead.
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     try:
         import ray
         from ray import serve
@@ -185,9 +190,20 @@ class _Cluster:
         return deploy
 
     @classmethod
+    def connected(cls) -> bool:
+        """Whether a backend holds the connection (call it under _lock)."""
+        ray, _ = _ray()
+        return cls._users > 0 and ray.is_initialized()
+
+    @classmethod
     def touch(cls, app: str, user: str) -> None:
-        """Say that `user` still uses the application (fire and forget)."""
-        cls.apps().touch.remote(app, user)
+        """Say that `user` still uses the application (fire and forget); nothing once this
+        process's last backend has let the connection go (a poll can outlive its backend's
+        close in its thread)."""
+        with cls._lock:
+            registry = cls._registry if cls.connected() else None
+        if registry is not None:
+            registry.touch.remote(app, user)
 
     @classmethod
     def release(cls, app: str, user: str) -> None:
@@ -201,9 +217,10 @@ class _Cluster:
             registry, cls._registry = cls._registry, None
             if last and cls._owned:
                 cls._owned = False
-                with _SERVE, contextlib.suppress(Exception):
-                    serve.shutdown()
-                ray.shutdown()
+                with _SERVE:  # a status poll sees Serve and Ray both up, or neither
+                    with contextlib.suppress(Exception):
+                        serve.shutdown()
+                    ray.shutdown()
                 log.info("ray: the local instance stopped")
                 return
             try:
@@ -871,7 +888,11 @@ def _submit(
 
 
 def _status(serve: Any) -> Any:
+    """Serve's status; RuntimeError once this process has no connection to Ray."""
+    ray, _ = _ray()
     with _SERVE:
+        if not ray.is_initialized():
+            raise RuntimeError("not connected to Ray")
         return serve.status()
 
 

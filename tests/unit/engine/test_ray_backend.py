@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import socket
+import subprocess
 import sys
 import threading
 from types import SimpleNamespace
@@ -160,7 +162,8 @@ async def test_a_cluster_that_stops_answering_marks_the_variant_down(
     """What /readyz's model check reads ("variant a: <state>"): the status poll's error, or
     its silence past STATUS_TIMEOUT_S, with one poll in flight at a time."""
     serve = _Serve()
-    monkeypatch.setattr(ray_backend, "_ray", lambda: (None, serve))
+    connected = SimpleNamespace(is_initialized=lambda: True)
+    monkeypatch.setattr(ray_backend, "_ray", lambda: (connected, serve))
     monkeypatch.setattr(ray_backend, "STATUS_POLL_S", 0.01)
     monkeypatch.setattr(ray_backend, "STATUS_TIMEOUT_S", 0.2)
     backend = _backend()
@@ -187,6 +190,37 @@ async def test_a_cluster_that_stops_answering_marks_the_variant_down(
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+
+
+def test_a_poll_that_outlives_its_backend_neither_connects_nor_holds_the_exit() -> None:
+    """A status poll runs in a thread that close() cannot stop. Once the process has let Ray
+    go (the local instance stopped), its status read and its touch must not ray.init() on
+    their own: that joined the stopped instance's address and retried for minutes, so the
+    service did not exit on SIGTERM (CI, stop 29). Run in a fresh interpreter: where ray is
+    imported already, its switch was read then."""
+    code = """if True:
+        from bot.engine import ray_backend
+        ray, serve = ray_backend._ray()  # the service's first import of ray
+        ray_backend._Cluster.touch("a-0000", "front-end")  # nothing: not connected
+        try:
+            ray_backend._status(serve)
+        except RuntimeError as err:
+            print("status:", err)
+        try:
+            ray.get_actor("applications", namespace="telegram-bot")
+        except Exception as err:
+            print("get_actor:", type(err).__name__)
+        print("initialized:", ray.is_initialized())
+    """
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:9"}  # if it did connect: refused there
+    env.pop("RAY_ENABLE_AUTO_CONNECT", None)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "status: not connected to Ray" in out.stdout, out.stdout
+    assert "get_actor: " in out.stdout, out.stdout  # raised rather than ray.init()
+    assert "initialized: False" in out.stdout, out.stdout
 
 
 def test_joining_is_bounded_and_its_failure_names_ray_address_and_the_token() -> None:
