@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PARLAI := parlai==1.7.2
 PYTEST_ARGS ?=
 
-.PHONY: install run chat train train-shipped test test-all lint format i18n-extract i18n-update bench bench-quick bench-variants bench-loop bench-peer bench-modelserver soak scaleout clean
+.PHONY: install run chat train train-shipped test test-all lint format i18n-extract i18n-update bench bench-quick bench-variants bench-loop bench-peer bench-quality bench-modelserver soak scaleout clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -97,6 +97,12 @@ $(PEER_STAMP): $(STAMP)
 BENCH_PEER_ARGS ?=
 bench-peer: install $(PEER_STAMP)
 	nice -n 10 $(PY) -m bench.peer $(BENCH_PEER_ARGS)
+
+# The quality guard: our faster modes' replies against the default's on the shipped model with
+# real text (bench/quality.py; ~5 minutes on 2 cores, BENCH_QUALITY_ARGS=--quick for one).
+BENCH_QUALITY_ARGS ?=
+bench-quality: install
+	nice -n 10 $(PY) -m bench.quality $(BENCH_QUALITY_ARGS)
 
 soak: install
 	$(PY) -m tests.soak

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import common, e2e, variants
+from bench import common, e2e, quality, variants
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -175,3 +175,14 @@ def test_variants_benchmark_quick_run() -> None:
     assert "| MODEL_WORKERS |" in proc.stdout
     body = json.loads((common.RESULTS_DIR / "variants-quick.json").read_text())
     assert body["setup"]["quick"] is True and body["lost"] == 0
+
+
+def test_the_quality_guard_counts_identical_replies_and_the_score_gap_of_the_others() -> None:
+    ref = [{"text": t, "model_input": [i]} for i, t in enumerate(["a", "b", "c", "d"])]
+    other = [{**r, "text": t} for r, t in zip(ref, ["a", "x", "c", "y"], strict=True)]
+    cmp = quality.compare(ref, other, [-1.0, -2.0, -3.0, -4.0], [-1.0, -2.5, -3.0, -3.0])
+    assert cmp["identical_pct"] == 50.0 and cmp["differ"] == [1, 3]
+    assert cmp["gap_max"] == pytest.approx(0.5)  # the default's reply scored 0.5 better
+    assert cmp["gap_p50"] == pytest.approx(-0.25)  # median of +0.5 and -1.0
+    with pytest.raises(ValueError, match="different model inputs"):  # equal work is checked
+        quality.compare(ref, [{**other[0], "model_input": [9]}, *other[1:]], [0] * 4, [0] * 4)
