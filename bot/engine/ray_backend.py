@@ -200,10 +200,9 @@ class _Cluster:
         """Say that `user` still uses the application (fire and forget); nothing once this
         process's last backend has let the connection go (a poll can outlive its backend's
         close in its thread)."""
-        with cls._lock:
-            registry = cls._registry if cls.connected() else None
-        if registry is not None:
-            registry.touch.remote(app, user)
+        with cls._lock:  # held while sending: release() cannot shut Ray down in between
+            if cls._registry is not None and cls.connected():
+                cls._registry.touch.remote(app, user)
 
     @classmethod
     def release(cls, app: str, user: str) -> None:
