@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bot import texts as catalogs
 from bot.config import Settings
@@ -17,7 +17,7 @@ from bot.conversations.outcome import ARENA, FLOODED, NO_REPLY, REPLIED
 from bot.conversations.store import ConversationStore, StoredTurn
 from bot.conversations.turn import CommandCall, Turn
 from bot.db.assignments import Choice
-from bot.db.conversations import SessionRow
+from bot.db.conversations import ReplyFacts, SessionRow
 from bot.db.feedback import Outcome
 from bot.db.models import AssignmentSource, VoteSource
 from bot.engine.protocol import DuelResponder, GenerationError, Reply, ResponderProtocol
@@ -289,14 +289,14 @@ class ChatActions:
             turn,
             session.id,
             reply,
-            lambda verdict, fields: self.store.record_turn(
+            lambda verdict, facts: self.store.record_turn(
                 session.id,
                 turn.chat_id,
                 text,
                 verdict.text,
                 update=turn.update,
                 telegram_message_id=telegram_message_id,
-                **fields,
+                facts=facts,
             ),
         )
 
@@ -325,25 +325,25 @@ class ChatActions:
         turn: Turn,
         session_id: int,
         reply: Reply,
-        store: Callable[[Verdict, dict[str, Any]], Awaitable[StoredTurn]],
+        store: Callable[[Verdict, ReplyFacts], Awaitable[StoredTurn]],
     ) -> None:
         """Pass a reply through the safety gate and `store` what is to be sent (with its
-        latency, variant and safety fields), keeping the cached clone in step: it is dropped
+        latency, variant and safety facts), keeping the cached clone in step: it is dropped
         when it heard something other than what the database now holds."""
         try:
             verdict = await self.safety.reply(reply.text, reply.candidates)
             if verdict.text != reply.text:
                 # The clone heard the reply that is not sent: it is rebuilt from the database.
                 self.responder.evict(session_id)
-            fields: dict[str, Any] = {
-                "latency_ms": reply.latency_ms,
-                "variant": reply.variant,
-                "model_ms": reply.model_ms,
-                "safety": verdict.mark,
-                "unsafe_text": verdict.unsafe_text,
-            }
+            facts = ReplyFacts(
+                latency_ms=reply.latency_ms,
+                variant=reply.variant,
+                model_ms=reply.model_ms,
+                safety=verdict.mark,
+                unsafe_text=verdict.unsafe_text,
+            )
             await turn.end_drafts()
-            stored = await store(verdict, fields)
+            stored = await store(verdict, facts)
         except BaseException:
             # The clone already heard this turn but the database did not keep it.
             self.responder.evict(session_id)
@@ -377,8 +377,8 @@ class ChatActions:
             turn,
             session.id,
             reply,
-            lambda verdict, fields: self.store.replace_turn(
-                target, text, verdict.text, update=turn.update, **fields
+            lambda verdict, facts: self.store.replace_turn(
+                target, text, verdict.text, update=turn.update, facts=facts
             ),
         )
 
