@@ -279,17 +279,11 @@ class ChatActions:
             )
             return
         reply = await self._reply_to(turn, session, text, "generation")
-        if reply is None:
-            await self.unanswered(
-                turn, text, notice=turn.texts.NO_REPLY, telegram_message_id=telegram_message_id
-            )
-            turn.decided(NO_REPLY, session.variant)
-            return
         await self._keep(
             turn,
-            session.id,
+            session,
             reply,
-            lambda verdict, facts: self.store.record_turn(
+            store=lambda verdict, facts: self.store.record_turn(
                 session.id,
                 turn.chat_id,
                 text,
@@ -297,6 +291,10 @@ class ChatActions:
                 update=turn.update,
                 telegram_message_id=telegram_message_id,
                 facts=facts,
+            ),
+            # The message is kept without a reply; it joins the next turn.
+            failed=lambda: self.unanswered(
+                turn, text, notice=turn.texts.NO_REPLY, telegram_message_id=telegram_message_id
             ),
         )
 
@@ -323,18 +321,25 @@ class ChatActions:
     async def _keep(
         self,
         turn: Turn,
-        session_id: int,
-        reply: Reply,
+        session: SessionRow,
+        reply: Reply | None,
+        *,
         store: Callable[[Verdict, ReplyFacts], Awaitable[StoredTurn]],
+        failed: Callable[[], Awaitable[None]],
     ) -> None:
         """Pass a reply through the safety gate and `store` what is to be sent (with its
         latency, variant and safety facts), keeping the cached clone in step: it is dropped
-        when it heard something other than what the database now holds."""
+        when it heard something other than what the database now holds. No reply (generation
+        failed, see _reply_to): `failed` tells the chat, and the turn is NO_REPLY."""
+        if reply is None:
+            await failed()
+            turn.decided(NO_REPLY, session.variant)
+            return
         try:
             verdict = await self.safety.reply(reply.text, reply.candidates)
             if verdict.text != reply.text:
                 # The clone heard the reply that is not sent: it is rebuilt from the database.
-                self.responder.evict(session_id)
+                self.responder.evict(session.id)
             facts = ReplyFacts(
                 latency_ms=reply.latency_ms,
                 variant=reply.variant,
@@ -346,9 +351,9 @@ class ChatActions:
             stored = await store(verdict, facts)
         except BaseException:
             # The clone already heard this turn but the database did not keep it.
-            self.responder.evict(session_id)
+            self.responder.evict(session.id)
             raise
-        self.responder.turn_stored(session_id, stored.bot_message_id)
+        self.responder.turn_stored(session.id, stored.bot_message_id)
         turn.decided(REPLIED, reply.variant, [reply])
 
     # --- edits -----------------------------------------------------------------------------
@@ -369,17 +374,15 @@ class ChatActions:
         before = replace(session, last_message_id=target.previous_message_id)
         self.responder.evict(session.id)
         reply = await self._reply_to(turn, before, text, "regenerating after an edit")
-        if reply is None:
-            await self.notice(turn, turn.texts.NO_REPLY)
-            turn.decided(NO_REPLY, session.variant)
-            return
         await self._keep(
             turn,
-            session.id,
+            session,
             reply,
-            lambda verdict, facts: self.store.replace_turn(
+            store=lambda verdict, facts: self.store.replace_turn(
                 target, text, verdict.text, update=turn.update, facts=facts
             ),
+            # The old turn stays as it was.
+            failed=lambda: self.notice(turn, turn.texts.NO_REPLY),
         )
 
     # --- the chat's language ----------------------------------------------------------------
