@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bot import texts as catalogs
 from bot.config import Settings
@@ -17,7 +17,7 @@ from bot.conversations.outcome import ARENA, FLOODED, NO_REPLY, REPLIED
 from bot.conversations.store import ConversationStore, StoredTurn
 from bot.conversations.turn import CommandCall, Turn
 from bot.db.assignments import Choice
-from bot.db.conversations import SessionRow
+from bot.db.conversations import ReplyFacts, SessionRow
 from bot.db.feedback import Outcome
 from bot.db.models import AssignmentSource, VoteSource
 from bot.engine.protocol import DuelResponder, GenerationError, Reply, ResponderProtocol
@@ -279,24 +279,22 @@ class ChatActions:
             )
             return
         reply = await self._reply_to(turn, session, text, "generation")
-        if reply is None:
-            await self.unanswered(
-                turn, text, notice=turn.texts.NO_REPLY, telegram_message_id=telegram_message_id
-            )
-            turn.decided(NO_REPLY, session.variant)
-            return
         await self._keep(
             turn,
-            session.id,
+            session,
             reply,
-            lambda verdict, fields: self.store.record_turn(
+            store=lambda verdict, facts: self.store.record_turn(
                 session.id,
                 turn.chat_id,
                 text,
                 verdict.text,
                 update=turn.update,
                 telegram_message_id=telegram_message_id,
-                **fields,
+                facts=facts,
+            ),
+            # The message is kept without a reply; it joins the next turn.
+            failed=lambda: self.unanswered(
+                turn, text, notice=turn.texts.NO_REPLY, telegram_message_id=telegram_message_id
             ),
         )
 
@@ -323,32 +321,39 @@ class ChatActions:
     async def _keep(
         self,
         turn: Turn,
-        session_id: int,
-        reply: Reply,
-        store: Callable[[Verdict, dict[str, Any]], Awaitable[StoredTurn]],
+        session: SessionRow,
+        reply: Reply | None,
+        *,
+        store: Callable[[Verdict, ReplyFacts], Awaitable[StoredTurn]],
+        failed: Callable[[], Awaitable[None]],
     ) -> None:
         """Pass a reply through the safety gate and `store` what is to be sent (with its
-        latency, variant and safety fields), keeping the cached clone in step: it is dropped
-        when it heard something other than what the database now holds."""
+        latency, variant and safety facts), keeping the cached clone in step: it is dropped
+        when it heard something other than what the database now holds. No reply (generation
+        failed, see _reply_to): `failed` tells the chat, and the turn is NO_REPLY."""
+        if reply is None:
+            await failed()
+            turn.decided(NO_REPLY, session.variant)
+            return
         try:
             verdict = await self.safety.reply(reply.text, reply.candidates)
             if verdict.text != reply.text:
                 # The clone heard the reply that is not sent: it is rebuilt from the database.
-                self.responder.evict(session_id)
-            fields: dict[str, Any] = {
-                "latency_ms": reply.latency_ms,
-                "variant": reply.variant,
-                "model_ms": reply.model_ms,
-                "safety": verdict.mark,
-                "unsafe_text": verdict.unsafe_text,
-            }
+                self.responder.evict(session.id)
+            facts = ReplyFacts(
+                latency_ms=reply.latency_ms,
+                variant=reply.variant,
+                model_ms=reply.model_ms,
+                safety=verdict.mark,
+                unsafe_text=verdict.unsafe_text,
+            )
             await turn.end_drafts()
-            stored = await store(verdict, fields)
+            stored = await store(verdict, facts)
         except BaseException:
             # The clone already heard this turn but the database did not keep it.
-            self.responder.evict(session_id)
+            self.responder.evict(session.id)
             raise
-        self.responder.turn_stored(session_id, stored.bot_message_id)
+        self.responder.turn_stored(session.id, stored.bot_message_id)
         turn.decided(REPLIED, reply.variant, [reply])
 
     # --- edits -----------------------------------------------------------------------------
@@ -369,17 +374,15 @@ class ChatActions:
         before = replace(session, last_message_id=target.previous_message_id)
         self.responder.evict(session.id)
         reply = await self._reply_to(turn, before, text, "regenerating after an edit")
-        if reply is None:
-            await self.notice(turn, turn.texts.NO_REPLY)
-            turn.decided(NO_REPLY, session.variant)
-            return
         await self._keep(
             turn,
-            session.id,
+            session,
             reply,
-            lambda verdict, fields: self.store.replace_turn(
-                target, text, verdict.text, update=turn.update, **fields
+            store=lambda verdict, facts: self.store.replace_turn(
+                target, text, verdict.text, update=turn.update, facts=facts
             ),
+            # The old turn stays as it was.
+            failed=lambda: self.notice(turn, turn.texts.NO_REPLY),
         )
 
     # --- the chat's language ----------------------------------------------------------------

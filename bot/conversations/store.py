@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db import arena, assignments, chat_settings, conversations, feedback, inbox, outbox
 from bot.db.arena import Decided
 from bot.db.assignments import Choice
-from bot.db.conversations import SessionRow
+from bot.db.conversations import NO_FACTS, ReplyFacts, SessionRow
 from bot.db.feedback import Outcome
 from bot.db.inbox import UpdateRef
 from bot.db.models import AssignmentSource, InboxStatus, OutboxKind, Role, Session, VoteSource
@@ -97,12 +96,12 @@ async def _bot_reply(
     *,
     reply_to_message_id: int | None = None,
     edit_message_id: int | None = None,
-    **fields: Any,
+    facts: ReplyFacts = NO_FACTS,
 ) -> tuple[int, int]:
-    """The bot's reply as a message (with `fields`: latency, variant, safety marks), queued
-    for sending, and the update closed; returns (message id, outbox id)."""
+    """The bot's reply as a message (with its `facts`: latency, variant, safety marks),
+    queued for sending, and the update closed; returns (message id, outbox id)."""
     bot_id = await conversations.add_message(
-        db, session_id=session_id, chat_id=chat_id, role=Role.BOT, text=reply, **fields
+        db, session_id=session_id, chat_id=chat_id, role=Role.BOT, text=reply, facts=facts
     )
     await conversations.touch_session(db, session_id)
     outbox_id = await outbox.enqueue(
@@ -318,13 +317,9 @@ class ConversationStore:
         user_text: str,
         reply: str,
         *,
-        latency_ms: float | None = None,
         update: UpdateRef | None = None,
         telegram_message_id: int | None = None,
-        variant: str | None = None,
-        model_ms: float | None = None,
-        safety: str | None = None,
-        unsafe_text: str | None = None,
+        facts: ReplyFacts = NO_FACTS,
     ) -> StoredTurn:
         """Store a user message, the bot's reply (queued for sending) and close the update."""
         async with self.sessionmaker.begin() as db:
@@ -338,11 +333,7 @@ class ConversationStore:
                 reply,
                 update,
                 reply_to_message_id=telegram_message_id,
-                latency_ms=latency_ms,
-                variant=variant,
-                model_ms=model_ms,
-                safety=safety,
-                unsafe_text=unsafe_text,
+                facts=facts,
             )
             return StoredTurn(user_id, bot_id, outbox_id)
 
@@ -373,12 +364,8 @@ class ConversationStore:
         user_text: str,
         reply: str,
         *,
-        latency_ms: float | None = None,
         update: UpdateRef | None = None,
-        variant: str | None = None,
-        model_ms: float | None = None,
-        safety: str | None = None,
-        unsafe_text: str | None = None,
+        facts: ReplyFacts = NO_FACTS,
     ) -> StoredTurn:
         """The edited message and its regenerated reply in place of the old turn: the user's
         message keeps its id with the new text, the old reply (and its votes) goes, the new
@@ -400,11 +387,7 @@ class ConversationStore:
                 update,
                 reply_to_message_id=target.user_telegram_message_id,
                 edit_message_id=shown if shown is not None else to_edit,
-                latency_ms=latency_ms,
-                variant=variant,
-                model_ms=model_ms,
-                safety=safety,
-                unsafe_text=unsafe_text,
+                facts=facts,
             )
             return StoredTurn(target.user_message_id, bot_id, outbox_id)
 

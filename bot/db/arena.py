@@ -97,7 +97,7 @@ async def decide(db: AsyncSession, chat_id: int, match_id: int, winner: str) -> 
             chat_id=chat_id,
             role=Role.BOT,
             text=text or "",
-            variant=variant,
+            facts=conversations.ReplyFacts(variant=variant),
         )
     match.winner = winner
     match.decided_at = utcnow()

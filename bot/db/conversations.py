@@ -152,6 +152,25 @@ async def touch_session(db: AsyncSession, session_id: int) -> None:
 # --- messages ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class ReplyFacts:
+    """What a bot reply's row keeps besides its text, from the responder and the safety gate;
+    one value, so that the use cases pass it down whole instead of five keywords each."""
+
+    latency_ms: float | None = None
+    # The model variant that produced the reply, and its time in the model.
+    variant: str | None = None
+    model_ms: float | None = None
+    # What the safety gate did (bot.safety.SafetyMark; None: it passed, or SAFETY=off), and
+    # the offensive reply that was not sent in its place.
+    safety: str | None = None
+    unsafe_text: str | None = None
+
+
+# A user's message, or a reply nothing is known of besides its text.
+NO_FACTS = ReplyFacts()
+
+
 async def add_message(
     db: AsyncSession,
     *,
@@ -161,13 +180,9 @@ async def add_message(
     text: str,
     update_id: int | None = None,
     telegram_message_id: int | None = None,
-    latency_ms: float | None = None,
-    variant: str | None = None,
-    model_ms: float | None = None,
-    safety: str | None = None,
-    unsafe_text: str | None = None,
+    facts: ReplyFacts = NO_FACTS,
 ) -> int:
-    """Append an utterance; returns its id."""
+    """Append an utterance (a bot reply with its `facts`); returns its id."""
     m = Message(
         session_id=session_id,
         chat_id=chat_id,
@@ -175,11 +190,11 @@ async def add_message(
         text=text,
         update_id=update_id,
         telegram_message_id=telegram_message_id,
-        latency_ms=latency_ms,
-        variant=variant,
-        model_ms=model_ms,
-        safety=safety,
-        unsafe_text=unsafe_text,
+        latency_ms=facts.latency_ms,
+        variant=facts.variant,
+        model_ms=facts.model_ms,
+        safety=facts.safety,
+        unsafe_text=facts.unsafe_text,
     )
     db.add(m)
     await db.flush()

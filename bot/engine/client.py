@@ -80,19 +80,29 @@ class ModelProcessLost(Exception):
 T = TypeVar("T")
 
 
+class TimedBackend(Protocol):
+    """What within_turn_deadline needs of a variant's backend (worker process or Ray)."""
+
+    name: str
+    turn_timeout_s: float
+
+    def evict(self, session_id: int) -> None: ...
+
+
 async def within_turn_deadline(
-    work: Coroutine[Any, Any, T], variant: str, timeout_s: float, on_timeout: Callable[[], None]
+    backend: TimedBackend, session_id: int, work: Coroutine[Any, Any, T]
 ) -> T:
-    """`work` (a turn's round trips to a model, waiting for a restarted one included) within
-    GENERATION_TIMEOUT_S; after it, `on_timeout` drops the session's clone (whatever the model
-    still does with it is not stored) and the turn fails."""
+    """`work` (a turn's round trips to the backend's model, waiting for a restarted one
+    included) within GENERATION_TIMEOUT_S; after it, the session's clone is evicted (whatever
+    the model still does with it is not stored) and the turn fails."""
     try:
-        async with asyncio.timeout(timeout_s):
+        async with asyncio.timeout(backend.turn_timeout_s):
             return await work
     except TimeoutError:
-        on_timeout()
+        backend.evict(session_id)
         raise GenerationError(
-            f"variant {variant}: no reply within GENERATION_TIMEOUT_S ({timeout_s:g} s)"
+            f"variant {backend.name}: no reply within GENERATION_TIMEOUT_S "
+            f"({backend.turn_timeout_s:g} s)"
         ) from None
 
 
@@ -210,10 +220,7 @@ class ModelProcess:
         """A request about a session, with its context sent when the worker asks for it, within
         the turn's deadline (waiting for a restarted worker included)."""
         return await within_turn_deadline(
-            self._context_round_trips(request, session, on_draft),
-            self.name,
-            self.turn_timeout_s,
-            lambda: self.evict(session.id),
+            self, session.id, self._context_round_trips(request, session, on_draft)
         )
 
     async def _context_round_trips(

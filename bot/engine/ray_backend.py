@@ -67,7 +67,7 @@ import time
 import urllib.parse
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from pydantic import SecretStr
 
@@ -89,6 +89,11 @@ if TYPE_CHECKING:
     from bot.inference.process import ProcessSpec
 
 log = logging.getLogger(__name__)
+
+# A request about a session, made once its req_id and context (None: not asked for yet) are
+# known; and a way to send one to the session's replica with its upkeep, returning the answer.
+_Build: TypeAlias = Callable[[int, ConversationContext | None], pipe.Request]
+_Call: TypeAlias = Callable[[SessionRow, pipe.Request, tuple[pipe.Message, ...]], Awaitable[Any]]
 
 # Serve's client API is not safe in two threads at once (building a deployment's config
 # registers and unregisters modules with cloudpickle: a second deploy in another thread failed
@@ -610,25 +615,14 @@ class RayBackend:
             self._upkeep[session_id] = (old_evict or evict, stored)
 
     async def _with_context(
-        self,
-        build: Callable[[int, ConversationContext | None], pipe.Request],
-        session: SessionRow,
-        call: Callable[[SessionRow, pipe.Request, tuple[pipe.Message, ...]], Awaitable[Any]],
+        self, build: _Build, session: SessionRow, call: _Call
     ) -> Generated | ModelView:
         """A request about a session, sent again with its context when the replica asks for it,
         and after a lost replica, within the turn's deadline."""
-        return await within_turn_deadline(
-            self._round_trips(build, session, call),
-            self.name,
-            self.turn_timeout_s,
-            lambda: self.evict(session.id),
-        )
+        return await within_turn_deadline(self, session.id, self._round_trips(build, session, call))
 
     async def _round_trips(
-        self,
-        build: Callable[[int, ConversationContext | None], pipe.Request],
-        session: SessionRow,
-        call: Callable[[SessionRow, pipe.Request, tuple[pipe.Message, ...]], Awaitable[Any]],
+        self, build: _Build, session: SessionRow, call: _Call
     ) -> Generated | ModelView:
         context: ConversationContext | None = None
         lost = asked = 0
@@ -675,9 +669,7 @@ class RayBackend:
                     self._made_by.popitem(last=False)
             return answer.result
 
-    def _turn_call(
-        self, on_draft: DraftSink | None
-    ) -> Callable[[SessionRow, pipe.Request, tuple[pipe.Message, ...]], Awaitable[Any]]:
+    def _turn_call(self, on_draft: DraftSink | None) -> _Call:
         async def call(
             session: SessionRow, request: pipe.Request, upkeep: tuple[pipe.Message, ...]
         ) -> pipe.Message | None:

@@ -18,6 +18,7 @@ from pydantic import SecretStr
 
 from bot.config import Settings
 from bot.conversations.store import ConversationStore
+from bot.db.conversations import ReplyFacts
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import ChatLease, Replica, utcnow
 from tests.integration.admin.test_admin import seed
@@ -49,7 +50,11 @@ async def seed_dashboard(url: str) -> DashboardSeed:
             await store.set_persona(HOSTILE_CHAT, HOSTILE_CHAT, HOSTILE_PERSONA, notice="ok")
         ).id
         await store.record_turn(
-            hostile, HOSTILE_CHAT, HOSTILE_TEXT, HOSTILE_REPLY, latency_ms=321.0, variant="beam"
+            hostile,
+            HOSTILE_CHAT,
+            HOSTILE_TEXT,
+            HOSTILE_REPLY,
+            facts=ReplyFacts(latency_ms=321.0, variant="beam"),
         )
         await store.vote(HOSTILE_CHAT, HOSTILE_CHAT, None, 1)
         now = utcnow()

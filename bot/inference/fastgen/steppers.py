@@ -215,6 +215,28 @@ class FastDecoder:
         weights = F.softmax(dot, dim=-1, dtype=torch.float).type_as(x)
         return attn.out_lin(self._merge(weights.bmm(values), x))  # type: ignore[no-any-return]
 
+    def _per_slot_bmm(
+        self, lhs: torch.Tensor, shared: torch.Tensor, inner: int, outer: int
+    ) -> torch.Tensor:
+        """One (chats x heads) batch of single-query products per beam slot, stacked by slot.
+
+        The compact cache keeps one copy of the encoder's keys and values per chat, so each
+        beam slot of a chat meets that copy in turn: `lhs` has `inner` columns a row, `shared`
+        is the per-chat operand, and the result is (bsz, beam, heads, 1, outer). The scores
+        and the attended values both go through here, with the ops that parity was checked on.
+        """
+        per_slot = lhs.view(self.bsz, self.beam, self.heads, 1, inner)
+        return torch.stack(
+            [
+                per_slot[:, j]
+                .reshape(-1, 1, inner)
+                .bmm(shared)
+                .view(self.bsz, self.heads, 1, outer)
+                for j in range(self.beam)
+            ],
+            dim=1,
+        )
+
     def _cross_attend(
         self, attn: Any, x: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor
     ) -> torch.Tensor:
@@ -222,34 +244,15 @@ class FastDecoder:
         if not self.compact:
             dot = q.bmm(keys_t)
         else:
-            # one (chats x heads) batch of single-query products per beam slot
-            per_slot = q.view(self.bsz, self.beam, self.heads, 1, self.dh)
-            dot = torch.stack(
-                [
-                    per_slot[:, j]
-                    .reshape(-1, 1, self.dh)
-                    .bmm(keys_t)
-                    .view(self.bsz, self.heads, 1, self.length)
-                    for j in range(self.beam)
-                ],
-                dim=1,
-            ).view(self.rows * self.heads, 1, self.length)
+            dot = self._per_slot_bmm(q, keys_t, self.dh, self.length).view(
+                self.rows * self.heads, 1, self.length
+            )
         dot.masked_fill_(self.cross_fill, neginf(dot.dtype))
         weights = F.softmax(dot, dim=-1, dtype=torch.float).type_as(x)
         if not self.compact:
             out = weights.bmm(values)
         else:
-            per_slot = weights.view(self.bsz, self.beam, self.heads, 1, self.length)
-            out = torch.stack(
-                [
-                    per_slot[:, j]
-                    .reshape(-1, 1, self.length)
-                    .bmm(values)
-                    .view(self.bsz, self.heads, 1, self.dh)
-                    for j in range(self.beam)
-                ],
-                dim=1,
-            )
+            out = self._per_slot_bmm(weights, values, self.length, self.dh)
         return attn.out_lin(self._merge(out, x))  # type: ignore[no-any-return]
 
     def logits(self, step: int) -> torch.Tensor:

@@ -25,6 +25,7 @@ from bot.admin.cli import add_admin_parser, admin, run_admin
 from bot.config import Settings
 from bot.conversations.store import ConversationStore
 from bot.db import outbox
+from bot.db.conversations import ReplyFacts
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.inbox import UpdateRef
 from bot.db.models import Base, Message, Session, utcnow
@@ -74,7 +75,12 @@ async def _turn(
     await _ingest(store, update_id, chat_id, user_id)
     user_text, reply, latency = texts
     await store.record_turn(
-        session_id, chat_id, user_text, reply, latency_ms=latency, update=UpdateRef(update_id)
+        session_id,
+        chat_id,
+        user_text,
+        reply,
+        facts=ReplyFacts(latency_ms=latency),
+        update=UpdateRef(update_id),
     )
 
 

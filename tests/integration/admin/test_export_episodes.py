@@ -18,6 +18,7 @@ from sqlalchemy import update
 
 from bot.admin.cli import admin
 from bot.conversations.store import ConversationStore
+from bot.db.conversations import ReplyFacts
 from bot.db.models import Session, utcnow
 from bot.service.retention import purge
 from tests.integration.admin.test_admin import parse_admin
@@ -45,7 +46,7 @@ async def seed(store: ConversationStore) -> Seeded:
         ("yes\nvery much", "me too | they\tpurr", "odd"),
         ("bye", "whatever", "disliked"),
     ):
-        turn = await store.record_turn(s1, 1, user, bot, variant="control")
+        turn = await store.record_turn(s1, 1, user, bot, facts=ReplyFacts(variant="control"))
         replies[name] = turn.bot_message_id
     await store.vote(1, 1, replies["liked"], 1)
     await store.vote(1, 1, replies["disliked"], -1)
@@ -61,7 +62,9 @@ async def seed(store: ConversationStore) -> Seeded:
     decided = await store.decide_duel(2, match, "b")
     assert decided.bot_message_id is not None
     replies["arena"] = decided.bot_message_id
-    turn = await store.record_turn(s2, 2, "ha, another?", "what do cats eat?", variant="control")
+    turn = await store.record_turn(
+        s2, 2, "ha, another?", "what do cats eat?", facts=ReplyFacts(variant="control")
+    )
     replies["after_arena"] = turn.bot_message_id
     await store.vote(2, 2, replies["after_arena"], 1)
     # An unanswered trailing message teaches nothing and is not exported.
@@ -70,7 +73,9 @@ async def seed(store: ConversationStore) -> Seeded:
     await store.rate(2, 2, s2, 2)
 
     s3 = (await store.active_session(3, 3)).id
-    turn = await store.record_turn(s3, 3, "what is up", "not much, you?", variant="candidate")
+    turn = await store.record_turn(
+        s3, 3, "what is up", "not much, you?", facts=ReplyFacts(variant="candidate")
+    )
     replies["candidate"] = turn.bot_message_id
     await store.vote(3, 3, replies["candidate"], 1)
     return Seeded(s1, s2, s3, replies)

@@ -8,6 +8,7 @@ from sqlalchemy.exc import IntegrityError
 
 from bot.conversations.store import ConversationStore
 from bot.db import conversations, inbox, outbox
+from bot.db.conversations import ReplyFacts
 from bot.db.inbox import UpdateRef
 from bot.db.models import Inbox, Message, Outbox, OutboxKind, Session
 
@@ -50,7 +51,9 @@ async def test_persona_carries_over_after_done(store: ConversationStore) -> None
 async def test_record_turn_is_one_transaction_and_closes_update(store: ConversationStore) -> None:
     await store.ingest(update_id=1, chat_id=9, user_id=9, kind="message", payload="{}")
     session = await store.active_session(9, 9)
-    await store.record_turn(session.id, 9, "hi", "hello!", latency_ms=12.5, update=UpdateRef(1))
+    await store.record_turn(
+        session.id, 9, "hi", "hello!", facts=ReplyFacts(latency_ms=12.5), update=UpdateRef(1)
+    )
     ctx = await store.load_context(session.id, tail=None)
     assert [(m.role, m.text) for m in ctx.messages] == [("user", "hi"), ("bot", "hello!")]
     async with store.sessionmaker() as db:

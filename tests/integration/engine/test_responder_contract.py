@@ -27,6 +27,7 @@ import pytest_asyncio
 from bot.config import Settings
 from bot.conversations.store import ConversationStore
 from bot.db import migrate
+from bot.db.conversations import ReplyFacts
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.engine.protocol import Abilities, Reply, ResponderProtocol
 from bot.engine.router import VariantResponder
@@ -56,7 +57,7 @@ class Subject:
         on_draft = drafts.append if drafts is not None else None
         reply = await self.responder.respond(session, text, on_draft=on_draft)
         stored = await self.store.record_turn(
-            session.id, chat, text, reply.text, variant=reply.variant
+            session.id, chat, text, reply.text, facts=ReplyFacts(variant=reply.variant)
         )
         self.responder.turn_stored(session.id, stored.bot_message_id)
         return reply

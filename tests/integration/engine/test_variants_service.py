@@ -15,6 +15,7 @@ from bot.config import Settings
 from bot.conversations.store import ConversationStore
 from bot.db import migrate
 from bot.db.assignments import Choice
+from bot.db.conversations import ReplyFacts
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.engine.assign import choose
 from bot.engine.router import VariantResponder
@@ -134,7 +135,9 @@ async def _turn(router: VariantResponder, store: ConversationStore, chat: int, t
     session = await store.active_session(chat)
     variant = await router.variant_for(session)
     result = await router.backends[variant].generate(session, text)
-    stored = await store.record_turn(session.id, chat, text, result.text, variant=variant)
+    stored = await store.record_turn(
+        session.id, chat, text, result.text, facts=ReplyFacts(variant=variant)
+    )
     router._holder[session.id] = variant
     router.turn_stored(session.id, stored.bot_message_id)
     return variant, result
