@@ -118,35 +118,18 @@ def layer_pieces(torch: Any) -> Any:
     c_qkv, c_mid, c_tail = (torch.compile(f, dynamic=False) for f in (qkv, mid, tail))
 
     def cross(dec: Any, q: Any, keys_t: Any, values: Any) -> Any:
+        # FastDecoder._cross_attend's products, eager, between the compiled pieces
         if not dec.compact:
             dot = q.bmm(keys_t)
         else:
-            per_slot = q.view(dec.bsz, dec.beam, dec.heads, 1, dec.dh)
-            dot = torch.stack(
-                [
-                    per_slot[:, j]
-                    .reshape(-1, 1, dec.dh)
-                    .bmm(keys_t)
-                    .view(dec.bsz, dec.heads, 1, dec.length)
-                    for j in range(dec.beam)
-                ],
-                dim=1,
-            ).view(dec.rows * dec.heads, 1, dec.length)
+            dot = dec._per_slot_bmm(q, keys_t, dec.dh, dec.length)
+            dot = dot.view(dec.rows * dec.heads, 1, dec.length)
         dot.masked_fill_(dec.cross_fill, neginf(dot.dtype))
         weights = F.softmax(dot, dim=-1, dtype=torch.float).type_as(q)
         if not dec.compact:
             return weights.bmm(values)
-        per_slot = weights.view(dec.bsz, dec.beam, dec.heads, 1, dec.length)
-        return torch.stack(
-            [
-                per_slot[:, j]
-                .reshape(-1, 1, dec.length)
-                .bmm(values)
-                .view(dec.bsz, dec.heads, 1, dec.dh)
-                for j in range(dec.beam)
-            ],
-            dim=1,
-        ).view(dec.rows * dec.heads, 1, dec.dh)
+        out = dec._per_slot_bmm(weights, values, dec.length, dec.dh)
+        return out.view(dec.rows * dec.heads, 1, dec.dh)
 
     def hidden(dec: Any, step: int) -> Any:
         assert dec.variant == "xlm", "the probe's pieces follow the xlm variant only"
