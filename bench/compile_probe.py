@@ -82,6 +82,8 @@ def layer_pieces(torch: Any) -> Any:
     import torch.nn.functional as F
     from parlai.utils.torch import neginf
 
+    from bot.inference.fastgen.steppers import slot_products
+
     def heads(dec: Any, t: Any) -> Any:
         return (
             t.view(dec.rows, 1, dec.heads, dec.dh)
@@ -122,13 +124,15 @@ def layer_pieces(torch: Any) -> Any:
         if not dec.compact:
             dot = q.bmm(keys_t)
         else:
-            dot = dec._per_slot_bmm(q, keys_t, dec.dh, dec.length)
+            dot = slot_products(
+                q, keys_t, dec.bsz, dec.beam, dec.heads, dec.length, exact=dec.exact
+            )
             dot = dot.view(dec.rows * dec.heads, 1, dec.length)
         dot.masked_fill_(dec.cross_fill, neginf(dot.dtype))
         weights = F.softmax(dot, dim=-1, dtype=torch.float).type_as(q)
         if not dec.compact:
             return weights.bmm(values)
-        out = dec._per_slot_bmm(weights, values, dec.length, dec.dh)
+        out = slot_products(weights, values, dec.bsz, dec.beam, dec.heads, dec.dh, exact=dec.exact)
         return out.view(dec.rows * dec.heads, 1, dec.dh)
 
     def hidden(dec: Any, step: int) -> Any:

@@ -22,6 +22,9 @@ turns in rotated order, one at a time; the figure is the median over rounds):
                         bot/inference/batcher.py); int8 includes the int8 output projection
   ours_batch_int8lin    QUANTIZE=int8 as it was before the output projection was quantized
                         (linear layers only): what the int8 projection adds
+  ours_batch/cont_int8slots  QUANTIZE=int8 with the default's per-slot cross-attention products
+                        (as before steppers.slot_products merged a chat's beam slots for
+                        quantized and cast models): what that merge adds
   ours_cont_fp32/int8/bf16   the continuous scheduler's search (SCHEDULER=continuous, the
                         default): `fastgen.continuous.ContinuousSearch`, every chat joins at 0
   hf_fp32               transformers `generate` (sdpa attention, KV cache)
@@ -62,10 +65,12 @@ SYSTEMS = (
     "ours_batch_fp32",
     "ours_batch_int8",
     "ours_batch_int8lin",
+    "ours_batch_int8slots",
     "ours_batch_bf16",
     "ours_cont_fp32",
     "ours_cont_int8",
     "ours_cont_bf16",
+    "ours_cont_int8slots",
     "hf_fp32",
     "ct2_fp32",
     "ct2_int8",
@@ -718,6 +723,10 @@ def load_ours(model_file: str, tokens: int, precision: str, threads: int) -> Any
         from bot.inference.fastgen import projection
 
         projection.prepare(agent.model, None)  # ParlAI's fp32 F.linear for the projection
+    if precision == "int8slots":
+        from bot.inference.fastgen import steppers
+
+        steppers._MERGE_SLOTS = False  # this worker process only
     agent.label_truncate = tokens
     return agent
 

@@ -50,7 +50,13 @@ from bot.inference.fastgen import projection
 from bot.inference.fastgen.beam import BatchedBeams
 from bot.inference.fastgen.kernels import NEG, block_context_ngrams, block_self_ngrams, row_topk
 from bot.inference.fastgen.policy import search_reason
-from bot.inference.fastgen.steppers import after_self_attention, bare_model, fast_decoder_supported
+from bot.inference.fastgen.steppers import (
+    after_self_attention,
+    bare_model,
+    exact_products,
+    fast_decoder_supported,
+    slot_products,
+)
 
 # Private switch for the agreement test: False drops the padding and position masks, which must
 # make chats' replies depend on their companions.
@@ -247,6 +253,7 @@ class ContinuousSearch:
         self.dh = self.dim // self.heads
         self.scale = math.sqrt(self.dh)
         self.variant = self.dec.variant
+        self.exact = exact_products(model)  # False: faster cross-attention (slot_products)
         self.dev = next(model.parameters()).device
         self.chats: list[ChatSearch] = []
         self.capacity = 0  # positions per slot
@@ -497,26 +504,13 @@ class ContinuousSearch:
     ) -> torch.Tensor:
         n, beam, length = len(self.chats), self.chats[0].beam, self.length
         q = self._heads(attn.q_lin(x)).div_(self.scale)
-        # one (chats x heads) batch of single-query products per beam slot, against each chat's
-        # own K/V (never copied per hypothesis)
-        per_slot = q.view(n, beam, self.heads, 1, self.dh)
-        dot = torch.stack(
-            [
-                per_slot[:, j].reshape(-1, 1, self.dh).bmm(keys_t).view(n, self.heads, 1, length)
-                for j in range(beam)
-            ],
-            dim=1,
-        ).view(n * beam * self.heads, 1, length)
+        # every beam slot against its chat's own K/V (never copied per hypothesis)
+        dot = slot_products(q, keys_t, n, beam, self.heads, length, exact=self.exact).view(
+            n * beam * self.heads, 1, length
+        )
         dot.masked_fill_(self.cross_fill, neginf(dot.dtype))
         weights = F.softmax(dot, dim=-1, dtype=torch.float).type_as(x)
-        per_slot_w = weights.view(n, beam, self.heads, 1, length)
-        out = torch.stack(
-            [
-                per_slot_w[:, j].reshape(-1, 1, length).bmm(values).view(n, self.heads, 1, self.dh)
-                for j in range(beam)
-            ],
-            dim=1,
-        )
+        out = slot_products(weights, values, n, beam, self.heads, self.dh, exact=self.exact)
         return attn.out_lin(self._merge(out, x))  # type: ignore[no-any-return]
 
     def _logits(self) -> torch.Tensor:

@@ -199,3 +199,39 @@ def test_dtype_combinations_refused(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         load_shared_agent(_settings(tiny_model_file, tmp_path, model_device="cpu", **kw))
+
+
+def test_only_a_quantized_or_cast_model_takes_the_merged_cross_attention(
+    agent: Any, int8_agent: Any, one_thread: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default keeps ParlAI's per-hypothesis products (bit for bit, test_fastgen.py); int8
+    runs one product per chat and head (steppers.slot_products), which rounds differently but
+    must pick the same replies, scores within float rounding."""
+    from bot.inference.fastgen import steppers
+
+    assert steppers.bit_exact(agent.model)
+    assert not steppers.bit_exact(int8_agent.model)
+    merged = []
+    products = steppers.slot_products
+
+    def counted(*args: Any, exact: bool) -> Any:
+        merged.append(not exact)
+        return products(*args, exact=exact)
+
+    monkeypatch.setattr(steppers, "slot_products", counted)
+    got = [generate(int8_agent, case)[0] for case in cases(int8_agent, seed=41, per_config=4)]
+    assert merged and all(merged)
+    merged.clear()
+    monkeypatch.setattr(steppers, "_MERGE_SLOTS", False)
+    ref = [generate(int8_agent, case)[0] for case in cases(int8_agent, seed=41, per_config=4)]
+    assert merged and not any(merged)
+    same = total = 0
+    for ref_preds, got_preds in zip(ref, got, strict=True):
+        for r, g in zip(ref_preds, got_preds, strict=True):
+            total += 1
+            if g[0].tolist() == r[0].tolist():
+                same += 1
+                assert abs(g[1].item() - r[1].item()) <= 1e-3 * max(1.0, abs(r[1].item()))
+    print(f"\nint8, merged against per-slot products: {same}/{total} identical replies")
+    assert total >= 60
+    assert same / total >= 0.9

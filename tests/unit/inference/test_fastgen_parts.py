@@ -35,3 +35,28 @@ def test_row_topk_matches_torch_topk_over_a_large_vocabulary() -> None:
             expected = torch.topk(x, k, dim=1)
             assert torch.equal(values, expected.values), (vocab, k)
             assert torch.equal(indices, expected.indices), (vocab, k)
+
+
+def test_slot_products_pair_every_beam_slot_with_its_own_chats_operand() -> None:
+    import torch
+
+    from bot.inference.fastgen.steppers import slot_products
+
+    generator = torch.Generator().manual_seed(3)
+    chats, beam, heads, inner, outer = 3, 4, 2, 5, 7
+    lhs = torch.randn(chats * beam * heads, 1, inner, generator=generator)
+    shared = torch.randn(chats * heads, inner, outer, generator=generator)
+    # the reference: row (chat, slot, head) of lhs times its chat's and head's operand
+    expected = torch.empty(chats, beam, heads, 1, outer)
+    for c in range(chats):
+        for j in range(beam):
+            for h in range(heads):
+                row = (c * beam + j) * heads + h
+                expected[c, j, h] = lhs[row] @ shared[c * heads + h]
+    exact = slot_products(lhs, shared, chats, beam, heads, outer, exact=True)
+    merged = slot_products(lhs, shared, chats, beam, heads, outer, exact=False)
+    assert exact.shape == merged.shape == expected.shape
+    assert torch.allclose(exact, expected, atol=1e-5)
+    assert torch.allclose(merged, expected, atol=1e-5)
+    # a view of it is what the cross-attention reads next
+    assert merged.view(chats * beam * heads, 1, outer).shape[0] == lhs.size(0)
