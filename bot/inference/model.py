@@ -226,6 +226,9 @@ def load_shared_agent(
             # the output projection in int8 too (fastgen/projection.py); a cast model's is
             # ParlAI's F.linear in its dtype
             fastgen.projection.prepare(agent.model, kind)
+        if settings.quantize == "int8":
+            # the encoder's self-attention as one fused kernel (fastgen/encoder.py)
+            fastgen.encoder.prepare(agent.model)
         agent.encoder_buckets = settings.encoder_buckets  # opt-in: not ParlAI's exact replies
     log.info(
         "model ready: %s, inference=%s beam=%s text_truncate=%s",

@@ -36,10 +36,11 @@ Modules: `agent` (the fast class, `accelerate`), `policy` (when the batched sear
 `beam` (the search loop and its per-chat result), `kernels` (top-k, n-gram blocking), `steppers`
 (the decoder stepped one token at a time, with its incremental state), `projection` (the
 output projection in the faster modes: int8 or the cast dtype, fused with log-softmax and top-k;
-the default keeps ParlAI's `F.linear`, bit for bit).
+the default keeps ParlAI's `F.linear`, bit for bit), `encoder` (an int8 model's encoder
+self-attention as one fused kernel).
 """
 
-from bot.inference.fastgen import projection
+from bot.inference.fastgen import encoder, projection
 from bot.inference.fastgen.agent import FastTransformerGeneratorAgent, accelerate, is_accelerated
 from bot.inference.fastgen.beam import BatchedBeams, batched_generate
 from bot.inference.fastgen.kernels import NEG
@@ -52,6 +53,7 @@ __all__ = [
     "FastTransformerGeneratorAgent",
     "accelerate",
     "batched_generate",
+    "encoder",
     "fallback_reason",
     "fast_decoder_supported",
     "is_accelerated",

@@ -235,3 +235,31 @@ def test_only_a_quantized_or_cast_model_takes_the_merged_cross_attention(
     print(f"\nint8, merged against per-slot products: {same}/{total} identical replies")
     assert total >= 60
     assert same / total >= 0.9
+
+
+def test_the_fused_encoder_attention_is_parlais_within_rounding(
+    agent: Any, int8_agent: Any, one_thread: None
+) -> None:
+    """QUANTIZE=int8 runs the encoder's self-attention through one fused kernel
+    (fastgen/encoder.py); the default keeps ParlAI's module. On the same projections and a
+    padded batch the two give the same outputs at every real token, within float rounding."""
+    import torch
+    from parlai.agents.transformer.modules import MultiHeadAttention
+
+    from bot.inference.fastgen.encoder import FusedSelfAttention
+
+    assert all(type(la.attention) is MultiHeadAttention for la in agent.model.encoder.layers)
+    assert all(type(la.attention) is FusedSelfAttention for la in int8_agent.model.encoder.layers)
+    ours = agent.model.encoder.layers[0].attention  # fp32 projections, ParlAI's module
+    fused = FusedSelfAttention(ours)
+    generator = torch.Generator().manual_seed(9)
+    x = torch.randn(3, 7, ours.dim, generator=generator)
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[1, 4:] = False
+    mask[2, 1:] = False
+    with torch.no_grad():
+        expected = ours(x, mask=mask)[0]
+        got = fused(x, mask=mask)[0]
+    assert torch.allclose(got[mask], expected[mask], atol=1e-5)
+    with pytest.raises(ValueError, match="self-attention only"):
+        fused(x, mask=mask, key=x)

@@ -138,6 +138,12 @@ def test_result_names_and_the_ratio_of_our_best_to_ct2_int8() -> None:
     assert "peer_ratio_beam10_b1_t1" not in out  # no CTranslate2 int8 there
 
 
+def test_a_before_the_change_system_is_never_our_best() -> None:
+    rps = {"ours_batch_int8": 6.0, "ours_batch_int8slots": 9.0, "ct2_int8": 12.0}
+    assert peer.best_ratio(rps) == pytest.approx(0.5)
+    assert set(peer.BEFORE) <= set(peer.OURS)
+
+
 def test_table_rows_leave_unmeasured_systems_empty() -> None:
     systems = ["ours_batch_fp32", "ct2_int8"]
     rows = peer.table_rows([cell("greedy", 1, {"ours_batch_fp32": 3.0, "ct2_int8": 2.0})], systems)
