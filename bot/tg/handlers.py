@@ -45,6 +45,7 @@ from bot.db.models import InboxStatus, VoteSource
 from bot.reports.stats import format_stats, stats
 from bot.service.budget import SendBudget
 from bot.service.metrics import Metrics
+from bot.tasks import cancel_and_wait
 from bot.texts import ENGLISH, Texts
 from bot.tg import feedback
 from bot.tg.drafts import DraftSender, DraftStream
@@ -105,9 +106,7 @@ async def typing_action(
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
 
 
 def _command_name(message: Message) -> tuple[str, str | None] | None:
