@@ -117,12 +117,12 @@ class Service:
         application: App,
         budget: SendBudget,
         *,
-        backoff: Backoff | None = None,
-        metrics: Metrics | None = None,
+        backoff: Backoff | None,
+        metrics: Metrics,
     ) -> None:
         self.settings = settings
         self.budget = budget  # the application's rate limiter draws on it, and the drafts
-        self.metrics = metrics or Metrics()  # one registry per service (bot/service/metrics.py)
+        self.metrics = metrics  # one registry per service (bot/service/metrics.py)
         self.db_engine = db_engine
         self.sessionmaker = sessionmaker
         self.store = ConversationStore(sessionmaker)

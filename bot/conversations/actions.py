@@ -56,13 +56,11 @@ class ChatActions:
         store: ConversationStore,
         responder: ResponderProtocol,
         settings: Settings,
-        experiment: Experiment | None = None,
-        safety: SafetyGate | None = None,
     ) -> None:
         self.store = store
         self.responder = responder
         self.settings = settings
-        self.safety = safety or SafetyGate(
+        self.safety = SafetyGate(
             settings.safety,
             settings.safety_threshold,
             # It stands in for a model reply and the model reads it back: the model's language.
@@ -75,15 +73,13 @@ class ChatActions:
             if settings.privacy_file is not None
             else None
         )
-        # The variants served (for /model); None: the responder has no variants.
-        self._experiment = experiment
 
     @property
     def experiment(self) -> Experiment | None:
-        """The variants served now: the responder's own (it follows the database's changes),
-        else the one given."""
+        """The variants served now (for /model): the responder's own, which follow the
+        database's changes; None when the responder has no variants."""
         variants = self.responder.abilities.variants
-        return variants.experiment if variants is not None else self._experiment
+        return variants.experiment if variants is not None else None
 
     async def notice(self, turn: Turn, text: str) -> None:
         """Send a short message that is not part of the conversation, and close the update."""

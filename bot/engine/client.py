@@ -38,6 +38,7 @@ from bot.db.conversations import SessionRow
 from bot.engine import pipe
 from bot.engine.protocol import DraftSink, Generated, GenerationError, ModelView
 from bot.inference.process import ProcessSpec
+from bot.tasks import cancel_and_wait
 
 if TYPE_CHECKING:  # the service process never imports torch or ParlAI: the workers do
     from bot.engine.protocol import ContextSource, ConversationContext
@@ -167,11 +168,7 @@ class ModelProcess:
     async def close(self) -> None:
         """Stop the worker: ask, then kill (at once if it does not answer pings any more)."""
         self._closing = True
-        for task in (self._supervisor, self._watcher):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait(self._supervisor, self._watcher)
         proc, conn = self._proc, self._conn
         answering = self._ready.is_set() and self._quiet_s() < 3 * PING_INTERVAL_S
         self._ready.clear()

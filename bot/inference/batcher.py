@@ -7,7 +7,6 @@ runs on the single inference thread, newcomers queue for the next one. The event
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.engine.protocol import Generated
+from bot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +102,8 @@ class Batcher:
 
     async def close(self) -> None:
         """Stop; queued requests fail, a running batch finishes."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._queue is not None:
             while not self._queue.empty():
                 job = self._queue.get_nowait()

@@ -27,6 +27,7 @@ from typing import Generic, Protocol, TypeVar
 
 from bot.service.leases import Leases
 from bot.service.retry import Backoff, wait_event
+from bot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -124,9 +125,7 @@ class ChatPool(Generic[R]):
         self._stopping = True
         if self._runner is None:
             return  # never started
-        self._runner.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._runner
+        await cancel_and_wait(self._runner)
         if self.drain_on_stop:
             try:
                 await self.scan()  # rows queued by the last moments' work

@@ -82,13 +82,11 @@ class Health:
         max_inbox_lag_s: float,
         secrets: Iterable[str] = (),
         metrics: Metrics | None = None,
-        db_timeout_s: float = DB_TIMEOUT_S,
     ) -> None:
         self.sessionmaker = sessionmaker
         self.responder = responder
         self.max_inbox_lag_s = max_inbox_lag_s
         self.metrics = metrics
-        self.db_timeout_s = db_timeout_s
         # A database error's text can name the server; it never carries a password (the
         # driver does not print it), but it is masked like a log line all the same.
         self._redactor = RedactingFilter(secrets)
@@ -102,7 +100,7 @@ class Health:
         try:
             backlog = await self.backlog()
         except Exception as err:  # noqa: BLE001 - whatever failed, the database is not usable
-            reason = f"no answer within {self.db_timeout_s:.1f} s"
+            reason = f"no answer within {DB_TIMEOUT_S:.1f} s"
             if not isinstance(err, TimeoutError):
                 reason = self._redactor.redact(f"{type(err).__name__}: {err}".splitlines()[0])
             checks["database"] = {"ok": False, "detail": reason[:300]}
@@ -134,7 +132,7 @@ class Health:
 
     async def backlog(self) -> Backlog:
         """The queues now (and into the gauges); raises when the database does not answer."""
-        backlog = await read_backlog(self.sessionmaker, self.db_timeout_s)
+        backlog = await read_backlog(self.sessionmaker)
         if self.metrics is not None:
             self.metrics.set_backlog(backlog.inbox_depth, backlog.inbox_lag_s, backlog.outbox_depth)
         return backlog

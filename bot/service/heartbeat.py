@@ -36,6 +36,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db import replicas
+from bot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -140,11 +141,7 @@ class Heartbeat:
 
     async def stop(self) -> None:
         """Stop beating and remove the row (call after the leases were given back)."""
-        for task in (self._task, self._info_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait(self._task, self._info_task)
         self._task = self._info_task = None
         try:
             async with self.sessionmaker.begin() as db:

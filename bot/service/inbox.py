@@ -29,6 +29,9 @@ from bot.service.retry import Backoff
 
 log = logging.getLogger(__name__)
 
+# Tries of one update before it is closed as failed and the chat gets an apology.
+MAX_ATTEMPTS = 3
+
 
 # A row's handler, given the owner of the chat's inbox lease (None: no leases), which the
 # commit that closes the update checks again (bot.db.inbox.finish).
@@ -45,10 +48,8 @@ class InboxWorker:
         *,
         max_concurrent: int = 64,
         on_processed: Callable[[], None] = lambda: None,
-        max_attempts: int = 3,
         backoff: Backoff | None = None,
         poll_interval_s: float = 5.0,
-        scan_limit: int = 1000,
         leases: Leases | None = None,
         metrics: Metrics | None = None,
         lanes: Lanes | None = None,
@@ -57,9 +58,7 @@ class InboxWorker:
         self.handle = handle
         self.metrics = metrics
         self.on_processed = on_processed
-        self.max_attempts = max_attempts
         self.backoff = backoff or Backoff(initial_s=0.5, cap_s=10.0)
-        self.scan_limit = scan_limit
         self.pool: ChatPool[InboxRow] = ChatPool(
             "inbox-worker",
             pending_chats=self._pending_chats,
@@ -67,7 +66,7 @@ class InboxWorker:
             process=self._work_one,
             # The row is still pending: the chat's later rows wait (their order holds) and the
             # chat is looked at again after a pause.
-            after_stall=lambda: self.backoff.sleep(self.max_attempts),
+            after_stall=lambda: self.backoff.sleep(MAX_ATTEMPTS),
             leases=leases,
             backoff=self.backoff,
             poll_interval_s=poll_interval_s,
@@ -102,7 +101,7 @@ class InboxWorker:
 
     async def _pending_chats(self) -> list[int]:
         async with self.sessionmaker() as db:
-            return await inbox.pending_chats(db, limit=self.scan_limit)
+            return await inbox.pending_chats(db)
 
     async def _pending(self, chat_id: int) -> list[InboxRow]:
         async with self.sessionmaker() as db:
@@ -144,12 +143,12 @@ class InboxWorker:
                     "update %s failed (attempt %d of %d): %s",
                     row.update_id,
                     attempts,
-                    self.max_attempts,
+                    MAX_ATTEMPTS,
                     err,
                     exc_info=err,
                 )
                 attempts = await self._count_failure(row, err, attempts)
-                if attempts >= self.max_attempts:
+                if attempts >= MAX_ATTEMPTS:
                     return await self._give_up(row, err)
                 await self.backoff.sleep(attempts)
 
@@ -186,9 +185,7 @@ class InboxWorker:
                 "could not mark update %s failed (%s); it stays pending", row.update_id, db_err
             )
             return False
-        log.error(
-            "update %s failed %d times; gave up and apologised", row.update_id, self.max_attempts
-        )
+        log.error("update %s failed %d times; gave up and apologised", row.update_id, MAX_ATTEMPTS)
         if self.metrics is not None:
             self.metrics.turn(FAILED)
         return True

@@ -20,7 +20,6 @@ not agree. What this process remembers of its leases runs on its monotonic clock
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -31,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db import leases, replicas
 from bot.service.heartbeat import HOST, PID_NAMESPACE, Heartbeat, new_owner
+from bot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -245,11 +245,8 @@ class Leases:
 
     async def stop(self) -> None:
         """Stop renewing and give back every lease now (call when no worker runs any more)."""
-        if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
-            self._keeper = None
+        await cancel_and_wait(self._keeper)
+        self._keeper = None
         for timer in self._releases.values():
             timer.cancel()
         self._releases.clear()

@@ -101,12 +101,11 @@ class DraftStream:
         chat_id: int,
         *,
         check: Check | None = None,
-        timeout_s: float | None = None,
     ) -> None:
         self.sender = sender
         self.chat_id = chat_id
         self.check = check
-        self.timeout_s = DRAFT_TIMEOUT_S if timeout_s is None else timeout_s
+        self.timeout_s = DRAFT_TIMEOUT_S
         # Changes to one non-zero draft id are animated as one growing draft.
         self.draft_id = random.randint(1, 2**31 - 1)
         self.sent = 0

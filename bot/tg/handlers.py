@@ -14,6 +14,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -44,6 +45,7 @@ from bot.db.models import InboxStatus, VoteSource
 from bot.reports.stats import format_stats, stats
 from bot.service.budget import SendBudget
 from bot.service.metrics import Metrics
+from bot.tasks import cancel_and_wait
 from bot.texts import ENGLISH, Texts
 from bot.tg import feedback
 from bot.tg.drafts import DraftSender, DraftStream
@@ -104,9 +106,7 @@ async def typing_action(
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
 
 
 def _command_name(message: Message) -> tuple[str, str | None] | None:
@@ -487,20 +487,14 @@ async def dispatch(application: App, update: Update, turn: Turn) -> None:
             break  # at most one handler per group
 
 
+@dataclass(frozen=True, slots=True, eq=False)
 class UpdateRunner:
     """Runs one inbox row through the PTB application (the inbox worker's `handle`)."""
 
-    def __init__(
-        self,
-        application: App,
-        handlers: Handlers,
-        sessionmaker: async_sessionmaker[AsyncSession],
-        metrics: Metrics | None = None,
-    ) -> None:
-        self.application = application
-        self.handlers = handlers
-        self.sessionmaker = sessionmaker
-        self.metrics = metrics
+    application: App
+    handlers: Handlers
+    sessionmaker: async_sessionmaker[AsyncSession]
+    metrics: Metrics | None = None
 
     async def __call__(self, row: InboxRow, owner: str | None) -> None:
         """Process the update as `owner` (the holder of the chat's inbox lease, checked again

@@ -240,14 +240,12 @@ class PollingIngest:
         store: ConversationStore,
         on_stored: Callable[[], None],
         *,
-        poll_timeout_s: int = POLL_TIMEOUT_S,
         backoff: Backoff | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         self.bot = bot
         self.store = store
         self.on_stored = on_stored
-        self.poll_timeout_s = poll_timeout_s
         self.metrics = metrics
         self.backoff = backoff or Backoff(initial_s=0.5, cap_s=30.0)
         self._stopping = False
@@ -290,7 +288,7 @@ class PollingIngest:
             self._fetch = asyncio.create_task(
                 self.bot.get_updates(
                     offset=offset,
-                    timeout=self.poll_timeout_s,
+                    timeout=POLL_TIMEOUT_S,
                     allowed_updates=ALLOWED_UPDATES,
                 )
             )
