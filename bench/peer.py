@@ -27,6 +27,8 @@ turns in rotated order, one at a time; the figure is the median over rounds):
   ours_batch/cont_int8slots  QUANTIZE=int8 with the default's per-slot cross-attention products
                         (as before steppers.slot_products merged a chat's beam slots for
                         quantized and cast models): what that merge adds
+  ours_batch_int8prev   QUANTIZE=int8 as it was before both that merge and the fused encoder
+                        self-attention (fastgen/encoder.py)
   ours_cont_fp32/int8/bf16   the continuous scheduler's search (SCHEDULER=continuous, the
                         default): `fastgen.continuous.ContinuousSearch`, every chat joins at 0
   hf_fp32               transformers `generate` (sdpa attention, KV cache)
@@ -69,6 +71,7 @@ SYSTEMS = (
     "ours_batch_int8lin",
     "ours_batch_int8slots",
     "ours_batch_int8bucket",
+    "ours_batch_int8prev",
     "ours_batch_bf16",
     "ours_cont_fp32",
     "ours_cont_int8",
@@ -80,7 +83,12 @@ SYSTEMS = (
 )
 OURS = tuple(s for s in SYSTEMS if s.startswith("ours_"))
 # Ours as they were before a change, kept to measure what the change adds: never "our best".
-BEFORE = ("ours_batch_int8lin", "ours_batch_int8slots", "ours_cont_int8slots")
+BEFORE = (
+    "ours_batch_int8lin",
+    "ours_batch_int8slots",
+    "ours_cont_int8slots",
+    "ours_batch_int8prev",
+)
 # The default (fp32, bit for bit ParlAI's): what our faster modes' replies are compared with.
 REFERENCE = "ours_batch_fp32"
 # ParlAI's dictionary starts with these four, and HF's BlenderBot-Small uses the same ids.
@@ -730,10 +738,14 @@ def load_ours(model_file: str, tokens: int, precision: str, threads: int) -> Any
         from bot.inference.fastgen import projection
 
         projection.prepare(agent.model, None)  # ParlAI's fp32 F.linear for the projection
-    if precision == "int8slots":
+    if precision in ("int8slots", "int8prev"):
         from bot.inference.fastgen import steppers
 
         steppers._MERGE_SLOTS = False  # this worker process only
+    if precision == "int8prev":
+        from bot.inference.fastgen import encoder
+
+        encoder.restore(agent.model)
     agent.label_truncate = tokens
     return agent
 
@@ -1084,16 +1096,26 @@ def work_and_agreement(
 
 def plot(plan: Plan, cells: list[dict[str, Any]], name: str) -> None:
     """Replies/s per system, one panel per decoding (cells at the first thread count)."""
+    import matplotlib
+
     decodings = [d for d, _ in plan.decodings]
     fig, axes = common.new_figure(ncols=len(decodings), width=5.5)
+    palette = matplotlib.colormaps["tab20"]  # 20 colours: one per system, none reused
     for ax, decoding in zip(axes[0], decodings, strict=True):
-        for system in plan.systems:
+        for i, system in enumerate(plan.systems):
             xs, ys = [], []
             for c in cells:
                 if c["decoding"] == decoding and c["threads"] == plan.threads[0]:
                     xs.append(c["batch"])
                     ys.append(c["rps"].get(system, float("nan")))
-            ax.plot(xs, ys, marker="o", label=system)
+            ax.plot(
+                xs,
+                ys,
+                marker="o" if system in OURS else "s",
+                linestyle="--" if system in BEFORE else "-",  # ours before a change: dashed
+                color=palette(i % 20),
+                label=system,
+            )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch (chats)")
         ax.set_ylabel("replies/s")

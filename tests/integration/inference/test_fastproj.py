@@ -263,3 +263,4 @@ def test_the_fused_encoder_attention_is_parlais_within_rounding(
     assert torch.allclose(got[mask], expected[mask], atol=1e-5)
     with pytest.raises(ValueError, match="self-attention only"):
         fused(x, mask=mask, key=x)
+    assert fused.parlai is ours  # what `encoder.restore` puts back
