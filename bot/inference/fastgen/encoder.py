@@ -34,7 +34,9 @@ class FusedSelfAttention(torch.nn.Module):  # type: ignore[misc]
         self.dim = attn.dim
         self.q_lin, self.k_lin, self.v_lin = attn.q_lin, attn.k_lin, attn.v_lin
         self.out_lin = attn.out_lin
-        self.parlai = attn  # the module it stands in for (`restore`); same weights, no copy
+        # the module it stands in for (`restore`), in a tuple so that it is not registered as
+        # a submodule: the model's state_dict keeps one key per weight
+        self.replaced = (attn,)
 
     def forward(
         self, query: torch.Tensor, mask: torch.Tensor, **kwargs: Any
@@ -83,4 +85,4 @@ def restore(model: Any) -> None:
     before-the-change figures)."""
     for layer in model.encoder.layers:
         if isinstance(layer.attention, FusedSelfAttention):
-            layer.attention = layer.attention.parlai
+            layer.attention = layer.attention.replaced[0]

@@ -263,4 +263,12 @@ def test_the_fused_encoder_attention_is_parlais_within_rounding(
     assert torch.allclose(got[mask], expected[mask], atol=1e-5)
     with pytest.raises(ValueError, match="self-attention only"):
         fused(x, mask=mask, key=x)
-    assert fused.parlai is ours  # what `encoder.restore` puts back
+    assert fused.replaced == (ours,)  # what `encoder.restore` puts back
+    # ParlAI's module stays out of the state_dict: one key per weight, under ParlAI's names
+    prefix = "encoder.layers.0.attention."
+    held = {
+        k[len(prefix) :].split(".")[0]
+        for k in int8_agent.model.state_dict()
+        if k.startswith(prefix)
+    }
+    assert held == {"q_lin", "k_lin", "v_lin", "out_lin"}
