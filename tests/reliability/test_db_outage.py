@@ -153,9 +153,14 @@ async def test_sqlite_held_by_a_long_write_transaction_delays_but_loses_nothing(
 
 
 async def _take_write_lock(conn: sqlite3.Connection) -> None:
-    """BEGIN IMMEDIATE, waiting while the service itself writes (its busy timeout is short,
-    ours is not, but SQLite can answer "locked" at once, e.g. during a WAL checkpoint)."""
-    for _ in range(100):
+    """BEGIN IMMEDIATE, waiting while the service itself writes.
+
+    `conn` must have a busy timeout of 0: this runs on the service's event loop, and a
+    transaction the service has begun needs that loop to commit, so waiting inside SQLite's
+    busy handler here would hold both for the whole timeout (a 30 s stall, seen in CI, after
+    which the replica had fenced itself). A locked database raises at once instead, and the
+    wait is an asyncio sleep."""
+    for _ in range(200):
         try:
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("UPDATE sessions SET updated_at = updated_at")
@@ -184,7 +189,7 @@ async def test_user_text_stays_out_of_logs_and_stored_errors_while_sqlite_is_loc
     async with running_service(settings, responder) as svc:
         api.user_message(chat, "first")
         await api.wait_for_texts(chat, 1)
-        conn = sqlite3.connect(sqlite_file(sqlite_url), timeout=30)
+        conn = sqlite3.connect(sqlite_file(sqlite_url), timeout=0)  # see _take_write_lock
         try:
             # 1. Locked while the update is being stored.
             await _take_write_lock(conn)
