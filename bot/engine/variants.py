@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.config import ConfigError, Settings
+from bot.model_files import incomplete_model
 
 DEFAULT_EXPERIMENT = "default"
 DEFAULT_VARIANT = "default"
@@ -273,11 +274,14 @@ def _parse_variant(
     if not isinstance(model, str) or not model.strip():
         problems.append(f"{label}: model must be a model file or a zoo: path")
         model = ""
-    elif check_model and not model.startswith("zoo:") and not Path(model + ".opt").exists():
-        problems.append(
-            f"{label}: no model at {model} (no {model}.opt); train one with "
-            "`python -m bot train --out PATH`, or use a zoo: path"
-        )
+    elif check_model and not model.startswith("zoo:"):
+        if not Path(model + ".opt").exists():
+            problems.append(
+                f"{label}: no model at {model} (no {model}.opt); train one with "
+                "`python -m bot train --out PATH`, or use a zoo: path"
+            )
+        elif (incomplete := incomplete_model(model)) is not None:
+            problems.append(f"{label}: {incomplete}")
     generation: dict[str, Any] = {}
     inference = table.get("inference")
     if inference is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bot.config import ConfigError, Settings
+from bot.model_files import incomplete_model
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,11 @@ def load_shared_agent(
             "model, or set BOT_MODEL to a model file or a zoo path such as "
             "zoo:blender/blender_90M/model."
         )
+    # ParlAI would build a model with random weights where the weights file is missing, and
+    # fail at the first turn without the dictionary: neither is ever served.
+    incomplete = incomplete_model(resolved)
+    if incomplete is not None:
+        raise ConfigError(incomplete)
     overrides: dict[str, Any] = {
         "interactive_mode": True,
         "skip_generation": False,

@@ -9,13 +9,16 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from bot.model_files import missing_model_files
+
 # The files a finished model consists of; `.opt` is moved last and marks completeness.
 MODEL_SUFFIXES = ("", ".dict", ".dict.codecs", ".trainstats")
 
 
 def model_exists(model_file: Path) -> bool:
-    """A complete model: its `.opt` (moved last) and its weights are there."""
-    return Path(str(model_file) + ".opt").is_file() and model_file.is_file()
+    """A complete model: its `.opt` (moved last), its weights and its dictionary are there
+    (bot.model_files, the same check serving makes)."""
+    return not missing_model_files(model_file)
 
 
 def finalize_opt(opt_path: Path, final_model: Path) -> None:

@@ -21,7 +21,16 @@ LAYERS: list[tuple[str, ...]] = [
     # The types that cross the seam, and the variants' definitions they name.
     ("bot.engine.protocol", "bot.engine.pipe", "bot.engine.variants"),
     ("bot.db",),
-    ("bot.config", "bot.logs", "bot.texts", "bot.persona", "bot.presets", "bot.safety", "bot"),
+    (
+        "bot.config",
+        "bot.logs",
+        "bot.texts",
+        "bot.persona",
+        "bot.presets",
+        "bot.safety",
+        "bot.model_files",
+        "bot",
+    ),
 ]
 # Only these may import bot.inference: the model-process client starts it, training trains it.
 INFERENCE_USERS = ("bot.engine", "bot.training", "bot.inference", "bot.__main__")

@@ -39,8 +39,9 @@ def test_if_missing_skips_a_complete_model_and_retrains_a_partial_one(
 
     def fake_train(out: Path, **_: object) -> training.TrainResult:
         calls.append(out)
-        for suffix in ("", ".opt"):
-            Path(str(out) + suffix).write_text("x")
+        # a complete model: its weights, its dictionary and (last) its options
+        for suffix, content in (("", "x"), (".dict", "x"), (".opt", "{}")):
+            Path(str(out) + suffix).write_text(content)
         return training.TrainResult(out, training.DataStats(), 0.0, 0.0)
 
     monkeypatch.setattr(cli, "train_model", fake_train)

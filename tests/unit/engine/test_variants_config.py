@@ -22,7 +22,9 @@ def _settings(tmp_path: Path, body: str | None, **kw: object) -> Settings:
 
 @pytest.fixture
 def model(tmp_path: Path) -> str:
-    (tmp_path / "m.opt").write_text("{}")
+    """A complete model as far as its files go: weights, dictionary, options."""
+    for name, content in (("m", "w"), ("m.dict", "d"), ("m.opt", "{}")):
+        (tmp_path / name).write_text(content)
     return str(tmp_path / "m")
 
 
