@@ -27,7 +27,6 @@ then on the `variants` table is what the replicas serve, changed by `admin varia
 from __future__ import annotations
 
 import math
-import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 INFERENCE = ("beam", "greedy", "topk", "nucleus", "delayedbeam")
 ALLOCATIONS = ("weights", "thompson")
 
+MAX_THREADS = 256  # torch threads of one variant's worker, on any host
 # Every number of the file is bounded: a value far out (threads = 100000) is refused at start
 # instead of exhausting the host (each bound is far beyond any useful value).
 # Whole-number keys: key -> (lowest, highest).
@@ -53,7 +53,9 @@ _INT_KEYS = {
     "beam_context_block_ngram": (-1, 100),
     "topk": (1, 1000),
     "beam_delay": (1, 1000),
-    "threads": (1, os.cpu_count() or 1),  # more than the cores only slows the workers down
+    # A fixed bound, not this machine's cores: the admin's host is not the replicas' host. A
+    # replica with fewer cores uses them all and says so (bot.inference.model.set_torch_threads).
+    "threads": (1, MAX_THREADS),
 }
 # MODEL_BACKEND=ray only: the variant's deployment (bot.engine.ray_backend). key -> (lowest,
 # highest); `replicas` a whole number, the resources per replica numbers (Ray's fractions).
@@ -294,8 +296,7 @@ def _parse_variant(
             continue
         value = table[key]
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            cores = " (the cores of this machine)" if key == "threads" else ""
-            problems.append(f"{label}: {key} must be a whole number from {low} to {high}{cores}")
+            problems.append(f"{label}: {key} must be a whole number from {low} to {high}")
         elif key == "threads":
             threads = value
         else:

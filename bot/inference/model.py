@@ -55,6 +55,14 @@ def set_torch_threads(threads: int | None, default: int | None = MODEL_THREADS) 
     """
     passive_waiting()
     n = threads or default
+    cores = os.cpu_count() or 1
+    if n and n > cores:
+        # A variant's `threads` is bounded when it is stored, not by this host's cores: more
+        # threads than cores only slow the process down.
+        log.warning(
+            "%d torch threads asked for, but this machine has %d cores: using %d", n, cores, cores
+        )
+        n = cores
     if n:
         import torch
 
