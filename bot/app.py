@@ -377,6 +377,10 @@ class Service:
             "problems": problems,
             "busy_chats": self.inbox_worker.busy,
             "workers": workers,
+            # Read by `admin variants weight/remove` (bot.engine.live.cannot_serve): a change
+            # that would leave new chats only variants no replica can load is refused.
+            "load_errors": load_errors,
+            "serving": list(getattr(self.responder, "ready", []) or []),
         }
         if experiment is not None:
             info["experiment"] = {

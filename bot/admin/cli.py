@@ -365,6 +365,11 @@ ADD_OPTIONS = {
     "num_gpus": float,
 }
 FOLLOW_NOTE = "every running replica follows within a few seconds"
+FORCE_HELP = (
+    "make the change even though no variant left with a weight above 0 can serve (a model "
+    "incomplete here, or failing to load on every running replica): new chats then go to the "
+    "control until one can"
+)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -437,8 +442,8 @@ async def _variants_add(
 async def _variants_weight(
     engine: AsyncEngine, args: argparse.Namespace, out: TextIO, seed: Experiment
 ) -> int:
-    experiment, old = await live.set_weight(
-        make_sessionmaker(engine), seed, _settings(args), args.name, args.weight
+    experiment, old, forced = await live.set_weight(
+        make_sessionmaker(engine), seed, _settings(args), args.name, args.weight, force=args.force
     )
     drained = " (drained: no new chats)" if args.weight == 0 else ""
     return _changed(
@@ -446,8 +451,9 @@ async def _variants_weight(
         args,
         experiment,
         f"{args.name}: weight {old:g} -> {args.weight:g}{drained}; existing chats keep "
-        "their variant",
+        "their variant" + (f"; {forced}" if forced else ""),
         previous_weight=old,
+        **({"forced": forced} if forced else {}),
     )
 
 
@@ -468,13 +474,17 @@ async def _variants_promote(
 async def _variants_remove(
     engine: AsyncEngine, args: argparse.Namespace, out: TextIO, seed: Experiment
 ) -> int:
-    experiment = await live.remove(make_sessionmaker(engine), seed, _settings(args), args.name)
+    experiment, forced = await live.remove(
+        make_sessionmaker(engine), seed, _settings(args), args.name, force=args.force
+    )
     return _changed(
         out,
         args,
         experiment,
         f"removed {args.name}: no new chats; its worker stops once its turns in flight are "
-        "answered, and each of its chats is assigned again at its next turn",
+        "answered, and each of its chats is assigned again at its next turn"
+        + (f"; {forced}" if forced else ""),
+        **({"forced": forced} if forced else {}),
     )
 
 
@@ -835,6 +845,7 @@ def _add_variant_changes(
     )
     weight.add_argument("name", metavar="NAME")
     weight.add_argument("weight", type=_weight, metavar="W")
+    weight.add_argument("--force", action="store_true", help=FORCE_HELP)
     promote = changes.add_parser(
         "promote", parents=[as_json], help="make a variant the control (the report's baseline)"
     )
@@ -849,6 +860,7 @@ def _add_variant_changes(
         "another first), not the last variant.",
     )
     remove.add_argument("name", metavar="NAME")
+    remove.add_argument("--force", action="store_true", help=FORCE_HELP)
     allocation = changes.add_parser(
         "allocation",
         parents=[as_json],

@@ -95,10 +95,16 @@ def _info(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+async def live_replicas(db: AsyncSession, after_s: float) -> list[ReplicaRow]:
+    """The replicas that beat within the last `after_s` seconds (by the database's clock)."""
+    return [_row(r) for r in await db.scalars(select(Replica).where(~stale(db, after_s)))]
+
+
 async def all_replicas(db: AsyncSession) -> list[ReplicaRow]:
     """Every known replica, the most recent heartbeat first (for operators)."""
     rows = await db.scalars(select(Replica).order_by(Replica.heartbeat_at.desc()))
-    return [
-        ReplicaRow(r.owner, r.host, r.pid, r.started_at, r.heartbeat_at, _info(r.info))
-        for r in rows
-    ]
+    return [_row(r) for r in rows]
+
+
+def _row(r: Replica) -> ReplicaRow:
+    return ReplicaRow(r.owner, r.host, r.pid, r.started_at, r.heartbeat_at, _info(r.info))

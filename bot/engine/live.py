@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.config import Settings
+from bot.db import replicas
 from bot.db import variants as stored
 from bot.db.variants import StoredExperiment, StoredVariant
 from bot.engine.variants import (
@@ -31,6 +32,7 @@ from bot.engine.variants import (
     Variant,
     parse_variant,
 )
+from bot.model_files import incomplete_model
 
 log = logging.getLogger(__name__)
 
@@ -171,12 +173,63 @@ def _known(experiment: Experiment, name: str) -> Variant:
     return variant
 
 
-def _some_weight(variants: list[tuple[str, float]], what: str) -> None:
-    if not any(w > 0 for _, w in variants):
+async def cannot_serve(
+    db: AsyncSession, experiment: Experiment, settings: Settings
+) -> dict[str, str]:
+    """Variant -> why no replica can serve it now: its model is incomplete or absent where the
+    replicas read it (MODEL_BACKEND=local: the same paths as here), or every running replica
+    that reports on its variants fails to load it (`replicas.info` "load_errors")."""
+    out: dict[str, str] = {}
+    if settings.model_backend == "local":
+        for v in experiment.variants:
+            if not v.model.startswith("zoo:"):
+                why = incomplete_model(v.model)
+                if why is not None:
+                    out[v.name] = why
+    reports = [
+        r.info["load_errors"]
+        for r in await replicas.live_replicas(db, settings.takeover_after_s)
+        if isinstance(r.info.get("load_errors"), dict)
+    ]
+    for v in experiment.variants:
+        if v.name not in out and reports and all(v.name in errors for errors in reports):
+            out[v.name] = f"no running replica can load it ({reports[0][v.name]})"
+    return out
+
+
+async def _servable_weight(
+    db: AsyncSession,
+    experiment: Experiment,
+    settings: Settings,
+    weights: list[tuple[str, float]],
+    what: str,
+    *,
+    force: bool,
+) -> str:
+    """Refuse a change that leaves new chats no variant with a weight above 0, or (unless
+    `force`) only ones no replica can serve; returns what a forced change means ("" if
+    nothing)."""
+    weighted = [name for name, w in weights if w > 0]
+    if not weighted:
         raise VariantChangeError(
             f"{what} would leave every weight at 0, and new chats could go nowhere; "
             "give another variant a weight first"
         )
+    broken = await cannot_serve(db, experiment, settings)
+    if any(name not in broken for name in weighted):
+        return ""
+    why = "; ".join(f"{name}: {broken[name]}" for name in weighted)
+    fallback = next((v.name for v in experiment.variants if v.control), weighted[0])
+    consequence = (
+        f"every new chat goes to {fallback} (the control, or the first variant a replica "
+        "serves), not by the weights, until one of them can serve"
+    )
+    if not force:
+        raise VariantChangeError(
+            f"{what} would leave no variant with a weight above 0 that can serve ({why}): "
+            f"{consequence}. Fix the model first, or pass --force to make the change anyway"
+        )
+    return f"forced: {consequence} ({why})"
 
 
 async def _finish(db: AsyncSession, name: str, settings: Settings) -> Experiment:
@@ -215,18 +268,25 @@ async def set_weight(
     settings: Settings,
     name: str,
     weight: float,
-) -> tuple[Experiment, float]:
-    """A variant's new weight; the experiment after the change and the old weight."""
+    *,
+    force: bool = False,
+) -> tuple[Experiment, float, str]:
+    """A variant's new weight; the experiment after the change, the old weight, and what a
+    forced change means ("" when it needed no --force)."""
     weight = check_weight(weight)
     async with sessionmaker.begin() as db:
         _, experiment = await _begin_change(db, seed, settings)
         old = _known(experiment, name).weight
-        _some_weight(
+        forced = await _servable_weight(
+            db,
+            experiment,
+            settings,
             [(v.name, weight if v.name == name else v.weight) for v in experiment.variants],
             f"weight {weight:g} for {name}",
+            force=force,
         )
         await stored.set_weight(db, experiment.name, name, weight)
-        return await _finish(db, experiment.name, settings), old
+        return await _finish(db, experiment.name, settings), old, forced
 
 
 async def promote(
@@ -249,8 +309,11 @@ async def remove(
     seed: Experiment,
     settings: Settings,
     name: str,
-) -> Experiment:
-    """Take a variant out of the experiment; the experiment after the change."""
+    *,
+    force: bool = False,
+) -> tuple[Experiment, str]:
+    """Take a variant out of the experiment; the experiment after the change, and what a
+    forced change means ("" when it needed no --force)."""
     async with sessionmaker.begin() as db:
         _, experiment = await _begin_change(db, seed, settings)
         variant = _known(experiment, name)
@@ -261,12 +324,16 @@ async def remove(
                 f"{name} is the control; promote another variant first "
                 "(`admin variants promote NAME`)"
             )
-        _some_weight(
+        forced = await _servable_weight(
+            db,
+            experiment,
+            settings,
             [(v.name, v.weight) for v in experiment.variants if v.name != name],
             f"removing {name}",
+            force=force,
         )
         await stored.remove(db, experiment.name, name)
-        return await _finish(db, experiment.name, settings)
+        return await _finish(db, experiment.name, settings), forced
 
 
 async def set_allocation(

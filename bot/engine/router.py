@@ -9,12 +9,17 @@ with the probability it had.
 
 The variants live in the database (bot.engine.live). Every POLL_S the router reads the
 experiment's version and, when it moved, follows: weights, the control and the allocation
-change at once; a new variant's backend starts in the background (its chats wait meanwhile, or
-go to a replica that has it); a removed variant takes no new chats at once, its backend stops
+change at once; a new variant's backend starts in the background (new chats go to the variants
+served here meanwhile; a chat already assigned to it waits, or goes to a replica that has it); a
+removed variant takes no new chats at once, its backend stops
 once its turns in flight are answered (at most DRAIN_S), and each of its chats is assigned
 again by the allocation at its next turn. A variant that cannot load is logged and shown in
-`load_errors` (the replica's status); the others keep serving, and it is tried again every
-RETRY_LOAD_S.
+`load_errors` (the replica's status, and /readyz fails while it has a weight above 0); the
+others keep serving, and it is tried again every RETRY_LOAD_S.
+
+A new chat is only ever assigned to a variant served here now: with no weighted variant served
+(the only weighted one is loading or cannot load) it goes to the control, else to another
+served variant, and that probability (1) is what is recorded with it.
 """
 
 from __future__ import annotations
@@ -147,6 +152,7 @@ class VariantResponder:
         # Variants this replica cannot serve: name -> why (its status and the log say so).
         self.load_errors: dict[str, str] = {}
         self._failed: dict[str, tuple[Variant, float]] = {}
+        self._fallback_logged: str | None = None  # the fallback variant last logged
         self._follow_lock = asyncio.Lock()
         self._watcher: asyncio.Task[None] | None = None
 
@@ -415,9 +421,45 @@ class VariantResponder:
 
     async def _choose(self, chat_id: int) -> tuple[str, dict[str, float]]:
         """A new chat's variant, drawn from its hash against the allocation's split over the
-        variants served here, and that split."""
-        split = await self.allocator.split(self.experiment, self.ready or self.experiment.names)
-        return choose(self.experiment.name, chat_id, split), split
+        weighted variants served here, and that split (what is recorded with the chat).
+
+        A chat is never assigned to a variant that cannot answer it now (one still loading,
+        or failing to load, here): with no weighted variant served here it goes to a served
+        one, the control first, with probability 1; with none served at all nothing is
+        assigned and the turn waits (VariantUnavailable)."""
+        weighted = self._weighted_ready()
+        if weighted:
+            self._fallback_logged = None
+            split = await self.allocator.split(self.experiment, weighted)
+            return choose(self.experiment.name, chat_id, split), split
+        fallback = self._fallback()
+        if fallback is None:
+            raise VariantUnavailable("no variant is served on this replica yet")
+        return fallback, {fallback: 1.0}
+
+    def _weighted_ready(self) -> list[str]:
+        """The variants with a weight above 0 whose backend is up here, in the experiment's
+        order: those a new chat may be drawn into."""
+        ready = set(self.ready)
+        return [v.name for v in self.experiment.variants if v.weight > 0 and v.name in ready]
+
+    def _fallback(self) -> str | None:
+        """Where new chats go while no weighted variant is served here: the control if it is
+        served, else the first variant that is (None: none is). Logged once per change."""
+        ready = self.ready
+        control = next((v.name for v in self.experiment.variants if v.control), None)
+        name = control if control in ready else (ready[0] if ready else None)
+        if name is not None and name != self._fallback_logged:
+            waiting = [v.name for v in self.experiment.variants if v.weight > 0]
+            log.warning(
+                "no variant with a weight above 0 is served here (%s: %s); new chats go to %s "
+                "until one is",
+                ", ".join(waiting),
+                "; ".join(self.load_errors.get(n, "still loading") for n in waiting),
+                name,
+            )
+        self._fallback_logged = name
+        return name
 
     async def _count_votes(self, names: Sequence[str]) -> dict[str, tuple[int, int]]:
         async with self.store.sessionmaker() as db:
@@ -515,8 +557,15 @@ class VariantResponder:
         return {name: dict(backend.restart_reasons) for name, backend in self.backends.items()}
 
     def model_states(self) -> dict[str, str]:
-        """Every variant loaded here: "" while its backend takes turns, else why not."""
-        return {name: backend.state for name, backend in self.backends.items()}
+        """Every variant loaded here: "" while its backend takes turns, else why not; and
+        every variant with a weight above 0 that cannot load here, with why (/readyz fails
+        while there is one: it was meant to take new chats)."""
+        states = {name: backend.state for name, backend in self.backends.items()}
+        for name, why in self.load_errors.items():
+            variant = self.experiment.get(name)
+            if variant is not None and variant.weight > 0:
+                states[name] = f"cannot load: {why}"
+        return states
 
     async def lane_of(self, chat_id: int) -> str:
         """The variant a chat's next turn goes to (its stored one, or the one its first turn
@@ -524,13 +573,18 @@ class VariantResponder:
         name = await self.store.variant_of(chat_id)
         if name is not None and self.experiment.get(name) is not None:
             return name
-        # A chat's first turn (or a removed variant's chat): where the weights would put it
-        # (the bandit's split may differ; only the lane's share of the slots depends on it).
-        ready = set(self.ready)
-        weights = {
-            n: w for n, w in self.experiment.weights.items() if n in ready and w > 0
-        } or self.experiment.weights
-        return choose(self.experiment.name, chat_id, weights)
+        # A chat's first turn (or a removed variant's chat): where the weights of the variants
+        # served here would put it, as _choose does (the bandit's split may differ; only the
+        # lane's share of the slots depends on it), else the fallback.
+        weights = {n: self.experiment.weights[n] for n in self._weighted_ready()}
+        if weights:
+            self._fallback_logged = None
+            return choose(self.experiment.name, chat_id, weights)
+        fallback = self._fallback()
+        if fallback is not None:
+            return fallback
+        # Nothing is served here yet: the chat waits in the lane the weights give it.
+        return choose(self.experiment.name, chat_id, self.experiment.weights)
 
     def lane_ready(self, name: str) -> bool:
         """Whether the variant's backend takes turns now (a stalled or restarting worker does

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import cast
 
 import pytest
 from sqlalchemy import select
@@ -17,7 +18,7 @@ from bot.conversations.store import ConversationStore
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import Assignment, Message, Session, Vote
 from bot.engine.bandit import thompson_split
-from bot.engine.router import VariantResponder
+from bot.engine.router import Backend, VariantResponder
 from bot.engine.variants import Experiment, Variant
 from bot.reports.variant_stats import BANDIT_NOTE, FIXED_SAMPLE_NOTE
 from bot.reports.variants import format_variant_report, report_json, variant_report
@@ -167,7 +168,10 @@ async def test_a_thompson_assignment_records_the_probability_it_was_drawn_with(
     # The votes per variant: a 6 up 1 down (all its replies), b 1 up 3 down.
     want = thompson_split({"a": (6, 1), "b": (1, 3)})
     store = ConversationStore(sessionmaker)
-    router = VariantResponder(EXPERIMENT, {}, store)
+    # Both variants served (a chat is only drawn into a served variant); assignment never
+    # calls a backend, so any stands in for one.
+    served = {name: cast(Backend, object()) for name in EXPERIMENT.names}
+    router = VariantResponder(EXPERIMENT, served, store)
     for chat in range(100, 130):
         session = await store.active_session(chat)
         variant = await router.variant_for(session)
