@@ -246,20 +246,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             if settings.dashboard_port is not None:  # an unsafe setting stops us before the model
                 check_settings(settings, listen=settings.dashboard_listen, required=False)
             _set_up_logging(settings, settings.log_level)
+            from bot.app import check_offline, must_train, run_service
+
+            # The variants file, personas and privacy notice before anything connects: a
+            # mistake exits 2 now, not after getMe (retried while the Bot API is unreachable).
+            # A first start that trains the default model checks after it: the variants file
+            # may name that model.
+            train_first = settings.model_backend == "local" and must_train(settings)
+            if not train_first:
+                check_offline(settings)
             if settings.model_backend == "local":
                 # MODEL_BACKEND=ray: the Ray replicas load the model, and set themselves up
                 # (bot.inference.ray_server); this process never imports torch or ParlAI.
                 _set_up_model_process(settings)
                 _ensure_model(settings, settings.log_level)
-            from bot.app import run_service
+            if train_first:
+                check_offline(settings)
 
             with beside_service(settings):  # DASHBOARD_PORT: the dashboard, in its own thread
                 return run_service(settings)
         if args.command == "chat":
             # a first start trains at the usual level; the conversation itself stays quiet
             _set_up_logging(settings, settings.log_level)
+            from bot.app import check_offline, must_train
+
+            train_first = must_train(settings)  # as for run: the checks before the database
+            if not train_first:
+                check_offline(settings)
             _set_up_model_process(settings)
             _ensure_model(settings, _quiet_level(settings))
+            if train_first:
+                check_offline(settings)
             from bot.terminal import run_terminal
 
             return asyncio.run(run_terminal(settings, chat_id=args.chat_id, language=args.lang))
