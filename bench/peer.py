@@ -34,6 +34,10 @@ turns in rotated order, one at a time; the figure is the median over rounds):
   hf_fp32               transformers `generate` (sdpa attention, KV cache)
   ct2_fp32/int8         CTranslate2 `Translator.translate_batch`, compute_type float32 / int8
 
+On a CPU without AMX or AVX-512-bf16 (an AVX2-only machine) the bf16 systems are skipped, as the
+service refuses DTYPE=bf16 there: a note under the table says so ("skipped: CPU lacks
+avx512_bf16/amx"), and the JSON's plan lists them under `skipped`.
+
 Greedy is ParlAI's beam search with beam 1 for ours (ParlAI's greedy ignores the min length);
 the same search. CTranslate2 has no BlenderBot-Small loader: its BART loader is used, and its
 BART decoder applies the embedding layer norm after adding the positions, where BlenderBot-Small
@@ -91,6 +95,10 @@ BEFORE = (
 )
 # The default (fp32, bit for bit ParlAI's): what our faster modes' replies are compared with.
 REFERENCE = "ours_batch_fp32"
+# Ours in bf16 need native bf16 (AMX or AVX-512-bf16): the service refuses DTYPE=bf16 on a CPU
+# without it (bot.inference.model.model_dtype), so a run there skips them and says so.
+BF16 = tuple(s for s in SYSTEMS if s.endswith("_bf16"))
+LACKS_BF16 = "skipped: CPU lacks avx512_bf16/amx"
 # ParlAI's dictionary starts with these four, and HF's BlenderBot-Small uses the same ids.
 NULL, START, END, UNK = 0, 1, 2, 3
 SPECIALS = ("__null__", "__start__", "__end__", "__unk__")
@@ -117,6 +125,8 @@ class Plan:
     context: tuple[int, int] = (64, 128)  # input length range, tokens
     seed: int = 0
     quick: bool = False
+    # Systems asked for that this CPU cannot run, each with why (cpu_skips); not in `systems`.
+    skipped: dict[str, str] = field(default_factory=dict)
 
     @property
     def decodings(self) -> tuple[tuple[str, int], ...]:
@@ -180,6 +190,36 @@ def plan_from_args(argv: Sequence[str] | None) -> Plan:
     if plan.tokens < 2:
         parser.error("--tokens must be at least 2")
     return plan
+
+
+def cpu_has_bf16() -> bool:
+    """Native bf16 on this CPU, as the service judges it (tests replace this)."""
+    from bot.inference import hardware
+
+    return hardware.has_bf16()
+
+
+def cpu_skips(systems: Sequence[str]) -> dict[str, str]:
+    """The systems of `systems` this CPU cannot run, each with the note the table gives."""
+    if not any(s in BF16 for s in systems) or cpu_has_bf16():
+        return {}
+    return {s: LACKS_BF16 for s in systems if s in BF16}
+
+
+def fit_to_cpu(plan: Plan) -> Plan:
+    """`plan` less the systems this CPU cannot run (in `plan.skipped`, with why)."""
+    skipped = cpu_skips(plan.systems)
+    plan.skipped = {**plan.skipped, **skipped}
+    plan.systems = tuple(s for s in plan.systems if s not in skipped)
+    return plan
+
+
+def skip_notes(skipped: dict[str, str]) -> list[str]:
+    """One line per reason: the systems skipped for it."""
+    by_reason: dict[str, list[str]] = {}
+    for system, why in skipped.items():
+        by_reason.setdefault(why, []).append(system)
+    return [f"{', '.join(systems)}: {why}" for why, systems in by_reason.items()]
 
 
 # --- pure helpers (tests/unit/bench/test_bench_peer.py) -------------------------------------------
@@ -1127,13 +1167,19 @@ def plot(plan: Plan, cells: list[dict[str, Any]], name: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Measure, print the table and RESULT lines, write the JSON (and a PNG)."""
-    plan = plan_from_args(argv)
+    plan = fit_to_cpu(plan_from_args(argv))
+    notes = skip_notes(plan.skipped)
     print(
         f"peer benchmark: {len(plan.systems)} systems, {plan.tokens} tokens per reply, "
         f"greedy and beam {plan.beam}, batches {plan.batches}, threads {plan.threads}, "
         f"{plan.rounds} rounds; machine {common.machine()}",
         flush=True,
     )
+    for note in notes:
+        print(note, flush=True)
+    if not plan.systems:
+        print("nothing to measure: this CPU can run none of the systems asked for")
+        return 1
     started = time.perf_counter()
     payload = measure(plan)
     cells = payload["cells"]
@@ -1145,6 +1191,8 @@ def main(argv: list[str] | None = None) -> int:
         headers,
         rows,
     )
+    for note in notes:  # under the table, as in its markdown
+        print(note)
     print(f"equal work (every reply {plan.tokens} tokens): {payload['work_equal']}")
     for key, row in payload["agreement"].items():
         parts = [
@@ -1164,7 +1212,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "plan": {**asdict(plan), "cells": plan.cells()},
             "wall_s": time.perf_counter() - started,
-            "markdown": common.markdown_table(headers, rows),
+            "markdown": "\n\n".join([common.markdown_table(headers, rows), *notes]),
             **payload,
         },
     )

@@ -176,6 +176,12 @@ def _quiet_level(settings: Settings) -> str:
     return "WARNING" if settings.log_level == "INFO" else settings.log_level
 
 
+def _chat_level(settings: Settings) -> str:
+    """The terminal chat's level: WARNING, so that nothing but the conversation reaches the
+    terminal, unless LOG_LEVEL is set (in the environment or .env), which wins."""
+    return settings.log_level if "log_level" in settings.model_fields_set else "WARNING"
+
+
 def _set_up_logging(settings: Settings, level: str) -> None:
     """Our one root handler, with the settings' secrets redacted from every line."""
     from bot.logs import settings_secrets, setup_logging
@@ -194,9 +200,12 @@ def _set_up_model_process(settings: Settings, training: bool = False) -> None:
     compat.apply()
 
 
-def _ensure_model(settings: Settings, serving_level: str) -> None:
-    """Train the default model on first start when BOT_MODEL is unset, then send ParlAI's log
-    lines through our handler at the level the command serves with.
+def _ensure_model(
+    settings: Settings, serving_level: str, training_level: str | None = None
+) -> None:
+    """Train the default model on first start when BOT_MODEL is unset (logging at
+    `training_level`, if given), then send ParlAI's log lines through our handler at the level
+    the command serves with.
 
     Runs on the main thread, before any event loop: ParlAI's training loop installs a SIGINT
     handler, which Python allows only there.
@@ -205,6 +214,8 @@ def _ensure_model(settings: Settings, serving_level: str) -> None:
     from bot.inference.model import route_parlai_logging
     from bot.logs import set_level
 
+    if training_level is not None:
+        set_level(training_level)
     ensure_model(settings)
     set_level(serving_level)
     route_parlai_logging(serving_level)
@@ -246,23 +257,45 @@ def main(argv: Sequence[str] | None = None) -> int:
             if settings.dashboard_port is not None:  # an unsafe setting stops us before the model
                 check_settings(settings, listen=settings.dashboard_listen, required=False)
             _set_up_logging(settings, settings.log_level)
+            from bot.app import check_offline, must_train, run_service
+
+            # The variants file, personas and privacy notice before anything connects: a
+            # mistake exits 2 now, not after getMe (retried while the Bot API is unreachable).
+            # A first start that trains the default model checks after it: the variants file
+            # may name that model.
+            train_first = settings.model_backend == "local" and must_train(settings)
+            if not train_first:
+                check_offline(settings)
             if settings.model_backend == "local":
                 # MODEL_BACKEND=ray: the Ray replicas load the model, and set themselves up
                 # (bot.inference.ray_server); this process never imports torch or ParlAI.
                 _set_up_model_process(settings)
                 _ensure_model(settings, settings.log_level)
-            from bot.app import run_service
+            if train_first:
+                check_offline(settings)
 
             with beside_service(settings):  # DASHBOARD_PORT: the dashboard, in its own thread
                 return run_service(settings)
         if args.command == "chat":
-            # a first start trains at the usual level; the conversation itself stays quiet
-            _set_up_logging(settings, settings.log_level)
+            # Warnings and errors only (LOG_LEVEL set says otherwise), in this process and in
+            # the model workers; a first start trains at LOG_LEVEL (default INFO).
+            level = _chat_level(settings)
+            _set_up_logging(settings, level)
+            from bot.app import check_offline, must_train
+
+            train_first = must_train(settings)  # as for run: the checks before the database
+            if not train_first:
+                check_offline(settings)
             _set_up_model_process(settings)
-            _ensure_model(settings, _quiet_level(settings))
+            _ensure_model(settings, level, training_level=settings.log_level)
+            if train_first:
+                check_offline(settings)
             from bot.terminal import run_terminal
 
-            return asyncio.run(run_terminal(settings, chat_id=args.chat_id, language=args.lang))
+            chat_settings = settings.model_copy(update={"log_level": level})
+            return asyncio.run(
+                run_terminal(chat_settings, chat_id=args.chat_id, language=args.lang)
+            )
         if args.command == "train":
             _set_up_logging(settings, settings.log_level)
             _set_up_model_process(settings, training=True)

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from telegram.error import InvalidToken, NetworkError, TelegramError
@@ -253,7 +254,8 @@ class Service:
         budget = SendBudget()
         application = build_application(settings, budget, timeout_s=timeout_s, metrics=metrics)
         try:
-            await _initialize(application, backoff or Backoff(), stop)
+            where = bot_api_address(settings.telegram_base_url)
+            await _initialize(application, backoff or Backoff(), stop, where)
             log.info("connected to the Bot API as @%s", application.bot.username)
             responder = await (responder_factory or _load_responder)(
                 settings, ConversationStore(sessionmaker)
@@ -434,17 +436,33 @@ class Service:
                 log.warning("%s failed: %s", what, err)
 
 
+def bot_api_address(base_url: str) -> str:
+    """TELEGRAM_BASE_URL as the logs name it: scheme, host, port and path only. The token is
+    never part of it (every request URL is this plus `<token>/<method>`), and a user or password
+    written into it is left out too."""
+    parts = urlsplit(base_url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:  # not a number: the request fails and says so; the name needs no port
+        port = ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
 async def _initialize(
-    application: App, backoff: Backoff, stop: asyncio.Event | None = None
+    application: App, backoff: Backoff, stop: asyncio.Event | None, where: str
 ) -> None:
-    """application.initialize() (getMe), retried while the Bot API is unreachable.
+    """application.initialize() (getMe), retried while the Bot API is unreachable; `where`
+    (bot_api_address) names it in each retry's warning.
 
     Raises Interrupted as soon as `stop` is set, even in the middle of a request; a wrong
     token (InvalidToken) is not retried.
     """
     await retry(
         application.initialize,
-        what="getMe (cannot reach the Bot API)",
+        what=f"getMe (cannot reach the Bot API at {where})",
         backoff=backoff,
         on=(NetworkError,),
         stop=stop,
@@ -515,13 +533,41 @@ def run_service(settings: Settings) -> int:
         return 2
 
 
+def check_offline(settings: Settings) -> None:
+    """Every check that needs neither the network nor the model, for `run` and `chat` to call
+    before their first connection (the database's, the Bot API's): the variants file (its
+    numbers, and that the model files it names exist), the personas file and the privacy
+    notice. A mistake there stops the start at once (ConfigError: exit status 2), not after
+    getMe, which is retried for as long as the Bot API cannot be reached.
+
+    Settings themselves were validated when they were read (bot.config).
+    """
+    from bot.engine.variants import load_experiment
+    from bot.presets import load_presets
+
+    load_experiment(settings)
+    load_presets(settings.personas_file, settings.persona_max_chars)
+    if settings.privacy_file is not None:
+        try:
+            settings.privacy_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            path = settings.privacy_file
+            raise ConfigError(f"PRIVACY_FILE {path} cannot be read: {err}") from None
+
+
+def must_train(settings: Settings) -> bool:
+    """Whether ensure_model will train: BOT_MODEL is unset and no default model exists (neither
+    one trained here nor the one shipped in models/chitchat/)."""
+    return not settings.bot_model and not Path(settings.model_file + ".opt").exists()
+
+
 def ensure_model(settings: Settings) -> None:
     """Train the default model once when BOT_MODEL is unset and none exists yet.
 
     Imports the training pipeline only then: a normal start never loads it.
     """
-    if settings.bot_model or Path(settings.model_file + ".opt").exists():
-        return  # BOT_MODEL, a model trained here, or the one shipped in models/chitchat/
+    if not must_train(settings):
+        return
     from bot.training import TrainingError, train_cli
 
     log.warning(

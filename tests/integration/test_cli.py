@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -140,3 +142,80 @@ def test_invalid_settings_are_one_clean_line_each_without_their_values(tmp_path:
     for name in ("WEBHOOK_PORT", "BATCH_MAX_SIZE", "GROUP_POLICY"):
         assert f"\n  {name}: " in proc.stderr
     assert "s3cr3t-typo" not in proc.stderr
+
+
+# A bad file of each kind `run` reads: (environment variable, file text, what the error names).
+BAD_FILES = {
+    "variants": (
+        "VARIANTS_FILE",
+        '[[variants]]\nname = "big"\nmodel = "zoo:x/model"\nthreads = 100000\n',
+        "variant 'big': threads must be a whole number from 1 to",
+    ),
+    "personas": ("PERSONAS_FILE", '[presets]\n"bad name!" = "a persona"\n', "preset 'bad name!'"),
+    "privacy": ("PRIVACY_FILE", None, "PRIVACY_FILE"),  # None: the file does not exist
+}
+CONFIG_ERROR_WITHIN_S = 20.0  # a start that checks first exits in about a second
+
+
+@pytest.mark.parametrize("kind", list(BAD_FILES))
+def test_config_errors_do_not_wait_for_the_network(tmp_path: Path, kind: str) -> None:
+    """Regression (issue 32.5): with an unreachable Bot API, `run` retried getMe (forever)
+    before it read the variants file; reachable, it exited 2 only after getMe and a database
+    migration. A bad file now exits 2 at once, naming the problem, before any connection."""
+    from tests.support.botprocess import TOKEN, free_port
+
+    variable, text, expected = BAD_FILES[kind]
+    bad = tmp_path / f"{kind}.toml"
+    if text is not None:
+        bad.write_text(text)
+    db_file = tmp_path / "bot.sqlite3"
+    env = _env(
+        tmp_path, PYTHONPATH=str(ROOT), TELEGRAM_BOT_TOKEN=TOKEN,
+        TELEGRAM_BASE_URL=f"http://127.0.0.1:{free_port()}/bot",  # nothing listens there
+        DATABASE_URL=f"sqlite+aiosqlite:///{db_file}", **{variable: str(bad)},
+    )  # fmt: skip
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "bot", "run"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=CONFIG_ERROR_WITHIN_S,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as err:
+        output = (err.stdout or b"").decode() + (err.stderr or b"").decode()
+        pytest.fail(f"still running after {CONFIG_ERROR_WITHIN_S:g} s:\n{output[-3000:]}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert time.monotonic() - started < CONFIG_ERROR_WITHIN_S
+    assert f"error: {variable} {bad}" in proc.stderr
+    assert expected in proc.stderr
+    assert "getMe" not in proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not db_file.exists()  # nor did it connect to the database
+
+
+async def test_the_getme_retry_warning_names_the_bot_api_url_but_not_the_token(
+    tmp_path: Path,
+) -> None:
+    """Regression (issue 32.5): the retries said "cannot reach the Bot API" without saying
+    where. They name TELEGRAM_BASE_URL now, never a request URL (`.../bot<token>/getMe`)."""
+    from tests.support.botprocess import TOKEN, BotProcess, free_port
+    from tests.support.waits import until
+
+    base_url = f"http://127.0.0.1:{free_port()}/bot"  # nothing listens there
+    env = _env(
+        tmp_path, PYTHONPATH=str(ROOT), TELEGRAM_BOT_TOKEN=TOKEN, TELEGRAM_BASE_URL=base_url,
+        DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'bot.sqlite3'}",
+    )  # fmt: skip
+    bot = BotProcess(env, tmp_path, tmp_path / "bot.log")
+    try:
+        await until(
+            lambda: "retry 1" in bot.output() or bot.proc.poll() is not None,
+            within_s=90,
+            what="the first getMe retry",
+        )
+    finally:
+        bot.kill()
+    output = bot.output()
+    [warning] = [line for line in output.splitlines() if "retry 1" in line]
+    assert f"getMe (cannot reach the Bot API at {base_url}) failed" in warning
+    assert TOKEN.split(":")[1] not in output
+    assert "[REDACTED]" not in warning  # not even masked: the token is never in it

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import pty
+import re
+import select
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.support.waits import until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -132,3 +136,93 @@ def test_on_a_terminal_the_reply_grows_on_its_line(tmp_path: Path, tiny_model_fi
     assert proc.wait(timeout=180) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
     text = out.decode()
     assert text.count("\033[Kbot… ") >= 1 and text.count("\033[Kbot> ") == 1, repr(text)
+
+
+def _start_chat(
+    env: dict[str, str], cwd: Path, terminal: int, stderr_file: Path
+) -> subprocess.Popen[bytes]:
+    """`python -m bot chat` with `terminal` for stdin and stdout, stderr into the file."""
+    with stderr_file.open("wb") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "bot", "chat", "--chat-id", "44"],
+            stdin=terminal,
+            stdout=terminal,
+            stderr=stderr,
+            env=env,
+            cwd=cwd,
+        )
+
+
+async def _output_until_the_prompt(
+    tmp_path: Path, tiny_model_file: str, **extra: str
+) -> tuple[str, str]:
+    """`python -m bot chat` on a terminal (stdin and stdout), stderr in a file: what both had
+    when the first `you> ` prompt appeared. Then /quit, and it exits 0."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TELEGRAM_", "DATABASE_")) and k != "LOG_LEVEL"
+    }
+    env.update(
+        PYTHONPATH=str(ROOT),
+        BOT_MODEL=tiny_model_file,
+        DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'chat.sqlite3'}",
+        DATA_DIR=str(tmp_path / "data"),
+        **extra,
+    )
+    controller, terminal = pty.openpty()
+    stderr_file = tmp_path / "stderr.log"
+    proc = _start_chat(env, tmp_path, terminal, stderr_file)
+    os.close(terminal)
+    out = bytearray()
+
+    def read() -> bool:
+        """Whatever the terminal has now; False at its end (the chat exited)."""
+        while select.select([controller], [], [], 0)[0]:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:
+                return False
+            if not chunk:
+                return False
+            out.extend(chunk)
+        return proc.poll() is None
+
+    try:
+        await until(
+            lambda: not read() or b"you> " in out, within_s=180, what="the chat's first prompt"
+        )
+        assert b"you> " in out, stderr_file.read_text()[-3000:]
+        before = (out.decode(errors="replace"), stderr_file.read_text(errors="replace"))
+        os.write(controller, b"/quit\n")
+        await until(lambda: not read(), within_s=60, what="the chat exiting after /quit")
+        assert proc.wait(timeout=60) == 0, stderr_file.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        os.close(controller)
+    return before
+
+
+INFO_LINE = re.compile(r"^\S+ \S+ INFO ", re.MULTILINE)  # `date time INFO    logger: ...`
+
+
+async def test_terminal_chat_prints_no_info_lines_before_its_prompt(
+    tmp_path: Path, tiny_model_file: str
+) -> None:
+    """Regression (issue 32.11): `make chat` printed 17 INFO lines before the prompt (Alembic's
+    plugins, the model loading in its worker). The chat logs warnings and errors only."""
+    out, err = await _output_until_the_prompt(tmp_path, tiny_model_file)
+    assert out.startswith("Chat 44. Commands: "), repr(out)
+    assert not INFO_LINE.search(out) and not INFO_LINE.search(err), err
+
+
+async def test_an_explicit_log_level_brings_the_chat_s_info_lines_back(
+    tmp_path: Path, tiny_model_file: str
+) -> None:
+    """LOG_LEVEL set (even to INFO, the service's default) wins over the chat's quiet default,
+    in the model workers too."""
+    _, err = await _output_until_the_prompt(tmp_path, tiny_model_file, LOG_LEVEL="INFO")
+    assert INFO_LINE.search(err), err
+    assert "model ready" in err  # the model worker's own line

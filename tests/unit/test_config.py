@@ -87,6 +87,19 @@ def test_a_copy_of_env_example_is_valid_settings() -> None:
     assert s.torch_threads is None and s.beam_size is None and s.variants_file is None
 
 
+def test_a_copy_of_env_example_leaves_the_terminal_chat_quiet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression (issue 32.11): .env.example said LOG_LEVEL=INFO, and a LOG_LEVEL that is set
+    wins over the chat's WARNING: a copy of it would have brought the INFO lines back."""
+    from pathlib import Path
+
+    monkeypatch.delenv("LOG_LEVEL", raising=False)
+    example = Path(__file__).resolve().parents[2] / ".env.example"
+    s = Settings(_env_file=example)  # type: ignore[call-arg]
+    assert s.log_level == "INFO" and "log_level" not in s.model_fields_set
+
+
 @pytest.mark.parametrize(
     "name", ["TORCH_THREADS", "WORKER_THREADS", "AGENT_CACHE_SIZE", "MAX_CONCURRENT_CHATS"]
 )

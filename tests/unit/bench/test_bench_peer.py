@@ -4,13 +4,15 @@ imported): running the benchmark is `make bench-peer`."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from bench import peer
+from bench import common, peer
 from bench.common import ROOT
 
 
@@ -164,3 +166,58 @@ def test_the_command_line() -> None:
     assert len(full.cells()) == 2 * 2 * 2  # threads x decodings x batches
     with pytest.raises(SystemExit):
         peer.plan_from_args(["--systems", "onnx"])
+
+
+@pytest.mark.parametrize("has_bf16", [False, True])
+def test_bf16_systems_are_skipped_on_a_cpu_without_avx512_bf16_or_amx(
+    monkeypatch: pytest.MonkeyPatch, has_bf16: bool
+) -> None:
+    """Regression (issue 32.10): the default systems include bf16, which the service refuses
+    on such a CPU (an AMD AVX2-only machine), so `make bench-peer` died with a ConfigError."""
+    monkeypatch.setattr(peer, "cpu_has_bf16", lambda: has_bf16)
+    plan = peer.fit_to_cpu(peer.plan_from_args([]))
+    bf16 = {"ours_batch_bf16", "ours_cont_bf16"}
+    if has_bf16:
+        assert plan.systems == peer.SYSTEMS and plan.skipped == {}
+    else:
+        assert plan.systems == tuple(s for s in peer.SYSTEMS if s not in bf16)
+        assert plan.skipped == dict.fromkeys(sorted(bf16), "skipped: CPU lacks avx512_bf16/amx")
+        assert peer.skip_notes(plan.skipped) == [
+            "ours_batch_bf16, ours_cont_bf16: skipped: CPU lacks avx512_bf16/amx"
+        ]
+
+
+def test_bench_peer_on_a_cpu_without_bf16_measures_the_rest_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run itself (measuring replaced), on a CPU whose flags lack avx512_bf16 and amx_bf16:
+    the bf16 systems never reach a worker, and the table's output and markdown say why they
+    are missing."""
+    measured: list[tuple[str, ...]] = []
+
+    def measure(plan: peer.Plan) -> dict[str, object]:
+        measured.append(plan.systems)
+        rps = dict.fromkeys(plan.systems, 1.0)
+        cells = [
+            {"decoding": d, "beam": b, "batch": n, "threads": t, "rps": rps}
+            for d, b, n, t in plan.cells()
+        ]
+        return {"prepare": {}, "cells": cells, "work_equal": True, "agreement": {}}
+
+    from bot.inference import hardware
+
+    # An AMD AVX2-only machine's /proc/cpuinfo, as far as the flags go.
+    monkeypatch.setattr(hardware, "read_cpuinfo", lambda: "flags\t\t: fpu sse4_2 avx avx2 fma\n")
+    monkeypatch.setattr(peer, "measure", measure)
+    monkeypatch.setattr(peer, "plot", lambda *args: None)
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(common, "ROOT", tmp_path)
+    assert peer.main(["--quick"]) == 0
+    [systems] = measured
+    assert "ours_batch_fp32" in systems and not {"ours_batch_bf16", "ours_cont_bf16"} & set(systems)
+    note = "ours_batch_bf16, ours_cont_bf16: skipped: CPU lacks avx512_bf16/amx"
+    out = capsys.readouterr().out
+    assert out.index("Replies/s") < out.rindex(note)  # under the table
+    saved = json.loads((tmp_path / "peer-quick.json").read_text())
+    assert saved["markdown"].endswith("\n\n" + note)
+    assert saved["plan"]["skipped"]["ours_cont_bf16"] == "skipped: CPU lacks avx512_bf16/amx"
