@@ -427,11 +427,13 @@ class ChatActions:
         answer_in_chat: bool = False,
     ) -> Outcome:
         """👍 (+1) or 👎 (-1) on a bot reply; 0 takes a reaction back. `answer_in_chat` (the
-        terminal) queues the answer as a notice; Telegram answers the button press instead."""
-        notice = None
+        terminal) queues the answer as a notice, thanks or that there is nothing to rate, but
+        not both; Telegram answers the button press instead."""
+        notice = stale_notice = None
         if answer_in_chat:
             notice = turn.texts.VOTED_UP if value > 0 else turn.texts.VOTED_DOWN
-        outcome = await self.store.vote(
+            stale_notice = turn.texts.NOTHING_TO_VOTE_ON
+        return await self.store.vote(
             turn.chat_id,
             user_id,
             message_id,
@@ -440,10 +442,8 @@ class ChatActions:
             telegram_message_id=telegram_message_id,
             update=turn.update,
             notice=notice,
+            stale_notice=stale_notice,
         )
-        if answer_in_chat and outcome is Outcome.STALE:
-            await self.store.notice(turn.chat_id, turn.texts.NOTHING_TO_VOTE_ON)  # closed already
-        return outcome
 
     async def rate(
         self, turn: Turn, session_id: int | None, value: int, *, answer_in_chat: bool = False

@@ -1,0 +1,67 @@
+"""What the shared use cases (bot/conversations/actions.py) answer to awkward input, run
+through ChatActions on a real store: an echoed argument stays a short excerpt, a command the
+operator has not enabled gets one wording, and /good or /bad with nothing to rate get one
+answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from bot.config import Settings
+from bot.conversations.actions import ChatActions
+from bot.conversations.store import ConversationStore
+from bot.conversations.turn import CommandCall, Turn
+from bot.engine.protocol import Abilities
+from bot.engine.variants import Experiment, Variant
+from bot.terminal import dispatch as terminal_dispatch
+from bot.texts import ENGLISH, for_language
+from tests.support.service_harness import EchoResponder
+
+
+class VariantsEcho(EchoResponder):
+    """An echo responder that serves two variants (what /model lists), without a duel."""
+
+    experiment = Experiment("default", (Variant("a", "m", control=True), Variant("b", "m")))
+
+    @property
+    def abilities(self) -> Abilities:
+        return Abilities(drafts=True, variants=SimpleNamespace(experiment=self.experiment))  # type: ignore[arg-type]
+
+
+def actions(
+    store: ConversationStore, tmp_path: Path, responder: EchoResponder | None = None, **more: Any
+) -> ChatActions:
+    settings = Settings(_env_file=None, data_dir=tmp_path, safety="off", **more)  # type: ignore[call-arg]
+    return ChatActions(store, responder or EchoResponder(), settings)
+
+
+async def run(
+    chat: ChatActions, chat_id: int, name: str, argument: str = "", language: str = "en"
+) -> list[str]:
+    """Run a command's use case as a front end does; returns what it queued for the chat."""
+    turn = Turn(chat_id=chat_id, user_id=chat_id, texts=for_language(language))
+    await chat.command(turn, CommandCall(name, argument))
+    return [row.text for row in await chat.store.pending_outbox(chat_id)]
+
+
+# --- item 8: /good and /bad before any reply ----------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["/good", "/bad"])
+async def test_a_vote_with_no_reply_to_rate_gets_only_the_nothing_to_rate_answer(
+    store: ConversationStore, tmp_path: Path, command: str
+) -> None:
+    # Before: "Thanks, noted. I'll try to do better." and then "There is no reply of mine to
+    # rate yet." The thanks were queued with the vote before it was known to be stale.
+    chat = actions(store, tmp_path)
+    await terminal_dispatch(chat, 21, command)
+    assert [row.text for row in await store.pending_outbox(21)] == [ENGLISH.NOTHING_TO_VOTE_ON]
+    # With a reply to rate, the thanks alone.
+    await terminal_dispatch(chat, 22, "hello")
+    await terminal_dispatch(chat, 22, command)
+    thanks = ENGLISH.VOTED_UP if command == "/good" else ENGLISH.VOTED_DOWN
+    assert [row.text for row in await store.pending_outbox(22)] == ["echo 22: hello", thanks]
