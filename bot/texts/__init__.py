@@ -29,6 +29,7 @@ __all__ = [
     "VOTE_UP",
     "Texts",
     "choose",
+    "excerpt",
     "for_language",
     "native_name",
     "normalize",
@@ -43,6 +44,19 @@ VOTE_UP = "👍"
 VOTE_DOWN = "👎"
 # Telegram refuses empty texts; a blank reply still deserves an answer.
 EMPTY_REPLY = "…"
+
+# The most of a user's argument a notice echoes ("There is no model called ..."): enough to
+# recognise a typo, never enough to make the notice longer than one message.
+EXCERPT_CHARS = 32
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """What a notice may echo of a user's argument: printable characters only (no control,
+    zero-width or direction marks), each run of whitespace one space, at most `limit`
+    characters, then "…"."""
+    kept = " ".join("".join(c for c in text if c.isprintable() or c.isspace()).split())
+    return kept if len(kept) <= limit else kept[:limit] + "…"
+
 
 _TAG = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8})*")
 
@@ -259,11 +273,11 @@ class Texts:
         ).format(language=self.language_name(self.language))
 
     def language_unknown(self, code: str) -> str:
-        """/lang with a language there is no catalog for."""
+        """/lang with a language there is no catalog for (echoed as an excerpt)."""
         return self._(
             "I don't speak {code!r}. Choose one of: {choices}; or /lang auto to follow your "
             "Telegram settings."
-        ).format(code=code, choices=self.language_choices())
+        ).format(code=excerpt(code), choices=self.language_choices())
 
     # --- the persona -------------------------------------------------------------------------
 
@@ -286,11 +300,12 @@ class Texts:
         ).format(personas=lines)
 
     def preset_unknown(self, name: str, names: list[str]) -> str:
-        """/persona use NAME (or a deep link) with a name that is not a preset."""
+        """/persona use NAME (or a deep link) with a name that is not a preset (echoed as an
+        excerpt)."""
         if not names:
             return self.NO_PRESETS
         return self._("There is no persona called {name!r}. Choose one of: {names}.").format(
-            name=name, names=", ".join(names)
+            name=excerpt(name), names=", ".join(names)
         )
 
     def persona_too_long(self, length: int, limit: int) -> str:
@@ -409,14 +424,14 @@ class Texts:
         return self._("From your next message on, you are talking to {name}.").format(name=name)
 
     def variant_unknown(self, name: str, names: list[str]) -> str:
-        """/model with a name that is not served."""
+        """/model with a name that is not served (echoed as an excerpt)."""
         return self._("There is no model called {name!r}. Choose one of: {names}.").format(
-            name=name, names=", ".join(names)
+            name=excerpt(name), names=", ".join(names)
         )
 
     def unknown_terminal_command(self, command: str) -> str:
         """An unknown /command typed in `python -m bot chat`."""
-        return self._("Unknown command /{command}. Try /help.").format(command=command)
+        return self._("Unknown command /{command}. Try /help.").format(command=excerpt(command))
 
 
 ENGLISH = for_language(SOURCE_LANGUAGE)

@@ -17,8 +17,9 @@ from bot.conversations.store import ConversationStore
 from bot.conversations.turn import CommandCall, Turn
 from bot.engine.protocol import Abilities
 from bot.engine.variants import Experiment, Variant
+from bot.service.delivery import split_message
 from bot.terminal import dispatch as terminal_dispatch
-from bot.texts import ENGLISH, for_language
+from bot.texts import ENGLISH, LANGUAGES, for_language
 from tests.support.service_harness import EchoResponder
 
 
@@ -46,6 +47,49 @@ async def run(
     turn = Turn(chat_id=chat_id, user_id=chat_id, texts=for_language(language))
     await chat.command(turn, CommandCall(name, argument))
     return [row.text for row in await chat.store.pending_outbox(chat_id)]
+
+
+# --- item 4: echoed arguments ------------------------------------------------------------------
+
+ZERO_WIDTH = "\u200b" * 4000  # one Telegram message of zero-width spaces
+ARGUMENTS = {
+    "zero-width": ZERO_WIDTH,
+    "zero-width around a word": ZERO_WIDTH[:2000] + "xx" + ZERO_WIDTH[:2000],
+    "long": "x" * 4000,
+    "control characters": "\x07\x1b[31m" * 500,
+    "right-to-left marks": "\u202e\u2066ab" * 1000,
+}
+
+
+async def test_an_echoed_argument_is_a_short_printable_excerpt_in_one_message(
+    store: ConversationStore, tmp_path: Path
+) -> None:
+    # Before: `{code!r}` echoed the whole argument; 4,000 zero-width spaces became a notice of
+    # 24,128 characters that delivery split into 6 messages.
+    personas = tmp_path / "personas.toml"
+    personas.write_text('[presets]\nsarah = "My name is Sarah."\n', encoding="utf-8")
+    chat = actions(store, tmp_path, VariantsEcho(), allow_model_choice=True, personas_file=personas)
+    chat_id = 0
+    for language in LANGUAGES:
+        for name, prefix in (("lang", ""), ("model", ""), ("persona", "use ")):
+            for what, argument in ARGUMENTS.items():
+                chat_id += 1
+                [notice] = await run(chat, chat_id, name, prefix + argument, language)
+                case = f"/{name} {prefix}<{what}> in {language}: {notice[:300]!a}"
+                assert len(split_message(notice)) == 1, case
+                assert len(notice) < 300, case
+                assert notice.isprintable(), case
+
+
+def test_excerpt_keeps_short_printable_text_and_caps_the_rest() -> None:
+    from bot.texts import excerpt
+
+    assert excerpt("de-CH") == "de-CH"
+    assert excerpt("Привет, мир") == "Привет, мир"
+    assert excerpt("\u200b" * 4000) == ""
+    assert excerpt("a\u200bb\n\tc") == "ab c"
+    assert excerpt("x" * 4000) == "x" * 32 + "…"
+    assert excerpt("x" * 32) == "x" * 32
 
 
 # --- item 8: /good and /bad before any reply ----------------------------------------------------
