@@ -461,7 +461,7 @@ class ChatActions:
         """/model: list the variants, or move this chat to one (where the operator allows)."""
         experiment = self.experiment
         if experiment is None or not self.settings.allow_model_choice:
-            await self.notice(turn, turn.texts.UNKNOWN_COMMAND)
+            await self.notice(turn, turn.texts.not_enabled("model"))
             return
         names = experiment.names
         name = name.strip()
@@ -493,7 +493,7 @@ class ChatActions:
     async def arena(self, turn: Turn) -> None:
         """/arena: the next message gets two variants' replies to choose from."""
         if self._duel_responder() is None:
-            await self.notice(turn, turn.texts.ARENA_OFF)
+            await self.notice(turn, turn.texts.not_enabled("arena"))
             return
         await self.store.request_arena(
             turn.chat_id, turn.user_id, notice=turn.texts.ARENA_READY, update=turn.update

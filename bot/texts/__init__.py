@@ -180,7 +180,6 @@ class Texts:
             "Arena: your next message gets two replies from two different models, A and B. "
             "Tap the better one (or Both bad); the one you choose stays in our conversation."
         )
-        self.ARENA_OFF = _("Arena mode is not available here.")
         self.ARENA_BETTER_A = _("A is better")
         self.ARENA_BETTER_B = _("B is better")
         self.ARENA_BOTH_BAD = _("Both bad")
@@ -427,6 +426,13 @@ class Texts:
         """/model with a name that is not served (echoed as an excerpt)."""
         return self._("There is no model called {name!r}. Choose one of: {names}.").format(
             name=excerpt(name), names=", ".join(names)
+        )
+
+    def not_enabled(self, command: str) -> str:
+        """A command that the operator has not turned on here (/model, /arena): the same
+        refusal for each, not the unknown-command answer."""
+        return self._("/{command} is not enabled here. /help lists what I can do.").format(
+            command=command
         )
 
     def unknown_terminal_command(self, command: str) -> str:

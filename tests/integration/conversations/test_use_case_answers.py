@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from bot.commands import BY_NAME
 from bot.config import Settings
 from bot.conversations.actions import ChatActions
 from bot.conversations.store import ConversationStore
@@ -90,6 +91,38 @@ def test_excerpt_keeps_short_printable_text_and_caps_the_rest() -> None:
     assert excerpt("a\u200bb\n\tc") == "ab c"
     assert excerpt("x" * 4000) == "x" * 32 + "…"
     assert excerpt("x" * 32) == "x" * 32
+
+
+# --- item 9: one refusal for every command that can be off ------------------------------------
+
+# The commands an operator turns on (bot/commands.py: not in the menu, and not the admins' own).
+CAN_BE_OFF = [c.name for c in BY_NAME.values() if c.menu is None and c.name != "stats"]
+
+
+def test_the_commands_that_can_be_off_are_model_and_arena() -> None:
+    assert sorted(CAN_BE_OFF) == ["arena", "model"]
+
+
+async def test_every_command_that_is_not_enabled_gets_the_same_refusal(
+    store: ConversationStore, tmp_path: Path
+) -> None:
+    # Before: a disabled /model said "I don't know that command", a disabled /arena "Arena
+    # mode is not available here".
+    chat_id = 100
+    # No variants at all; then variants, but neither ALLOW_MODEL_CHOICE nor ARENA.
+    for responder in (EchoResponder(), VariantsEcho()):
+        chat = actions(store, tmp_path, responder)
+        for language in LANGUAGES:
+            texts = for_language(language)
+            for name, argument in [(name, "") for name in CAN_BE_OFF] + [("model", "a")]:
+                chat_id += 1
+                assert await run(chat, chat_id, name, argument, language) == [
+                    texts.not_enabled(name)
+                ]
+            assert texts.not_enabled("model") != texts.UNKNOWN_COMMAND
+            assert texts.not_enabled("model").replace("/model", "/arena") == texts.not_enabled(
+                "arena"
+            )
 
 
 # --- item 8: /good and /bad before any reply ----------------------------------------------------
