@@ -154,7 +154,11 @@ class ChatActions:
     async def show_persona(self, turn: Turn) -> None:
         """/persona without text."""
         persona = await self.store.current_persona(turn.chat_id)
-        text = turn.texts.persona_shown(persona) if persona else turn.texts.NO_PERSONA
+        text = (
+            turn.texts.persona_shown(persona)
+            if persona
+            else turn.texts.no_persona(self.settings.bot_model_language)
+        )
         await self.notice(turn, text)
 
     async def set_persona(self, turn: Turn, text: str) -> None:

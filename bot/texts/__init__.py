@@ -18,7 +18,7 @@ from functools import cache
 
 from babel import Locale
 
-from bot.commands import COMMANDS, HELP_LAST, MENU
+from bot.commands import COMMANDS, EXAMPLE_PERSONA, HELP_LAST, MENU
 
 __all__ = [
     "EMPTY_REPLY",
@@ -114,9 +114,6 @@ class Texts:
         self.GREETING = _("Hi!") + " "
 
         # --- the persona -----------------------------------------------------------------
-        self.NO_PERSONA = _(
-            "I have no persona yet. Give me one, e.g. /persona My name is Sarah. I love hiking."
-        )
         self.PERSONA_EMPTY = _(
             "That persona has no text I can use. Your current persona is unchanged; "
             "send /persona followed by a few words about me."
@@ -217,10 +214,13 @@ class Texts:
         """/help: what the commands do, and that the replies are the model's, in
         `model_language` (an IETF tag: BOT_MODEL_LANGUAGE)."""
         ordered = sorted(COMMANDS, key=lambda c: c.name == HELP_LAST)  # stable: /help last
+        # An example persona is for the model to read: in its language, not the chat's.
+        model_texts = for_language(model_language)
+        model_name = self.language_name(model_language)
         lines = [
-            f"/{c.name} {self.translate(u.args) if u.example else u.args}".rstrip()
+            f"/{c.name} {model_texts.translate(u.args) if u.example else u.args}".rstrip()
             + " - "
-            + self.translate(u.text)
+            + self.translate(u.text).format(model_language=model_name)
             for c in ordered
             for u in c.usage
         ]
@@ -229,7 +229,7 @@ class Texts:
         model = self._(
             "My replies come from a language model and are in {model_language}; "
             "they are not translated."
-        ).format(model_language=self.language_name(model_language))
+        ).format(model_language=model_name)
         return intro + "\n" + "\n".join(lines) + "\n\n" + model
 
     def language_name(self, code: str) -> str:
@@ -279,6 +279,16 @@ class Texts:
         ).format(code=excerpt(code), choices=self.language_choices())
 
     # --- the persona -------------------------------------------------------------------------
+
+    def no_persona(self, model_language: str) -> str:
+        """/persona when there is none: how to give one, with the example in the model's
+        language (`model_language`: BOT_MODEL_LANGUAGE), since the model reads it."""
+        return self._(
+            "I have no persona yet. Give me one in {model_language}, e.g. /persona {example}"
+        ).format(
+            model_language=self.language_name(model_language),
+            example=for_language(model_language).translate(EXAMPLE_PERSONA),
+        )
 
     def persona_shown(self, persona: str) -> str:
         """/persona when there is one."""
