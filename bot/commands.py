@@ -18,13 +18,21 @@ def N_(message: str) -> str:
     return message
 
 
+# The example persona of /help and /persona: the model reads a persona, so it is shown in the
+# model's language (BOT_MODEL_LANGUAGE's catalog; English, the source, where there is none),
+# whatever language the chat reads.
+EXAMPLE_PERSONA = N_("My name is Sarah. I love hiking.")
+
+
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """One line of /help: `/name <args>` - `text`."""
+    """One line of /help: `/name <args>` - `text`. The text may name `{model_language}`, the
+    language the model understands (BOT_MODEL_LANGUAGE), in the chat's language."""
 
     text: str
     args: str = ""
-    # The args are an example sentence (translated), not a keyword the bot reads ("clear").
+    # The args are an example the model reads (EXAMPLE_PERSONA), shown in the model's
+    # language, not a keyword the bot reads ("clear").
     example: bool = False
 
 
@@ -58,8 +66,8 @@ COMMANDS: tuple[Command, ...] = (
         (
             Usage(N_("show my current persona")),
             Usage(
-                N_("set who I am (one or more sentences)"),
-                N_("My name is Sarah. I love hiking."),
+                N_("set who I am (one or more sentences; the model understands {model_language})"),
+                EXAMPLE_PERSONA,
                 example=True,
             ),
             Usage(N_("remove the persona"), "clear"),

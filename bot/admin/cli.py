@@ -651,18 +651,49 @@ async def admin(
 # --- argparse ----------------------------------------------------------------------------------
 
 
+# Counts go to SQLite and PostgreSQL as integers and to fetchmany() as a C int: a row count
+# far beyond any table stays below both limits.
+MAX_COUNT = 1_000_000_000
+# PostgreSQL's statement_timeout is an int of milliseconds.
+MAX_TIMEOUT_S = 2_147_483
+# Telegram ids are stored as 64-bit integers.
+ID_RANGE = range(-(2**63), 2**63)
+
+
 def _positive(value: str) -> int:
     n = int(value)
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be 1 or more")
+    if not 1 <= n <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, at most {MAX_COUNT:,}")
     return n
+
+
+def _chat_id(value: str) -> int:
+    n = int(value)
+    if n not in ID_RANGE:
+        raise argparse.ArgumentTypeError(f"not a chat id: {value} is outside the 64-bit range")
+    return n
+
+
+def _seconds(value: str) -> float:
+    try:
+        s = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not 0 < s <= MAX_TIMEOUT_S:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"seconds must be above 0, at most {MAX_TIMEOUT_S:,}")
+    return s
 
 
 def _since(value: str) -> datetime:
     text = value.strip()
     units = {"d": 86400.0, "h": 3600.0, "m": 60.0}
     if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
-        return datetime.now(UTC) - timedelta(seconds=float(text[:-1]) * units[text[-1]])
+        try:
+            return datetime.now(UTC) - timedelta(seconds=float(text[:-1]) * units[text[-1]])
+        except OverflowError:  # before the year 1, or beyond timedelta's range
+            raise argparse.ArgumentTypeError(
+                f"{text} is too far back (before the year 1): give a shorter span or a date"
+            ) from None
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
@@ -710,7 +741,7 @@ def add_admin_parser(sub: Any) -> None:
     show = cmds.add_parser(
         "show", parents=[as_json], help="transcripts of a chat's conversations, with personas"
     )
-    show.add_argument("chat_id", type=int, metavar="CHAT_ID")
+    show.add_argument("chat_id", type=_chat_id, metavar="CHAT_ID")
 
     exporter = cmds.add_parser(
         "export",
@@ -722,7 +753,7 @@ def add_admin_parser(sub: Any) -> None:
         "conversation's rating and arena outcome as fields; the filters apply to these. "
         "Only what is stored now is exported: what /forget or RETENTION_DAYS deleted is gone.",
     )
-    exporter.add_argument("chat_id", type=int, nargs="?", default=None, metavar="CHAT_ID")
+    exporter.add_argument("chat_id", type=_chat_id, nargs="?", default=None, metavar="CHAT_ID")
     exporter.add_argument("--format", choices=("jsonl", "csv", *EPISODE_FORMATS), default="jsonl")
     exporter.add_argument(
         "--output", "-o", metavar="FILE", default=None, help="write here (default: stdout)"
@@ -755,7 +786,7 @@ def add_admin_parser(sub: Any) -> None:
     forget = cmds.add_parser(
         "forget", parents=[as_json], help="delete everything stored for a chat (like /forget)"
     )
-    forget.add_argument("chat_id", type=int, metavar="CHAT_ID")
+    forget.add_argument("chat_id", type=_chat_id, metavar="CHAT_ID")
     forget.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
     variants = cmds.add_parser(
@@ -783,7 +814,7 @@ def add_admin_parser(sub: Any) -> None:
         description="Assign (or move) a chat to a variant of VARIANTS_FILE; its next reply "
         "comes from that variant. Recorded with source 'admin'.",
     )
-    assign.add_argument("chat_id", type=int, metavar="CHAT_ID")
+    assign.add_argument("chat_id", type=_chat_id, metavar="CHAT_ID")
     assign.add_argument("variant", metavar="VARIANT")
 
     sql = cmds.add_parser(
@@ -798,7 +829,7 @@ def add_admin_parser(sub: Any) -> None:
     )
     sql.add_argument("query", metavar="SQL")
     sql.add_argument("--max-rows", type=_positive, default=1000, metavar="N", help="default 1000")
-    sql.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="default 60")
+    sql.add_argument("--timeout", type=_seconds, default=60.0, metavar="SECONDS", help="default 60")
 
 
 def _weight(value: str) -> float:

@@ -154,7 +154,11 @@ class ChatActions:
     async def show_persona(self, turn: Turn) -> None:
         """/persona without text."""
         persona = await self.store.current_persona(turn.chat_id)
-        text = turn.texts.persona_shown(persona) if persona else turn.texts.NO_PERSONA
+        text = (
+            turn.texts.persona_shown(persona)
+            if persona
+            else turn.texts.no_persona(self.settings.bot_model_language)
+        )
         await self.notice(turn, text)
 
     async def set_persona(self, turn: Turn, text: str) -> None:
@@ -427,11 +431,13 @@ class ChatActions:
         answer_in_chat: bool = False,
     ) -> Outcome:
         """👍 (+1) or 👎 (-1) on a bot reply; 0 takes a reaction back. `answer_in_chat` (the
-        terminal) queues the answer as a notice; Telegram answers the button press instead."""
-        notice = None
+        terminal) queues the answer as a notice, thanks or that there is nothing to rate, but
+        not both; Telegram answers the button press instead."""
+        notice = stale_notice = None
         if answer_in_chat:
             notice = turn.texts.VOTED_UP if value > 0 else turn.texts.VOTED_DOWN
-        outcome = await self.store.vote(
+            stale_notice = turn.texts.NOTHING_TO_VOTE_ON
+        return await self.store.vote(
             turn.chat_id,
             user_id,
             message_id,
@@ -440,10 +446,8 @@ class ChatActions:
             telegram_message_id=telegram_message_id,
             update=turn.update,
             notice=notice,
+            stale_notice=stale_notice,
         )
-        if answer_in_chat and outcome is Outcome.STALE:
-            await self.store.notice(turn.chat_id, turn.texts.NOTHING_TO_VOTE_ON)  # closed already
-        return outcome
 
     async def rate(
         self, turn: Turn, session_id: int | None, value: int, *, answer_in_chat: bool = False
@@ -461,7 +465,7 @@ class ChatActions:
         """/model: list the variants, or move this chat to one (where the operator allows)."""
         experiment = self.experiment
         if experiment is None or not self.settings.allow_model_choice:
-            await self.notice(turn, turn.texts.UNKNOWN_COMMAND)
+            await self.notice(turn, turn.texts.not_enabled("model"))
             return
         names = experiment.names
         name = name.strip()
@@ -493,7 +497,7 @@ class ChatActions:
     async def arena(self, turn: Turn) -> None:
         """/arena: the next message gets two variants' replies to choose from."""
         if self._duel_responder() is None:
-            await self.notice(turn, turn.texts.ARENA_OFF)
+            await self.notice(turn, turn.texts.not_enabled("arena"))
             return
         await self.store.request_arena(
             turn.chat_id, turn.user_id, notice=turn.texts.ARENA_READY, update=turn.update

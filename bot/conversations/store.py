@@ -451,9 +451,11 @@ class ConversationStore:
         telegram_message_id: int | None = None,
         update: UpdateRef | None = None,
         notice: str | None = None,
+        stale_notice: str | None = None,
     ) -> Outcome:
         """A vote on one of the chat's bot replies, by database id (buttons, /good) or by
-        Telegram message id (reactions); closes the update in the same transaction.
+        Telegram message id (reactions); closes the update in the same transaction, with
+        `notice` queued, or `stale_notice` where there is no such reply to vote on.
 
         A button's data names the reply; the message it was pressed under must be that reply.
         None for `message_id` means the chat's newest reply (the terminal chat).
@@ -479,8 +481,9 @@ class ConversationStore:
                 outcome = await feedback.unvote(db, reply, user_id, source)
             else:
                 outcome = await feedback.vote(db, reply, user_id, value, source, _id(update))
-            status = InboxStatus.IGNORED if outcome is Outcome.STALE else InboxStatus.DONE
-            await _answer(db, chat_id, notice, update, status)
+            stale = outcome is Outcome.STALE
+            status = InboxStatus.IGNORED if stale else InboxStatus.DONE
+            await _answer(db, chat_id, stale_notice if stale else notice, update, status)
             return outcome
 
     async def rate(

@@ -18,7 +18,7 @@ from functools import cache
 
 from babel import Locale
 
-from bot.commands import COMMANDS, HELP_LAST, MENU
+from bot.commands import COMMANDS, EXAMPLE_PERSONA, HELP_LAST, MENU
 
 __all__ = [
     "EMPTY_REPLY",
@@ -29,6 +29,7 @@ __all__ = [
     "VOTE_UP",
     "Texts",
     "choose",
+    "excerpt",
     "for_language",
     "native_name",
     "normalize",
@@ -43,6 +44,19 @@ VOTE_UP = "👍"
 VOTE_DOWN = "👎"
 # Telegram refuses empty texts; a blank reply still deserves an answer.
 EMPTY_REPLY = "…"
+
+# The most of a user's argument a notice echoes ("There is no model called ..."): enough to
+# recognise a typo, never enough to make the notice longer than one message.
+EXCERPT_CHARS = 32
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """What a notice may echo of a user's argument: printable characters only (no control,
+    zero-width or direction marks), each run of whitespace one space, at most `limit`
+    characters, then "…"."""
+    kept = " ".join("".join(c for c in text if c.isprintable() or c.isspace()).split())
+    return kept if len(kept) <= limit else kept[:limit] + "…"
+
 
 _TAG = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8})*")
 
@@ -100,9 +114,6 @@ class Texts:
         self.GREETING = _("Hi!") + " "
 
         # --- the persona -----------------------------------------------------------------
-        self.NO_PERSONA = _(
-            "I have no persona yet. Give me one, e.g. /persona My name is Sarah. I love hiking."
-        )
         self.PERSONA_EMPTY = _(
             "That persona has no text I can use. Your current persona is unchanged; "
             "send /persona followed by a few words about me."
@@ -166,7 +177,6 @@ class Texts:
             "Arena: your next message gets two replies from two different models, A and B. "
             "Tap the better one (or Both bad); the one you choose stays in our conversation."
         )
-        self.ARENA_OFF = _("Arena mode is not available here.")
         self.ARENA_BETTER_A = _("A is better")
         self.ARENA_BETTER_B = _("B is better")
         self.ARENA_BOTH_BAD = _("Both bad")
@@ -204,10 +214,13 @@ class Texts:
         """/help: what the commands do, and that the replies are the model's, in
         `model_language` (an IETF tag: BOT_MODEL_LANGUAGE)."""
         ordered = sorted(COMMANDS, key=lambda c: c.name == HELP_LAST)  # stable: /help last
+        # An example persona is for the model to read: in its language, not the chat's.
+        model_texts = for_language(model_language)
+        model_name = self.language_name(model_language)
         lines = [
-            f"/{c.name} {self.translate(u.args) if u.example else u.args}".rstrip()
+            f"/{c.name} {model_texts.translate(u.args) if u.example else u.args}".rstrip()
             + " - "
-            + self.translate(u.text)
+            + self.translate(u.text).format(model_language=model_name)
             for c in ordered
             for u in c.usage
         ]
@@ -216,7 +229,7 @@ class Texts:
         model = self._(
             "My replies come from a language model and are in {model_language}; "
             "they are not translated."
-        ).format(model_language=self.language_name(model_language))
+        ).format(model_language=model_name)
         return intro + "\n" + "\n".join(lines) + "\n\n" + model
 
     def language_name(self, code: str) -> str:
@@ -259,13 +272,23 @@ class Texts:
         ).format(language=self.language_name(self.language))
 
     def language_unknown(self, code: str) -> str:
-        """/lang with a language there is no catalog for."""
+        """/lang with a language there is no catalog for (echoed as an excerpt)."""
         return self._(
             "I don't speak {code!r}. Choose one of: {choices}; or /lang auto to follow your "
             "Telegram settings."
-        ).format(code=code, choices=self.language_choices())
+        ).format(code=excerpt(code), choices=self.language_choices())
 
     # --- the persona -------------------------------------------------------------------------
+
+    def no_persona(self, model_language: str) -> str:
+        """/persona when there is none: how to give one, with the example in the model's
+        language (`model_language`: BOT_MODEL_LANGUAGE), since the model reads it."""
+        return self._(
+            "I have no persona yet. Give me one in {model_language}, e.g. /persona {example}"
+        ).format(
+            model_language=self.language_name(model_language),
+            example=for_language(model_language).translate(EXAMPLE_PERSONA),
+        )
 
     def persona_shown(self, persona: str) -> str:
         """/persona when there is one."""
@@ -286,11 +309,12 @@ class Texts:
         ).format(personas=lines)
 
     def preset_unknown(self, name: str, names: list[str]) -> str:
-        """/persona use NAME (or a deep link) with a name that is not a preset."""
+        """/persona use NAME (or a deep link) with a name that is not a preset (echoed as an
+        excerpt)."""
         if not names:
             return self.NO_PRESETS
         return self._("There is no persona called {name!r}. Choose one of: {names}.").format(
-            name=name, names=", ".join(names)
+            name=excerpt(name), names=", ".join(names)
         )
 
     def persona_too_long(self, length: int, limit: int) -> str:
@@ -409,14 +433,21 @@ class Texts:
         return self._("From your next message on, you are talking to {name}.").format(name=name)
 
     def variant_unknown(self, name: str, names: list[str]) -> str:
-        """/model with a name that is not served."""
+        """/model with a name that is not served (echoed as an excerpt)."""
         return self._("There is no model called {name!r}. Choose one of: {names}.").format(
-            name=name, names=", ".join(names)
+            name=excerpt(name), names=", ".join(names)
+        )
+
+    def not_enabled(self, command: str) -> str:
+        """A command that the operator has not turned on here (/model, /arena): the same
+        refusal for each, not the unknown-command answer."""
+        return self._("/{command} is not enabled here. /help lists what I can do.").format(
+            command=command
         )
 
     def unknown_terminal_command(self, command: str) -> str:
         """An unknown /command typed in `python -m bot chat`."""
-        return self._("Unknown command /{command}. Try /help.").format(command=command)
+        return self._("Unknown command /{command}. Try /help.").format(command=excerpt(command))
 
 
 ENGLISH = for_language(SOURCE_LANGUAGE)

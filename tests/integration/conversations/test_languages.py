@@ -38,7 +38,7 @@ async def test_start_is_answered_in_the_senders_telegram_language(
     assert got[501] == start_text("de")
     assert got[501].startswith("Hallo! Ich bin ein Chatbot")
     assert got[502] == start_text("ru")
-    assert got[502].startswith("Привет! Я чат-бот")
+    assert got[502].startswith("Здравствуйте! Я чат-бот")
     assert got[503] == start_text("en")  # no Portuguese catalog: English
     assert got[504] == start_text("de")  # de-AT is German
     assert got[505] == start_text("en")  # no language_code at all

@@ -88,7 +88,7 @@ async def test_model_command_lists_and_chooses_where_allowed(
     blind = make_settings(db_url, api, tmp_path, variants_file=vf, model_workers="inline")
     async with running_service(blind, None):
         api.user_message(chat, "/model")
-        assert await api.wait_for_texts(chat, 1, timeout_s=30) == [texts.UNKNOWN_COMMAND]
+        assert await api.wait_for_texts(chat, 1, timeout_s=30) == [texts.not_enabled("model")]
     allowed = blind.model_copy(update={"allow_model_choice": True})
     async with running_service(allowed, None) as service:
         api.user_message(chat, "hello")
@@ -188,7 +188,7 @@ async def test_arena_shows_two_variants_and_keeps_the_pick(
     chat = 461
     async with running_service(off, None):
         api.user_message(chat, "/arena")
-        assert await api.wait_for_texts(chat, 1, timeout_s=30) == [texts.ARENA_OFF]
+        assert await api.wait_for_texts(chat, 1, timeout_s=30) == [texts.not_enabled("arena")]
     on = off.model_copy(update={"arena": True})
     async with running_service(on, None) as service:
         api.user_message(chat, "/arena")
@@ -253,7 +253,7 @@ async def test_a_drained_variant_takes_no_part_in_duels(
     )
     async with running_service(settings, None):
         api.user_message(471, "/arena")  # one variant left to duel: no arena
-        assert await api.wait_for_texts(471, 1, timeout_s=30) == [texts.ARENA_OFF]
+        assert await api.wait_for_texts(471, 1, timeout_s=30) == [texts.not_enabled("arena")]
 
     write_variants(vf, tiny_model_file, {"a": 1, "b": 1, "c": 0})
     # The edited file reaches the database through `admin variants reload`.
