@@ -31,6 +31,7 @@ from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker, safe_url
 from bot.engine.protocol import ResponderProtocol
 from bot.logs import settings_secrets
+from bot.model_files import incomplete_model
 from bot.service.budget import BudgetedRateLimiter, SendBudget
 from bot.service.delivery import Delivery
 from bot.service.health import Health, OpsServer
@@ -545,7 +546,16 @@ def check_offline(settings: Settings) -> None:
     from bot.engine.variants import load_experiment
     from bot.presets import load_presets
 
-    load_experiment(settings)
+    load_experiment(settings)  # its models complete, BOT_MODEL where a variant names none
+    model = settings.model_file
+    if settings.variants_file is None and settings.model_backend == "local":
+        if not model.startswith("zoo:") and not Path(model + ".opt").is_file():
+            raise ConfigError(
+                f"BOT_MODEL {model}: no ParlAI model there (no {model}.opt); run `python -m bot "
+                "train` to build one, or set BOT_MODEL to a model file or a zoo: path"
+            )
+        if not model.startswith("zoo:") and (why := incomplete_model(model)) is not None:
+            raise ConfigError(f"BOT_MODEL: {why}")
     load_presets(settings.personas_file, settings.persona_max_chars)
     if settings.privacy_file is not None:
         try:

@@ -219,3 +219,31 @@ async def test_the_getme_retry_warning_names_the_bot_api_url_but_not_the_token(
     assert f"getMe (cannot reach the Bot API at {base_url}) failed" in warning
     assert TOKEN.split(":")[1] not in output
     assert "[REDACTED]" not in warning  # not even masked: the token is never in it
+
+
+def test_bot_model_without_weights_exits_2_before_the_network(
+    tmp_path: Path, tiny_model_file: str
+) -> None:
+    """Regression (issue 32.1 and 32.5): BOT_MODEL with its options and dictionary but no
+    weights was served with random weights; now `run` refuses it, naming the missing file,
+    before it connects to the database or the Bot API."""
+    from tests.integration.engine.test_incomplete_models import copy_without
+    from tests.support.botprocess import TOKEN, free_port
+
+    weightless = copy_without(tiny_model_file, tmp_path / "m", "")
+    env = _env(
+        tmp_path, PYTHONPATH=str(ROOT), TELEGRAM_BOT_TOKEN=TOKEN, BOT_MODEL=weightless,
+        TELEGRAM_BASE_URL=f"http://127.0.0.1:{free_port()}/bot",  # nothing listens there
+        DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'bot.sqlite3'}",
+    )  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "bot", "run"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=CONFIG_ERROR_WITHIN_S,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert (
+        f"BOT_MODEL: the model at {weightless} is incomplete: missing {weightless} (the weights)"
+        in proc.stderr
+    )
+    assert "getMe" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "bot.sqlite3").exists()

@@ -25,10 +25,12 @@ def assert_clean(output: str, password: str = PASSWORD) -> None:
         assert secret not in output
 
 
-async def test_unreachable_database_at_debug_level_leaks_nothing(tmp_path: Path) -> None:
+async def test_unreachable_database_at_debug_level_leaks_nothing(
+    tmp_path: Path, tiny_model_file: str
+) -> None:
     async with FakeBotAPI(TOKEN) as api:
         env = bot_env(
-            tmp_path, api, "unused",
+            tmp_path, api, tiny_model_file,
             DATABASE_URL=f"postgresql+asyncpg://bot:{PASSWORD}@127.0.0.1:{free_port()}/bot",
             WEBHOOK_URL=f"http://127.0.0.1:{free_port()}/hook", WEBHOOK_SECRET=SECRET,
             LOG_LEVEL="DEBUG",
