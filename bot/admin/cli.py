@@ -166,8 +166,14 @@ async def _show(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> i
             file=out,
         )
         print(f"persona: {_indent(s.persona, '         ') if s.persona else '(none)'}", file=out)
+        read = ""  # the persona the previous reply read (none before the first)
         for m in t.messages:
             note = ""
+            if m.reply_persona is not None and m.reply_persona != read:
+                # A change reaches the model from the next reply on: shown where it did.
+                read = m.reply_persona
+                head = "  -- the model reads: "
+                print(head + (_indent(read, " " * len(head)) if read else "(none)"), file=out)
             if m.role == Role.BOT:
                 parts = []
                 if m.latency_ms is not None:
