@@ -220,7 +220,7 @@ async def _export_episodes(
     engine: AsyncEngine, args: argparse.Namespace, flt: export.EpisodeFilter, target: TextIO
 ) -> tuple[int, int]:
     episodes = examples = 0
-    async for episode in export.episodes(engine, flt):
+    async for episode in export.episodes(engine, flt):  # a conversation may be several
         if args.format == "parlai":
             for line in export.parlai_lines(episode):
                 target.write(line + "\n")
@@ -244,7 +244,7 @@ async def _export(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) ->
             episodes, examples = await _export_episodes(engine, args, flt, target)
             where = f" to {args.output}" if target is not out else ""
             print(
-                f"exported {episodes} conversation(s), {examples} reply(ies){where}",
+                f"exported {episodes} episode(s), {examples} reply(ies){where}",
                 file=sys.stderr,
             )
             return 0
