@@ -166,8 +166,14 @@ async def _show(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> i
             file=out,
         )
         print(f"persona: {_indent(s.persona, '         ') if s.persona else '(none)'}", file=out)
+        read = ""  # the persona the previous reply read (none before the first)
         for m in t.messages:
             note = ""
+            if m.reply_persona is not None and m.reply_persona != read:
+                # A change reaches the model from the next reply on: shown where it did.
+                read = m.reply_persona
+                head = "  -- the model reads: "
+                print(head + (_indent(read, " " * len(head)) if read else "(none)"), file=out)
             if m.role == Role.BOT:
                 parts = []
                 if m.latency_ms is not None:
@@ -214,7 +220,7 @@ async def _export_episodes(
     engine: AsyncEngine, args: argparse.Namespace, flt: export.EpisodeFilter, target: TextIO
 ) -> tuple[int, int]:
     episodes = examples = 0
-    async for episode in export.episodes(engine, flt):
+    async for episode in export.episodes(engine, flt):  # a conversation may be several
         if args.format == "parlai":
             for line in export.parlai_lines(episode):
                 target.write(line + "\n")
@@ -238,7 +244,7 @@ async def _export(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) ->
             episodes, examples = await _export_episodes(engine, args, flt, target)
             where = f" to {args.output}" if target is not out else ""
             print(
-                f"exported {episodes} conversation(s), {examples} reply(ies){where}",
+                f"exported {episodes} episode(s), {examples} reply(ies){where}",
                 file=sys.stderr,
             )
             return 0

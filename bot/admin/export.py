@@ -1,18 +1,26 @@
 """`admin export --format parlai|parlai-jsonl`: stored conversations as ParlAI training episodes.
 
-One episode per conversation (`sessions` row), one example per bot reply: `text` is what reached
-the model since the previous example (the persona as `your persona: ...` lines at the head of the
-first one, then the turns, consecutive messages of one speaker joined by a newline as the clone
-cache joins them), `labels` the reply. Each example carries its reply's feedback as fields:
-`votes_up`, `votes_down`, the conversation's `rating`, `arena` (`won` when the reply was the pick
-of an /arena duel, with the other reply as `arena_lost_text` and its variant), `variant`, `safety`,
-and `session_id`/`message_id` to find it again (no chat or user ids: a dataset does not need
-them).
+Each example is one bot reply with what the model read for it: `text` is what reached the model
+since the previous example, `labels` the reply. The persona is `your persona: ...` lines at the
+head of an episode's first `text`, then come the turns, consecutive messages of one speaker
+joined by a newline as the clone cache joins them. ParlAI's history is then, example by example,
+the model input the reply was generated from.
 
-Only what is stored can be learnt from (DESIGN.md invariant 16): the export is one query over the
-database as it is when it runs, so what `/forget` or RETENTION_DAYS deleted is not there. It is
-streamed (`yield_per`, a server-side cursor on PostgreSQL) and holds one conversation in memory at
-a time.
+The persona is the one each reply read (`messages.persona`), not the conversation's persona now:
+a change reaches the model from the next reply on, with the whole conversation so far after it.
+A ParlAI episode cannot swap the lines at its head, so a conversation is one episode per stretch
+of replies that read the same persona: where the persona changed (set, changed or cleared) a new
+episode starts, whose first `text` is the new persona's lines and every turn of the conversation
+so far. A conversation whose persona never changed between its replies stays one episode.
+
+Each example carries its reply's feedback as fields: `votes_up`, `votes_down`, the
+conversation's `rating`, `arena` (`won` when the reply was the pick of an /arena duel, with the
+other reply as `arena_lost_text` and its variant), `variant`, `safety`, and
+`session_id`/`message_id` to find it again (no chat or user ids: a dataset does not need them).
+
+Only what is stored can be learnt from: the export is one query over the database as it is when
+it runs, so what `/forget` or RETENTION_DAYS deleted is not there. It is streamed (`yield_per`, a
+server-side cursor on PostgreSQL) and holds one conversation in memory at a time.
 
 When filters leave a reply out, its turns still reach the model as context: they are folded into
 the `text` of the next example that is kept, which gives ParlAI's history the same string.
@@ -32,6 +40,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import aliased
 
 from bot.db.models import ArenaMatch, Message, Rating, Role, Session, Vote
+from bot.persona import join_turns, persona_lines
+from bot.reports.rows import REPLY_PERSONA
 
 # ParlAI's own line format (parlai.utils.misc.msg_to_str) is used to write lines; imported
 # lazily, since importing ParlAI costs a second and `admin` commands are otherwise light.
@@ -95,7 +105,7 @@ class Example:
 
 @dataclass(slots=True)
 class Episode:
-    """One conversation as examples."""
+    """One conversation, or the stretch of it whose replies read one persona, as examples."""
 
     session_id: int
     persona: str
@@ -132,8 +142,6 @@ class Episode:
 
 def persona_text(persona: str) -> str:
     """The persona as the model reads it: one `your persona:` line per sentence."""
-    from bot.persona import persona_lines
-
     return "\n".join(persona_lines(persona))
 
 
@@ -145,7 +153,6 @@ def _statement(flt: EpisodeFilter) -> Any:
     stmt = (
         select(
             Session.id,
-            Session.persona,
             Session.created_at,
             Rating.value,
             Message.id,
@@ -153,6 +160,7 @@ def _statement(flt: EpisodeFilter) -> Any:
             Message.text,
             Message.variant,
             Message.safety,
+            REPLY_PERSONA,
             func.coalesce(votes.c.up, 0).cast(Integer),
             func.coalesce(votes.c.down, 0).cast(Integer),
             match.winner,
@@ -181,47 +189,59 @@ def _statement(flt: EpisodeFilter) -> Any:
 
 
 class _Builder:
-    """Turns one conversation's rows, in order, into an episode."""
+    """Turns one conversation's rows, in order, into episodes: a new one wherever the persona a
+    kept reply read differs from the one its episode started with."""
 
-    def __init__(self, flt: EpisodeFilter, session_id: int, persona: str, rating: int | None,
+    def __init__(self, flt: EpisodeFilter, session_id: int, rating: int | None,
                  created_at: datetime) -> None:  # fmt: skip
         self.flt = flt
-        self.episode = Episode(session_id, persona, rating, created_at)
-        self.pending: list[tuple[str, str]] = []  # turns not yet in any example: (role, text)
-        self.head = persona_text(persona) if persona else ""
+        self.session_id = session_id
+        self.rating = rating
+        self.created_at = created_at
+        self.done: list[Episode] = []
+        self.episode: Episode | None = None
+        self.history: list[tuple[str, str]] = []  # turns in earlier examples: (role, text)
+        self.pending: list[tuple[str, str]] = []  # turns not yet in any example
 
-    def add(self, role: str, text: str, reply: Reply | None) -> None:
+    def add(self, role: str, text: str, reply: Reply | None, persona: str) -> None:
         if reply is None or not self.flt.keeps(reply):
             self.pending.append((role, text))
             return
-        # Consecutive messages of one speaker are one turn (bot.inference.persona.join_turns).
-        turns: list[tuple[str, str]] = []
-        for r, t in self.pending:
-            if turns and turns[-1][0] == r:
-                turns[-1] = (r, turns[-1][1] + "\n" + t)
-            else:
-                turns.append((r, t))
-        parts = [t for _, t in turns]
-        if self.head:
-            parts.insert(0, self.head)
-            self.head = ""
+        head = persona_text(persona)
+        if self.episode is None or persona_text(self.episode.persona) != head:
+            # The model read this persona, then the whole conversation so far.
+            if self.episode is not None:
+                self.done.append(self.episode)
+            self.episode = Episode(self.session_id, persona, self.rating, self.created_at)
+            parts = [head] if head else []
+            parts += [t for _, t in join_turns(self.history + self.pending)]
+        else:
+            parts = [t for _, t in join_turns(self.pending)]
         self.episode.examples.append(Example("\n".join(parts), reply))
+        self.history += self.pending
+        self.history.append((role, text))
         self.pending = []
+
+    def episodes(self) -> list[Episode]:
+        """Every episode with an example, in order (call once the conversation's rows are in)."""
+        return self.done + ([self.episode] if self.episode is not None else [])
 
 
 async def episodes(engine: AsyncEngine, flt: EpisodeFilter) -> AsyncIterator[Episode]:
-    """The stored conversations as episodes, oldest first, streamed; conversations with no
-    example left after the filters are skipped."""
+    """The stored conversations as episodes (one per persona the replies read, see the module
+    docstring), oldest first, streamed; conversations with no example left after the filters
+    are skipped."""
     builder: _Builder | None = None
     async with engine.connect() as conn:
         result = await conn.stream(_statement(flt).execution_options(yield_per=YIELD_PER))
         async for row in result:
-            (sid, persona, created, rating, mid, role, text, variant, safety, up, down,
+            (sid, created, rating, mid, role, text, variant, safety, persona, up, down,
              winner, var_a, text_a, var_b, text_b) = row  # fmt: skip
-            if builder is None or builder.episode.session_id != sid:
-                if builder is not None and builder.episode.examples:
-                    yield builder.episode
-                builder = _Builder(flt, sid, persona, rating, created)
+            if builder is None or builder.session_id != sid:
+                if builder is not None:
+                    for episode in builder.episodes():
+                        yield episode
+                builder = _Builder(flt, sid, rating, created)
             reply = None
             if role == Role.BOT:
                 reply = Reply(mid, text, variant, safety, int(up), int(down))
@@ -230,9 +250,10 @@ async def episodes(engine: AsyncEngine, flt: EpisodeFilter) -> AsyncIterator[Epi
                     lost_a = winner == "b"
                     reply.arena_lost_text = text_a if lost_a else text_b
                     reply.arena_lost_variant = var_a if lost_a else var_b
-            builder.add(role, text, reply)
-    if builder is not None and builder.episode.examples:
-        yield builder.episode
+            builder.add(role, text, reply, persona or "")
+    if builder is not None:
+        for episode in builder.episodes():
+            yield episode
 
 
 def parlai_lines(episode: Episode) -> Iterator[str]:

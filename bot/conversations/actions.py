@@ -346,6 +346,8 @@ class ChatActions:
                 model_ms=reply.model_ms,
                 safety=verdict.mark,
                 unsafe_text=verdict.unsafe_text,
+                # The responder answered `session` with its persona (ResponderProtocol).
+                persona=session.persona,
             )
             await turn.end_drafts()
             stored = await store(verdict, facts)
@@ -536,6 +538,7 @@ class ChatActions:
             markup=markup(session.arena_match_id) if markup else None,
             update=turn.update,
             telegram_message_id=telegram_message_id,
+            persona=session.persona,
         )
         turn.decided(ARENA, None, [a, b])
 

@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db import conversations
 from bot.db.feedback import Outcome
-from bot.db.models import ArenaMatch, Message, Role, utcnow
+from bot.db.models import ArenaMatch, Message, Role, Session, utcnow
 
 WINNERS = ("a", "b", "tie")
 
@@ -51,8 +51,10 @@ async def fill(
     match_id: int,
     user_message_id: int,
     pair: tuple[tuple[str | None, str], tuple[str | None, str]],
+    persona: str | None = None,
 ) -> None:
-    """The duel's message and its two replies, as ((variant_a, text_a), (variant_b, text_b))."""
+    """The duel's message and its two replies, as ((variant_a, text_a), (variant_b, text_b)),
+    and the persona both were generated with (None: the conversation's persona now)."""
     (variant_a, text_a), (variant_b, text_b) = pair
     await db.execute(
         update(ArenaMatch)
@@ -63,6 +65,11 @@ async def fill(
             text_a=text_a,
             variant_b=variant_b,
             text_b=text_b,
+            persona=persona
+            if persona is not None
+            else select(Session.persona)
+            .where(Session.id == ArenaMatch.session_id)
+            .scalar_subquery(),
         )
     )
 
@@ -97,7 +104,8 @@ async def decide(db: AsyncSession, chat_id: int, match_id: int, winner: str) -> 
             chat_id=chat_id,
             role=Role.BOT,
             text=text or "",
-            facts=conversations.ReplyFacts(variant=variant),
+            # What the model read then, even if the persona changed before the pick.
+            facts=conversations.ReplyFacts(variant=variant, persona=match.persona),
         )
     match.winner = winner
     match.decided_at = utcnow()

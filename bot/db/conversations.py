@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -165,6 +166,10 @@ class ReplyFacts:
     # the offensive reply that was not sent in its place.
     safety: str | None = None
     unsafe_text: str | None = None
+    # The persona the model read for the reply (the SessionRow's the responder was handed).
+    # None: not known to the caller; the conversation's persona in the database, read in the
+    # same transaction, is stored (within a chat's turn nothing changes it meanwhile).
+    persona: str | None = None
 
 
 # A user's message, or a reply nothing is known of besides its text.
@@ -183,6 +188,11 @@ async def add_message(
     facts: ReplyFacts = NO_FACTS,
 ) -> int:
     """Append an utterance (a bot reply with its `facts`); returns its id."""
+    persona: Any = None
+    if role == Role.BOT:
+        persona = facts.persona
+        if persona is None:
+            persona = select(Session.persona).where(Session.id == session_id).scalar_subquery()
     m = Message(
         session_id=session_id,
         chat_id=chat_id,
@@ -195,6 +205,7 @@ async def add_message(
         model_ms=facts.model_ms,
         safety=facts.safety,
         unsafe_text=facts.unsafe_text,
+        persona=persona,
     )
     db.add(m)
     await db.flush()

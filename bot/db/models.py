@@ -131,6 +131,8 @@ class Session(Base):
     id: Mapped[Serial]
     chat_id: Mapped[TelegramId]
     user_id: Mapped[int | None] = mapped_column(BigInteger)
+    # The persona the conversation's next reply reads ('' = none); what each stored reply read
+    # is its own `messages.persona`.
     persona: Mapped[str] = mapped_column(Text, nullable=False, default="", server_default="")
     status: Mapped[str] = mapped_column(
         String(16), nullable=False, default="active", server_default="active"
@@ -187,6 +189,12 @@ class Message(Base):
     # SAFETY=off), and the offensive reply that was not sent in its place.
     safety: Mapped[str | None] = mapped_column(String(16))
     unsafe_text: Mapped[str | None] = mapped_column(Text)
+    # Bot replies only: the persona the model read when it generated this reply ('' = none).
+    # `sessions.persona` is the one the next reply will read; a change (/persona, /persona
+    # clear) reaches the model from the next reply on, so the history of what the model read
+    # is here, one value per reply. NULL on user messages (and on replies stored by a release
+    # before migration 0010 after it ran: read as the session's persona, as 0010 did).
+    persona: Mapped[str | None] = mapped_column(Text)
 
 
 class Outbox(Base):
@@ -481,6 +489,9 @@ class ArenaMatch(Base):
     bot_message_id: Mapped[int | None] = mapped_column(
         ForeignKey("messages.id", ondelete="SET NULL")
     )
+    # The persona both replies were generated with; the chosen one's `messages.persona` when
+    # the user picks (which may come after a /persona change).
+    persona: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[Stamp]
     decided_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 

@@ -187,8 +187,10 @@ class ResponderProtocol(Protocol):
     async def respond(
         self, session: SessionRow, user_text: str, *, on_draft: DraftSink | None = None
     ) -> Reply:
-        """Generate the bot's reply to `user_text` in `session`'s context; drafts of it to
-        `on_draft` (where the front end streams and the responder can)."""
+        """Generate the bot's reply to `user_text` in `session`'s context, with
+        `session.persona` at the head of the model input whether the clone was cached or
+        rebuilt (the conversation layer stores it as the persona the reply read); drafts of it
+        to `on_draft` (where the front end streams and the responder can)."""
         ...
 
     def set_persona(self, session_id: int, persona: str) -> None:

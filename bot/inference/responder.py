@@ -108,13 +108,14 @@ class Responder:
             entry = None
         if entry is None:
             # As far as the session row says: a turn regenerated after an edit reads the
-            # conversation without its old turn (session.last_message_id is set before it).
+            # conversation without its old turn (session.last_message_id is set before it),
+            # with the row's persona, the one the reply is stored with (not a second read).
             ctx = await (source or self.store).load_context(
                 session.id, self.cache.tail_limit, session.last_message_id or 0
             )
             entry = self.cache.rebuild(
                 session.id,
-                ctx.persona,
+                session.persona,
                 [(m.role, m.text) for m in ctx.messages],
                 chat_id=session.chat_id,
                 last_message_id=ctx.messages[-1].id if ctx.messages else None,

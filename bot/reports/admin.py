@@ -130,6 +130,8 @@ class ExportRow:
     created_at: datetime
     delivered_at: datetime | None
     latency_ms: float | None
+    # Bot replies: the persona the model read for it (`persona` is the session's now).
+    reply_persona: str | None
 
 
 EXPORT_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ExportRow))

@@ -278,6 +278,9 @@ class TranscriptLine(TranscriptMessage):
     delivery: str
     attempts: int
     last_error: str | None
+    # Bot replies: the model read another persona (`reply_persona`) than for the reply before
+    # (none before the first): the page shows it above the reply.
+    persona_changed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,21 +366,27 @@ async def transcript(
             .limit(limit + 1)
         )
     ).all()
-    lines = [
-        TranscriptLine(
-            # MESSAGE_COLUMNS, TranscriptMessage's fields
-            *(r[0], r[1], r[2], r[3], r[4], r[5]),
-            model_ms=r[6],
-            variant=r[7],
-            safety=r[8],
-            votes_up=int(r[9]),
-            votes_down=int(r[10]),
-            delivery=_delivery(r[4], r[11], r[12], r[1]),
-            attempts=int(r[13]),
-            last_error=r[14],
+    lines = []
+    read = ""  # the persona the previous reply read; the first reply is compared with none
+    for r in rows[:limit]:
+        persona = r[6]
+        lines.append(
+            TranscriptLine(
+                # MESSAGE_COLUMNS, TranscriptMessage's fields
+                *(r[0], r[1], r[2], r[3], r[4], r[5], persona),
+                model_ms=r[7],
+                variant=r[8],
+                safety=r[9],
+                votes_up=int(r[10]),
+                votes_down=int(r[11]),
+                delivery=_delivery(r[4], r[12], r[13], r[1]),
+                attempts=int(r[14]),
+                last_error=r[15],
+                persona_changed=persona is not None and persona != read,
+            )
         )
-        for r in rows[:limit]
-    ]
+        if persona is not None:
+            read = persona
     siblings = [
         (int(i), created, str(status))
         for i, created, status in await db.execute(

@@ -148,10 +148,15 @@ def read_feedback(path: Path, recipe: FeedbackRecipe = DEFAULT_FEEDBACK_RECIPE) 
     data.by_source = {"vote_up": 0, "arena_won": 0, "rating_4_5": 0}
     data.left_out = {"disliked": 0, "neutral": 0, "unsafe": 0}
     rng = random.Random(recipe.seed)
+    # A conversation whose persona changed is several episodes (bot.admin.export): they are
+    # held out together, or the later ones would hand the held-out turns to training.
+    held: dict[str, bool] = {}
     for number, episode in enumerate(_episodes(path)):
         data.episodes += 1
         session = str(episode[0].get("session_id", number))
-        heldout = rng.random() < recipe.heldout_share
+        if session not in held:
+            held[session] = rng.random() < recipe.heldout_share
+        heldout = held[session]
         persona: list[str] = []
         lines: list[str] = []
         for i, msg in enumerate(episode):

@@ -269,6 +269,9 @@ async def test_show_prints_every_conversation_with_its_persona(
     assert f"session {s.s2} · active (current)" in out
     assert out.index(f"session {s.s1}") < out.index(f"session {s.s2}")  # past ones first
     assert f"persona: {CATS}" in out and f"persona: {PIRATE}" in out
+    # Above the first reply of each, the persona the model read for it.
+    assert out.count(f"-- the model reads: {CATS}") == 1
+    assert out.count(f"-- the model reads: {PIRATE}") == 1
     for text in ("hi", "hello there", "do you like cats?", "goodbye", "ahoy"):
         assert f"  {text}" in out
     assert "arr matey  [400 ms, not delivered]" in out
@@ -300,6 +303,7 @@ async def test_export_jsonl_and_csv(store: ConversationStore, db_url: str, tmp_p
         (s.s3, "bot", "buried"),
     ]
     assert {r["persona"] for r in records} == {PIRATE}
+    assert [r["reply_persona"] for r in records] == [None, PIRATE, None, PIRATE]
     assert records[1]["latency_ms"] == 500.0 and records[1]["delivered_at"] is not None
     assert records[3]["delivered_at"] is None
 

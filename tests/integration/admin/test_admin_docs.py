@@ -61,16 +61,16 @@ def expected(s: Seed) -> dict[str, tuple[tuple[str, ...], list[tuple[Any, ...]]]
     """What each documented query returns for the seed."""
     return {
         "Transcript of one chat": (
-            ("session_id", "status", "persona", "role", "text"),
+            ("session_id", "status", "persona", "role", "text", "reply_persona"),
             [
-                (s.s1, "done", CATS, "user", "hi"),
-                (s.s1, "done", CATS, "bot", "hello there"),
-                (s.s1, "done", CATS, "user", "do you like cats?"),
-                (s.s1, "done", CATS, "bot", "i love cats."),
-                (s.s1, "done", CATS, "user", "bye"),
-                (s.s1, "done", CATS, "bot", "goodbye"),
-                (s.s2, "active", PIRATE, "user", "ahoy"),
-                (s.s2, "active", PIRATE, "bot", "arr matey"),
+                (s.s1, "done", CATS, "user", "hi", None),
+                (s.s1, "done", CATS, "bot", "hello there", CATS),
+                (s.s1, "done", CATS, "user", "do you like cats?", None),
+                (s.s1, "done", CATS, "bot", "i love cats.", CATS),
+                (s.s1, "done", CATS, "user", "bye", None),
+                (s.s1, "done", CATS, "bot", "goodbye", CATS),
+                (s.s2, "active", PIRATE, "user", "ahoy", None),
+                (s.s2, "active", PIRATE, "bot", "arr matey", PIRATE),
             ],
         ),
         "Active chats per day": (

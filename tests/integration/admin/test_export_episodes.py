@@ -251,6 +251,35 @@ async def test_conversations_jsonl_is_read_by_parlais_jsonfile_teacher(
     assert len(seen) == 6
 
 
+async def test_a_persona_change_starts_an_episode_with_the_conversation_so_far(
+    store: ConversationStore, db_url: str
+) -> None:
+    sid = (await store.active_session(9, 9)).id
+    first = await store.record_turn(sid, 9, "hello", "hi", facts=ReplyFacts(variant="control"))
+    await store.set_persona(9, 9, PERSONA, notice="ok")  # from the next reply on
+    await store.record_turn(sid, 9, "how are you", "fine", facts=ReplyFacts(variant="control"))
+    liked = await store.record_turn(sid, 9, "bye", "ciao", facts=ReplyFacts(variant="control"))
+    await store.vote(9, 9, liked.bot_message_id, 1)
+    await store.vote(9, 9, first.bot_message_id, 1)
+    await store.set_persona(9, 9, "", notice="ok")  # after the last reply: read by none
+
+    msgs = await parlai_msgs(db_url, "9")
+    assert [(m["text"], m["labels"][0], m["episode_done"]) for m in msgs] == [
+        ("hello", "hi", True),
+        (HEAD + "\nhello\nhi\nhow are you", "fine", False),
+        ("bye", "ciao", True),
+    ]
+    # A reply the filter drops folds into the next kept one, whichever episode that opens.
+    msgs = await parlai_msgs(db_url, "9", "--votes", "up")
+    assert [(m["text"], m["labels"][0]) for m in msgs] == [
+        ("hello", "hi"),
+        (HEAD + "\nhello\nhi\nhow are you\nfine\nbye", "ciao"),
+    ]
+    out = (await export(db_url, "9", "--format", "parlai-jsonl"))[1]
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [(r["session_id"], r["persona"]) for r in records] == [(sid, ""), (sid, PERSONA)]
+
+
 async def test_filters_need_an_episode_format(store: ConversationStore, db_url: str) -> None:
     from bot.admin.cli import UsageError
 

@@ -177,3 +177,27 @@ async def test_pending_chats_come_oldest_first(store: ConversationStore) -> None
         assert await inbox.pending_chats(db, limit=2) == [20, 30]
         assert await outbox.pending_chats(db) == [40, 10, 50]
         assert await outbox.pending_chats(db, limit=1) == [40]
+
+
+async def test_each_reply_keeps_the_persona_it_was_generated_with(
+    store: ConversationStore,
+) -> None:
+    sid = (await store.active_session(7, 7)).id
+    await store.record_turn(sid, 7, "hi", "hello", facts=ReplyFacts(persona="I am a pirate."))
+    await store.set_persona(7, 7, "I love cats.", notice="ok")
+    await store.record_turn(sid, 7, "and now?", "meow")  # not told: the session's now
+    # An /arena duel answered with the cat persona, picked after a change: it read the cats.
+    match = await store.request_arena(7, 7, notice="duel")
+    await store.record_duel(
+        sid, 7, match, "a joke?", (("a", "no."), ("b", "why?")), text="pick", markup=None,
+        persona="I love cats.",
+    )  # fmt: skip
+    await store.set_persona(7, 7, "", notice="ok")
+    await store.decide_duel(7, match, "b")
+    async with store.sessionmaker() as db:
+        rows = (await db.execute(select(Message.role, Message.persona).order_by(Message.id))).all()
+    assert [tuple(r) for r in rows] == [
+        ("user", None), ("bot", "I am a pirate."),
+        ("user", None), ("bot", "I love cats."),
+        ("user", None), ("bot", "I love cats."),
+    ]  # fmt: skip

@@ -415,6 +415,9 @@ async def test_transcript_shows_persona_votes_delivery_and_escapes_markup(dash: 
     assert "<script>" not in body and "<img" not in body and "<b>" not in body
     assert "321 ms" in body and "votes: 1 up, 0 down" in body and ">beam<" in body
     assert "sending" in body  # never sent
+    # The persona its one reply read, above it, escaped like the persona now.
+    assert body.count('class="persona-change"') == 1
+    assert html.unescape(body).count(HOSTILE_PERSONA) == 2
 
     s1, s2, s3, _ = dash.seed.admin_sessions
     body = await page(dash.client, f"/conversations/{s3}")
@@ -423,6 +426,7 @@ async def test_transcript_shows_persona_votes_delivery_and_escapes_markup(dash: 
     assert "given up" in body and "blocked by the user" in body  # "arr matey"
     body = await page(dash.client, f"/conversations/{s1}")
     assert body.count('class="delivery delivered"') == 3
+    assert body.count('class="persona-change"') == 1  # set before the first reply, kept
     assert f'href="/conversations/{s2}"' in body  # the chat's other conversation
     r = await dash.client.get("/conversations/987654", allow_redirects=False)
     assert r.status == 404

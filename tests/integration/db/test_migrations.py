@@ -4,15 +4,19 @@ models agree with the migrations, on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import text
 
 from bot.db import migrate
 from bot.db.engine import make_engine
-from bot.db.models import Base
+from bot.db.models import Base, utcnow
 from tests.support.dbutil import TABLES, create_pg_database, drop_pg_database, table_names
+
+CATS = "I love cats."
 
 
 async def _diff(url: str) -> list[object]:
@@ -71,3 +75,112 @@ def test_replicas_that_start_together_migrate_one_at_a_time() -> None:
         assert asyncio.run(table_names(url)) == TABLES
     finally:
         drop_pg_database(url)
+
+
+# --- 0010: the persona each reply read -----------------------------------------------------------
+
+
+async def _seed_0009(url: str) -> dict[str, int]:
+    """Today's data as a 0009 database holds it: a conversation whose persona is set, one
+    without, an /arena duel still waiting for its pick; a delivered reply with a vote. Written
+    with Core inserts of the columns 0009 has (the ORM's tables have 0010's too)."""
+    from sqlalchemy import insert
+
+    from bot.db.models import ArenaMatch, Message, Outbox, Session, Vote
+
+    engine = make_engine(url)
+    ids: dict[str, int] = {}
+    try:
+        async with engine.begin() as db:
+
+            async def row(table: Any, **values: Any) -> int:
+                result = await db.execute(insert(table).values(**values))
+                return int(result.inserted_primary_key[0])
+
+            s1 = await row(Session.__table__, chat_id=1, persona=CATS, status="done")
+            s2 = await row(Session.__table__, chat_id=2, persona="", status="active")
+            for sid, chat, user, bot in (
+                (s1, 1, "hi", "hello"),
+                (s1, 1, "do you like cats?", "i do"),
+                (s2, 2, "hey", "hi!"),
+            ):
+                await row(Message.__table__, session_id=sid, chat_id=chat, role="user", text=user)
+                ids[bot] = await row(
+                    Message.__table__, session_id=sid, chat_id=chat, role="bot", text=bot
+                )
+            await row(
+                Outbox.__table__, chat_id=1, kind="reply", text="hello", message_id=ids["hello"]
+            )
+            await row(
+                Vote.__table__, chat_id=1, message_id=ids["hello"], user_id=1, value=1,
+                source="button", updated_at=utcnow(),
+            )  # fmt: skip
+            duel = await row(
+                Message.__table__, session_id=s2, chat_id=2, role="user", text="a joke?"
+            )
+            ids["match"] = await row(
+                ArenaMatch.__table__, chat_id=2, session_id=s2, user_message_id=duel,
+                variant_a="a", text_a="no.", variant_b="b", text_b="why?",
+            )  # fmt: skip
+        ids |= {"s1": s1, "s2": s2}
+        return ids
+    finally:
+        await engine.dispose()
+
+
+async def _read(url: str, sql: str) -> list[tuple[Any, ...]]:
+    engine = make_engine(url)
+    try:
+        async with engine.connect() as conn:
+            return [tuple(r) for r in await conn.execute(text(sql))]
+    finally:
+        await engine.dispose()
+
+
+async def _after_upgrade(url: str, ids: dict[str, int]) -> None:
+    from bot.admin import export
+    from bot.conversations.store import ConversationStore
+    from bot.db.engine import make_sessionmaker
+
+    # Every existing reply read its session's persona as it is now; user messages have none.
+    rows = await _read(url, "SELECT session_id, role, persona FROM messages ORDER BY id")
+    s1, s2 = ids["s1"], ids["s2"]
+    assert rows == [
+        (s1, "user", None), (s1, "bot", CATS), (s1, "user", None), (s1, "bot", CATS),
+        (s2, "user", None), (s2, "bot", ""), (s2, "user", None),
+    ]  # fmt: skip
+    assert await _read(url, "SELECT persona FROM arena_matches") == [("",)]
+
+    engine = make_engine(url)
+    try:
+        # The export reads them as it did before: the persona from the first turn on.
+        got = [e async for e in export.episodes(engine, export.EpisodeFilter())]
+        assert [(e.session_id, [x.text for x in e.examples]) for e in got] == [
+            (s1, ["your persona: I love cats.\nhi", "do you like cats?"]),
+            (s2, ["hey"]),
+        ]
+        # A persona set after the migration reaches the next reply only; the duel's pick
+        # keeps the persona its replies were generated with.
+        store = ConversationStore(make_sessionmaker(engine))
+        await store.set_persona(2, 2, "I am a pirate.", notice="ok")
+        picked = (await store.decide_duel(2, ids["match"], "b")).bot_message_id
+        turn = await store.record_turn(s2, 2, "ahoy", "arr")
+    finally:
+        await engine.dispose()
+    personas = dict(await _read(url, "SELECT id, persona FROM messages WHERE role = 'bot'"))
+    assert (personas[picked], personas[turn.bot_message_id]) == ("", "I am a pirate.")
+
+
+def test_0010_keeps_todays_conversations_readable(empty_db_url: str) -> None:
+    migrate.upgrade(empty_db_url, "0009")
+    ids = asyncio.run(_seed_0009(empty_db_url))
+    migrate.upgrade(empty_db_url)
+    asyncio.run(_after_upgrade(empty_db_url, ids))
+    # Down again: the columns go, the rows stay, and so does everything that points at a
+    # message (a rebuilt `messages` table on SQLite would have taken the vote and the duel).
+    counts = "SELECT (SELECT COUNT(*) FROM messages), (SELECT COUNT(*) FROM outbox), " \
+             "(SELECT COUNT(*) FROM votes), (SELECT COUNT(*) FROM arena_matches)"  # fmt: skip
+    before = asyncio.run(_read(empty_db_url, counts))
+    assert before == [(10, 3, 1, 1)]
+    migrate.downgrade(empty_db_url, "0009")
+    assert asyncio.run(_read(empty_db_url, counts)) == before

@@ -103,6 +103,23 @@ def test_finetune_writes_a_model_the_service_serves(
     assert result.text.strip()
 
 
+def test_a_conversation_exported_as_several_episodes_is_held_out_whole(tmp_path: Path) -> None:
+    # A persona change splits a conversation into episodes (bot.admin.export); the later ones
+    # repeat the earlier turns, so they must land on the same side of the split.
+    path = tmp_path / "split.txt"
+    lines = []
+    for session in range(1, 41):
+        lines.append(f"text:hi\tlabels:hello\tvotes_up:1\tsession_id:{session}\tepisode_done:True")
+        lines.append(
+            f"text:your persona: I love dogs.\\nhi\\nhello\\nhow are you\tlabels:fine"
+            f"\tvotes_up:1\tsession_id:{session}\tepisode_done:True"
+        )
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    data = read_feedback(path, FeedbackRecipe(heldout_share=0.5))
+    assert data.episodes == 80 and data.train and data.heldout
+    assert {ex.session for ex in data.train}.isdisjoint({ex.session for ex in data.heldout})
+
+
 def test_an_export_with_nothing_liked_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "x.txt"
     path.write_text("text:hi\tlabels:no.\tvotes_up:0\tvotes_down:1\tepisode_done:True\n")
