@@ -261,11 +261,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             # The variants file, personas and privacy notice before anything connects: a
             # mistake exits 2 now, not after getMe (retried while the Bot API is unreachable).
-            # A first start that trains the default model checks after it: the variants file
-            # may name that model.
+            # A first start that trains the default model checks the models after it: the
+            # variants file may name that model.
             train_first = settings.model_backend == "local" and must_train(settings)
-            if not train_first:
-                check_offline(settings)
+            check_offline(settings, models=not train_first)
             if settings.model_backend == "local":
                 # MODEL_BACKEND=ray: the Ray replicas load the model, and set themselves up
                 # (bot.inference.ray_server); this process never imports torch or ParlAI.
@@ -284,8 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from bot.app import check_offline, must_train
 
             train_first = must_train(settings)  # as for run: the checks before the database
-            if not train_first:
-                check_offline(settings)
+            check_offline(settings, models=not train_first)
             _set_up_model_process(settings)
             _ensure_model(settings, level, training_level=settings.log_level)
             if train_first:

@@ -371,7 +371,12 @@ class Service:
         # Variants this replica cannot serve (a model that does not load here): the others
         # keep serving, and operators see why in `replicas.info` and on the dashboard.
         load_errors: dict[str, str] = dict(getattr(self.responder, "load_errors", {}) or {})
-        problems += [f"variant {name}: {why}" for name, why in load_errors.items()]
+        model_detail = str(readiness["checks"].get("model", {}).get("detail", ""))
+        problems += [
+            f"variant {name}: {why}"
+            for name, why in load_errors.items()
+            if f"variant {name}: " not in model_detail  # a weighted one: readiness named it
+        ]
         experiment = getattr(self.responder, "experiment", None)
         info: dict[str, object] = {
             "mode": "polling" if polling else "webhook",
@@ -534,28 +539,37 @@ def run_service(settings: Settings) -> int:
         return 2
 
 
-def check_offline(settings: Settings) -> None:
+def check_offline(settings: Settings, *, models: bool = True) -> None:
     """Every check that needs neither the network nor the model, for `run` and `chat` to call
     before their first connection (the database's, the Bot API's): the variants file (its
     numbers, and that the model files it names exist), the personas file and the privacy
     notice. A mistake there stops the start at once (ConfigError: exit status 2), not after
     getMe, which is retried for as long as the Bot API cannot be reached.
 
-    Settings themselves were validated when they were read (bot.config).
+    Settings themselves were validated when they were read (bot.config). `models=False`
+    leaves the model files out (a first start checks them after it has trained the default
+    model, which the variants file may name), so the rest still fails before training.
     """
     from bot.engine.variants import load_experiment
     from bot.presets import load_presets
 
-    load_experiment(settings)  # its models complete, BOT_MODEL where a variant names none
+    # its models complete (BOT_MODEL where a variant names none), where they load here
+    load_experiment(settings, check_model=None if models else False)
     model = settings.model_file
-    if settings.variants_file is None and settings.model_backend == "local":
-        if not model.startswith("zoo:") and not Path(model + ".opt").is_file():
-            raise ConfigError(
-                f"BOT_MODEL {model}: no ParlAI model there (no {model}.opt); run `python -m bot "
-                "train` to build one, or set BOT_MODEL to a model file or a zoo: path"
-            )
-        if not model.startswith("zoo:") and (why := incomplete_model(model)) is not None:
-            raise ConfigError(f"BOT_MODEL: {why}")
+    local = models and settings.variants_file is None and settings.model_backend == "local"
+    if local and not model.startswith("zoo:"):
+        named = "BOT_MODEL" if settings.bot_model else "the default model (BOT_MODEL is unset)"
+        remedy = (
+            "set BOT_MODEL to a complete model file or a zoo: path"
+            if settings.bot_model
+            else "run `python -m bot train` to train one, or restore models/chitchat/ from the "
+            "repository"
+        )
+        if not Path(model + ".opt").is_file():
+            raise ConfigError(f"{named}: no ParlAI model at {model} (no {model}.opt); {remedy}")
+        why = incomplete_model(model)
+        if why is not None:
+            raise ConfigError(f"{named}: {why}; {remedy}")
     load_presets(settings.personas_file, settings.persona_max_chars)
     if settings.privacy_file is not None:
         try:

@@ -667,14 +667,22 @@ ID_RANGE = range(-(2**63), 2**63)
 
 
 def _positive(value: str) -> int:
-    n = int(value)
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
     if not 1 <= n <= MAX_COUNT:
         raise argparse.ArgumentTypeError(f"must be 1 or more, at most {MAX_COUNT:,}")
     return n
 
 
 def _chat_id(value: str) -> int:
-    n = int(value)
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a chat id: {value!r} is not a whole number"
+        ) from None
     if n not in ID_RANGE:
         raise argparse.ArgumentTypeError(f"not a chat id: {value} is outside the 64-bit range")
     return n
@@ -926,7 +934,7 @@ def run_admin(settings: Settings, args: argparse.Namespace) -> int:
     A broken VARIANTS_FILE (`admin variants`, `admin assign`) raises ConfigError, which the
     command line reports like any other configuration error (exit status 2).
     """
-    experiment = load_experiment(settings) if needs_experiment(args) else None
+    experiment = load_experiment(settings, check_model=False) if needs_experiment(args) else None
     try:
         return asyncio.run(
             admin(

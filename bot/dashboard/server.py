@@ -88,7 +88,7 @@ async def start_dashboard(settings: Settings, *, listen: str, port: int) -> Runn
         settings,
         url=url,
         password=_password(settings),
-        experiment=load_experiment(settings),
+        experiment=load_experiment(settings, check_model=False),
         listen=listen,
     )
     app.on_startup.append(_check_database)

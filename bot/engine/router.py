@@ -437,16 +437,21 @@ class VariantResponder:
             raise VariantUnavailable("no variant is served on this replica yet")
         return fallback, {fallback: 1.0}
 
+    def _serving_now(self) -> list[str]:
+        """The variants whose backend takes turns here now, in the experiment's order: loaded,
+        and not stalled, restarting or without a running Ray replica."""
+        return [name for name in self.ready if self.backends[name].alive]
+
     def _weighted_ready(self) -> list[str]:
-        """The variants with a weight above 0 whose backend is up here, in the experiment's
-        order: those a new chat may be drawn into."""
-        ready = set(self.ready)
+        """The variants with a weight above 0 whose backend takes turns here now, in the
+        experiment's order: those a new chat may be drawn into."""
+        ready = set(self._serving_now())
         return [v.name for v in self.experiment.variants if v.weight > 0 and v.name in ready]
 
     def _fallback(self) -> str | None:
         """Where new chats go while no weighted variant is served here: the control if it is
         served, else the first variant that is (None: none is). Logged once per change."""
-        ready = self.ready
+        ready = self._serving_now()
         control = next((v.name for v in self.experiment.variants if v.control), None)
         name = control if control in ready else (ready[0] if ready else None)
         if name is not None and name != self._fallback_logged:

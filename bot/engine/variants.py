@@ -161,11 +161,18 @@ def single_variant(settings: Settings) -> Experiment:
     )
 
 
-def load_experiment(settings: Settings) -> Experiment:
+def load_experiment(settings: Settings, *, check_model: bool | None = None) -> Experiment:
     """VARIANTS_FILE validated, or the single default variant when it is unset.
 
     Every problem is reported, one line each, naming the variant; raises ConfigError.
+    `check_model`: whether every local model must be complete here (bot.model_files); by
+    default where this process loads the models (MODEL_BACKEND=local), not on a front-end
+    whose models load on a Ray cluster. The admin commands and the dashboard pass False: the
+    file only seeds the experiment for them, and a broken model must not lock out the
+    commands that take it out of service.
     """
+    if check_model is None:
+        check_model = settings.model_backend == "local"
     if settings.variants_file is None:
         return single_variant(settings)
     path = Path(settings.variants_file)
@@ -177,10 +184,12 @@ def load_experiment(settings: Settings) -> Experiment:
         raise ConfigError(f"VARIANTS_FILE {path} cannot be read: {err}") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"VARIANTS_FILE {path} is not valid TOML: {err}") from None
-    return parse_experiment(data, settings, source=str(path))
+    return parse_experiment(data, settings, source=str(path), check_model=check_model)
 
 
-def parse_experiment(data: dict[str, Any], settings: Settings, *, source: str) -> Experiment:
+def parse_experiment(
+    data: dict[str, Any], settings: Settings, *, source: str, check_model: bool = True
+) -> Experiment:
     """Validate the parsed file; raises ConfigError listing every problem."""
     problems: list[str] = []
     unknown_top = sorted(set(data) - {"experiment", "allocation", "variants"})
@@ -203,7 +212,7 @@ def parse_experiment(data: dict[str, Any], settings: Settings, *, source: str) -
     variants: list[Variant] = []
     seen: set[str] = set()
     for index, table in enumerate(raw, start=1):
-        variant = _parse_variant(table, index, settings, seen, problems)
+        variant = _parse_variant(table, index, settings, seen, problems, check_model=check_model)
         if variant is not None:
             variants.append(variant)
     if variants and not problems:

@@ -45,6 +45,14 @@ def passive_waiting() -> None:
     os.environ.setdefault("KMP_BLOCKTIME", "0")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the OS says; else all)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
 def set_torch_threads(threads: int | None, default: int | None = MODEL_THREADS) -> None:
     """Torch's intra-op thread count for this process: `threads` (TORCH_THREADS, a worker's or
     variant's), else `default` (one per model process; None keeps torch's own: one per core,
@@ -55,7 +63,7 @@ def set_torch_threads(threads: int | None, default: int | None = MODEL_THREADS) 
     """
     passive_waiting()
     n = threads or default
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     if n and n > cores:
         # A variant's `threads` is bounded when it is stored, not by this host's cores: more
         # threads than cores only slow the process down.

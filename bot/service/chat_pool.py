@@ -195,6 +195,10 @@ class ChatPool(Generic[R]):
                 if lane is not None and not self._lane_ready(lane):
                     attempt += 1
                     await CLAIM_BACKOFF.sleep(attempt)
+                    # Asked again: a chat with no variant yet goes where a served one is now
+                    # (bot.engine.router.lane_of), instead of waiting on a lane that may never
+                    # come up; an assigned chat keeps its variant's lane.
+                    lane = await self._lane_of(chat_id)
                     continue
                 # The concurrency slot first, then the chat's lease: a chat waiting for a slot
                 # holds no lease (a replica with room takes it meanwhile), and a chat whose

@@ -81,6 +81,7 @@ class FeedbackData:
     """The export, read and split."""
 
     episodes: int = 0
+    conversations: int = 0  # a conversation whose persona changed is several episodes
     examples: int = 0
     by_source: dict[str, int] = field(default_factory=dict)
     left_out: dict[str, int] = field(default_factory=dict)
@@ -157,6 +158,7 @@ def read_feedback(path: Path, recipe: FeedbackRecipe = DEFAULT_FEEDBACK_RECIPE) 
         if session not in held:
             held[session] = rng.random() < recipe.heldout_share
         heldout = held[session]
+        data.conversations = len(held)
         persona: list[str] = []
         lines: list[str] = []
         for i, msg in enumerate(episode):
@@ -342,9 +344,9 @@ def finetune_from_feedback(
     if out_dir.exists() and not out_dir.is_dir():
         raise FeedbackInputError(f"--out {out_dir} is a file, not a directory")
     log.info(
-        "feedback: %d conversations, %d replies; training on %d liked (%s), holding out %d; "
-        "left out %s",
-        data.episodes, data.examples, len(data.train),
+        "feedback: %d conversations (%d episodes), %d replies; training on %d liked (%s), "
+        "holding out %d; left out %s",
+        data.conversations, data.episodes, data.examples, len(data.train),
         ", ".join(f"{k} {v}" for k, v in data.by_source.items()), len(data.heldout),
         ", ".join(f"{k} {v}" for k, v in data.left_out.items()),
     )  # fmt: skip
@@ -419,7 +421,8 @@ def finetune_from_feedback(
         "seed": recipe.seed,
         "minutes": minutes,
         "data": {
-            "conversations": data.episodes,
+            "conversations": data.conversations,
+            "episodes": data.episodes,
             "replies": data.examples,
             "liked_by_source": data.by_source,
             "train_examples": len(data.train),

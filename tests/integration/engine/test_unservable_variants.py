@@ -14,14 +14,17 @@ import asyncio
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from bot.admin.cli import run_admin
 from bot.app import Service
+from bot.conversations.store import ConversationStore
 from bot.engine import live, router
-from bot.engine.variants import load_experiment
+from bot.engine.router import Backend, VariantResponder
+from bot.engine.variants import Experiment, Variant, load_experiment
 from tests.integration.admin.test_admin import parse_admin
 from tests.integration.engine.test_live_variants import admin_settings, cli
 from tests.integration.engine.test_variants_service import write_variants
@@ -167,3 +170,42 @@ def test_admin_refuses_to_leave_only_weighted_variants_whose_model_is_incomplete
     assert status == 0 and "forced: every new chat goes to a (the control" in out
     status, out, _ = admin("list", "--json")
     assert [v["name"] for v in json.loads(out)["variants"]] == ["a", "cand"]
+
+
+async def test_new_chats_avoid_a_weighted_variant_whose_backend_is_down(
+    store: ConversationStore,
+) -> None:
+    """A variant that loaded once but takes no turns now (a worker restarting again and again,
+    a Ray variant with no replica running) is not served either: new chats, and the lane the
+    chat pool waits on for them, go where a backend is up; they follow it back once it is."""
+    experiment = Experiment(
+        "down-test", (Variant("a", "zoo:x", 0.0, True), Variant("b", "zoo:x", 1.0, False))
+    )
+    up, down = SimpleNamespace(alive=True), SimpleNamespace(alive=False)
+    backends = {"a": cast(Backend, up), "b": cast(Backend, down)}
+    responder = VariantResponder(experiment, backends, store)
+    assert await responder.lane_of(951) == "a"
+    assert await responder.variant_for(await store.active_session(951)) == "a"
+    down.alive = True
+    assert await responder.lane_of(952) == "b"
+    assert await responder.variant_for(await store.active_session(952)) == "b"
+    assert await responder.variant_for(await store.active_session(951)) == "a"  # sticky
+
+
+def test_a_broken_model_in_the_variants_file_does_not_lock_out_the_admin_commands(
+    sqlite_url: str, tmp_path: Path, tiny_model_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The file only seeds the experiment for `admin variants`: a variant whose weights went
+    missing must still be listed, drained and removed by the commands that fix it."""
+    cand = tmp_path / "cand"
+    shutil.copytree(Path(tiny_model_file).parent, cand)
+    (cand / "model").unlink()
+    vf = tmp_path / "v.toml"
+    vf.write_text(
+        f'[[variants]]\nname = "a"\nmodel = "{tiny_model_file}"\ncontrol = true\n'
+        f'[[variants]]\nname = "cand"\nmodel = "{cand / "model"}"\nweight = 0\n'
+    )
+    settings = admin_settings(sqlite_url, tmp_path, vf)
+    assert run_admin(settings, parse_admin("variants", "list")) == 0
+    assert run_admin(settings, parse_admin("variants", "remove", "cand")) == 0
+    assert "removed cand" in capsys.readouterr().out

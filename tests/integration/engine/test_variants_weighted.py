@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import cast
 
 import pytest
@@ -168,9 +169,9 @@ async def test_a_thompson_assignment_records_the_probability_it_was_drawn_with(
     # The votes per variant: a 6 up 1 down (all its replies), b 1 up 3 down.
     want = thompson_split({"a": (6, 1), "b": (1, 3)})
     store = ConversationStore(sessionmaker)
-    # Both variants served (a chat is only drawn into a served variant); assignment never
-    # calls a backend, so any stands in for one.
-    served = {name: cast(Backend, object()) for name in EXPERIMENT.names}
+    # Both variants served (a chat is only drawn into a variant whose backend is up);
+    # assignment never calls a backend, so one that only says it is up stands in for it.
+    served = {name: cast(Backend, SimpleNamespace(alive=True)) for name in EXPERIMENT.names}
     router = VariantResponder(EXPERIMENT, served, store)
     for chat in range(100, 130):
         session = await store.active_session(chat)
