@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bot.config import ConfigError, Settings
-from bot.model_files import incomplete_model
+from bot.model_files import incomplete_model, zoo_refusal
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,11 @@ def load_shared_agent(
     dtype = model_dtype(settings, device)  # refused before the model loads
     datapath = str((settings.data_dir / "parlai").resolve())
     model_file = settings.model_file
-    # zoo: paths are downloaded here, into the data directory, on first use.
+    # zoo: paths are downloaded here, into the data directory, on first use; a model not
+    # staged there while the zoo is unreachable is refused within seconds, naming where its
+    # files go, instead of ParlAI's 15 s of retries.
+    if model_file.startswith("zoo:") and (refusal := zoo_refusal(datapath, model_file)):
+        raise ConfigError(f"BOT_MODEL {refusal}")
     resolved = modelzoo_path(datapath, model_file)
     if not Path(str(resolved) + ".opt").exists():
         raise ConfigError(
