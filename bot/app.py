@@ -31,7 +31,7 @@ from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker, safe_url
 from bot.engine.protocol import ResponderProtocol
 from bot.logs import settings_secrets
-from bot.model_files import incomplete_model, zoo_refusal
+from bot.model_files import unservable_model, zoo_refusal
 from bot.service.budget import BudgetedRateLimiter, SendBudget
 from bot.service.delivery import Delivery
 from bot.service.health import Health, OpsServer
@@ -563,7 +563,7 @@ def check_offline(settings: Settings) -> None:
                 f"BOT_MODEL {model}: no ParlAI model there (no {model}.opt); run `python -m bot "
                 "train` to build one, or set BOT_MODEL to a model file or a zoo: path"
             )
-        if not model.startswith("zoo:") and (why := incomplete_model(model)) is not None:
+        if not model.startswith("zoo:") and (why := unservable_model(model)) is not None:
             raise ConfigError(f"BOT_MODEL: {why}")
     load_presets(settings.personas_file, settings.persona_max_chars)
     if settings.privacy_file is not None:

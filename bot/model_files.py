@@ -237,3 +237,50 @@ def zoo_refusal(
         "docs/models.md, 'A zoo model without internet', says how; or let this machine reach "
         "parl.ai"
     )
+
+
+# --- the agents the service runs ------------------------------------------------------------
+#
+# The service serves ParlAI's generator agents: TorchGeneratorAgent subclasses that answer from
+# the conversation alone (clones, persona pinning, our batched search and schedulers rest on
+# that). Retrieval rankers pick a reply from candidates, and BlenderBot 2/3, SeeKeR and the
+# other retrieval-augmented generators need search engines, memories and modules of their own:
+# both are refused when a model is accepted, from the `.opt`'s `model` key, before loading.
+SERVED_AGENTS = (
+    "TorchGeneratorAgent subclasses that answer from the conversation alone: "
+    "transformer/generator (BlenderBot 1 and the default model), bart, seq2seq"
+)
+RANKERS = ("polyencoder", "biencoder", "crossencoder", "ranker", "retriever", "memnn")
+RETRIEVAL_AUGMENTED = ("projects.", "parlai.projects.", "rag", "fid", "bb3", "seeker")
+
+
+def unserved_agent(agent: object) -> str | None:
+    """None for an agent name (`.opt` `model`) the service may run, else why not. Options
+    without one pass here: the model loader checks the agent class itself."""
+    if not isinstance(agent, str) or not agent:
+        return None
+    name = agent.lower()
+    if any(word in name for word in RANKERS):
+        return f"its agent {agent} is a retrieval ranker, which picks replies from candidates"
+    if name.startswith(RETRIEVAL_AUGMENTED) or name.startswith("internal:"):
+        return (
+            f"its agent {agent} generates with retrieval, search or memory modules "
+            "(BlenderBot 2/3, SeeKeR, RAG/FiD), which this service does not run"
+        )
+    return None
+
+
+def unservable_model(model_file: str | Path) -> str | None:
+    """None for a model the service can serve, else one sentence saying why not and what to
+    do: an incomplete model (incomplete_model), or an agent it does not run."""
+    incomplete = incomplete_model(model_file)
+    if incomplete is not None:
+        return incomplete
+    try:
+        opt = json.loads(Path(f"{model_file}.opt").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):  # pragma: no cover - checked above
+        return None
+    why = unserved_agent(opt.get("model"))
+    if why is None:
+        return None
+    return f"the model at {model_file} cannot be served: {why}. Supported: {SERVED_AGENTS}"
