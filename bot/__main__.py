@@ -1,4 +1,5 @@
-"""Command line: `python -m bot {run,chat,train,db,admin,dashboard}`, and the composition root.
+"""Command line: `python -m bot {run,chat,train,model,db,admin,dashboard}`, and the
+composition root.
 
 Process-wide things are set up here, once per command, and nowhere else: logging (our one root
 handler, with redaction), ParlAI's compatibility shims (bot.inference.compat) and torch's thread
@@ -103,6 +104,24 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         help="set the role's password from this environment variable (sent as a SCRAM "
         "verifier, never printed)",
+    )
+
+    model = sub.add_parser("model", help="check a model before serving it")
+    model_sub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    check = model_sub.add_parser(
+        "check",
+        help="load a model as the service would and print its shape, runtime path and parity",
+        description="Load a model file (or the directory holding model.opt) or a zoo: path "
+        "the way the service does, print its shape (parameters, layers, embedding size, "
+        "dictionary, context length, decoding options), which search and scheduler will serve "
+        "it and why, a parity probe (a few turns through the service's path against ParlAI's "
+        "own agent), milliseconds per reply and resident memory. Exit status 0: served and "
+        "replies equal to ParlAI's; 1: they differ; 2: it cannot be served (the reason is "
+        "printed). Settings (SEARCH_IMPL, SCHEDULER, INFERENCE, BEAM_*, ...) apply as in run.",
+    )
+    check.add_argument("path", metavar="PATH", help="a model file, its directory, or a zoo: path")
+    check.add_argument(
+        "--turns", type=int, default=4, help="turns of the parity probe (1-4, default 4)"
     )
 
     from bot.admin.cli import add_admin_parser
@@ -298,6 +317,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             _set_up_logging(settings, settings.log_level)
             _set_up_model_process(settings, training=True)
             return _train(settings, args)
+        if args.command == "model":
+            level = _quiet_level(settings)
+            _set_up_logging(settings, level)
+            _set_up_model_process(settings)
+            from bot.inference.check import run_check
+            from bot.inference.model import route_parlai_logging
+
+            route_parlai_logging(level)
+            return run_check(settings, args.path, args.turns, sys.stdout)
         if args.command == "db":
             _set_up_logging(settings, _quiet_level(settings))
             return _db(settings, args)

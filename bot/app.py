@@ -31,7 +31,7 @@ from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker, safe_url
 from bot.engine.protocol import ResponderProtocol
 from bot.logs import settings_secrets
-from bot.model_files import incomplete_model
+from bot.model_files import unservable_model, zoo_refusal
 from bot.service.budget import BudgetedRateLimiter, SendBudget
 from bot.service.delivery import Delivery
 from bot.service.health import Health, OpsServer
@@ -544,7 +544,9 @@ def check_offline(settings: Settings, *, models: bool = True) -> None:
     before their first connection (the database's, the Bot API's): the variants file (its
     numbers, and that the model files it names exist), the personas file and the privacy
     notice. A mistake there stops the start at once (ConfigError: exit status 2), not after
-    getMe, which is retried for as long as the Bot API cannot be reached.
+    getMe, which is retried for as long as the Bot API cannot be reached. The one network call:
+    a `zoo:` model not staged in DATA_DIR/parlai probes ParlAI's download host for a few
+    seconds, and is refused, naming where to stage it, when that cannot be reached.
 
     Settings themselves were validated when they were read (bot.config). `models=False`
     leaves the model files out (a first start checks them after it has trained the default
@@ -554,8 +556,15 @@ def check_offline(settings: Settings, *, models: bool = True) -> None:
     from bot.presets import load_presets
 
     # its models complete (BOT_MODEL where a variant names none), where they load here
-    load_experiment(settings, check_model=None if models else False)
+    experiment = load_experiment(settings, check_model=None if models else False)
     model = settings.model_file
+    if models and settings.model_backend == "local":
+        # A zoo model neither staged nor downloadable: a probe of a few seconds, not ParlAI's
+        # retries after getMe (bot.model_files.zoo_refusal).
+        datapath = settings.data_dir / "parlai"
+        for zoo in sorted({v.model for v in experiment.variants if v.model.startswith("zoo:")}):
+            if (refusal := zoo_refusal(datapath.resolve(), zoo)) is not None:
+                raise ConfigError(f"BOT_MODEL {refusal}" if zoo == model else refusal)
     local = models and settings.variants_file is None and settings.model_backend == "local"
     if local and not model.startswith("zoo:"):
         named = "BOT_MODEL" if settings.bot_model else "the default model (BOT_MODEL is unset)"
@@ -567,7 +576,7 @@ def check_offline(settings: Settings, *, models: bool = True) -> None:
         )
         if not Path(model + ".opt").is_file():
             raise ConfigError(f"{named}: no ParlAI model at {model} (no {model}.opt); {remedy}")
-        why = incomplete_model(model)
+        why = unservable_model(model)
         if why is not None:
             raise ConfigError(f"{named}: {why}; {remedy}")
     load_presets(settings.personas_file, settings.persona_max_chars)

@@ -32,7 +32,7 @@ from bot.engine.variants import (
     Variant,
     parse_variant,
 )
-from bot.model_files import incomplete_model
+from bot.model_files import unservable_model
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ async def cannot_serve(
     if settings.model_backend == "local":
         for v in experiment.variants:
             if not v.model.startswith("zoo:"):
-                why = incomplete_model(v.model)
+                why = unservable_model(v.model)
                 if why is not None:
                     out[v.name] = why
     reports = [

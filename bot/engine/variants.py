@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.config import ConfigError, Settings
-from bot.model_files import incomplete_model
+from bot.model_files import unservable_model
 
 DEFAULT_EXPERIMENT = "default"
 DEFAULT_VARIANT = "default"
@@ -291,7 +291,7 @@ def _parse_variant(
                 f"{label}: no model at {model} (no {model}.opt); train one with "
                 "`python -m bot train --out PATH`, or use a zoo: path"
             )
-        elif (incomplete := incomplete_model(model)) is not None:
+        elif (incomplete := unservable_model(model)) is not None:
             problems.append(f"{label}: {incomplete}")
     generation: dict[str, Any] = {}
     inference = table.get("inference")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bot.config import ConfigError, Settings
-from bot.model_files import incomplete_model
+from bot.model_files import SERVED_AGENTS, unservable_model, zoo_refusal
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,27 @@ def map_weights(agent: Any, model_file: str) -> bool:
     return True
 
 
+def not_a_generator(model_file: str) -> str | None:
+    """None when the `.opt`'s agent class is a TorchGeneratorAgent subclass, else why it is
+    not served (the names bot.model_files refuses are refused before this imports anything)."""
+    import json
+
+    from parlai.core.loader import load_agent_module
+    from parlai.core.torch_generator_agent import TorchGeneratorAgent
+
+    name = json.loads(Path(model_file + ".opt").read_text(encoding="utf-8")).get("model")
+    try:
+        cls = load_agent_module(name)
+    except Exception as err:  # noqa: BLE001 - an unknown or broken agent module
+        return f"the model at {model_file} names agent {name!r}, which ParlAI cannot load ({err})"
+    if isinstance(cls, type) and issubclass(cls, TorchGeneratorAgent):
+        return None
+    return (
+        f"the model at {model_file} cannot be served: its agent {name} is not a generator "
+        f"({getattr(cls, '__name__', cls)}). Supported: {SERVED_AGENTS}"
+    )
+
+
 def load_shared_agent(
     settings: Settings,
     extra_overrides: dict[str, Any] | None = None,
@@ -196,7 +217,11 @@ def load_shared_agent(
     dtype = model_dtype(settings, device)  # refused before the model loads
     datapath = str((settings.data_dir / "parlai").resolve())
     model_file = settings.model_file
-    # zoo: paths are downloaded here, into the data directory, on first use.
+    # zoo: paths are downloaded here, into the data directory, on first use; a model not
+    # staged there while the zoo is unreachable is refused within seconds, naming where its
+    # files go, instead of ParlAI's 15 s of retries.
+    if model_file.startswith("zoo:") and (refusal := zoo_refusal(datapath, model_file)):
+        raise ConfigError(f"BOT_MODEL {refusal}")
     resolved = modelzoo_path(datapath, model_file)
     if not Path(str(resolved) + ".opt").exists():
         raise ConfigError(
@@ -206,9 +231,12 @@ def load_shared_agent(
         )
     # ParlAI would build a model with random weights where the weights file is missing, and
     # fail at the first turn without the dictionary: neither is ever served.
-    incomplete = incomplete_model(resolved)
+    incomplete = unservable_model(resolved)
     if incomplete is not None:
         raise ConfigError(incomplete)
+    refused = not_a_generator(str(resolved))
+    if refused is not None:
+        raise ConfigError(refused)
     overrides: dict[str, Any] = {
         "interactive_mode": True,
         "skip_generation": False,
