@@ -666,23 +666,22 @@ MAX_TIMEOUT_S = 2_147_483
 ID_RANGE = range(-(2**63), 2**63)
 
 
-def _positive(value: str) -> int:
+def _whole(value: str, what: str) -> int:
     try:
-        n = int(value)
+        return int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+        raise argparse.ArgumentTypeError(f"{what}: {value!r} is not a whole number") from None
+
+
+def _positive(value: str) -> int:
+    n = _whole(value, "not a count")
     if not 1 <= n <= MAX_COUNT:
         raise argparse.ArgumentTypeError(f"must be 1 or more, at most {MAX_COUNT:,}")
     return n
 
 
 def _chat_id(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a chat id: {value!r} is not a whole number"
-        ) from None
+    n = _whole(value, "not a chat id")
     if n not in ID_RANGE:
         raise argparse.ArgumentTypeError(f"not a chat id: {value} is outside the 64-bit range")
     return n

@@ -34,15 +34,27 @@ hello again
 """
 
 
-def test_terminal_chat_persists_everything(tmp_path: Path, tiny_model_file: str) -> None:
-    db_file = tmp_path / "chat.sqlite3"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEGRAM_", "DATABASE_"))}
+def chat_env(tmp_path: Path, model: str, **extra: str) -> dict[str, str]:
+    """The environment of `python -m bot chat` on `model` with its own SQLite file: this
+    process's, less its Telegram, database and log-level settings."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TELEGRAM_", "DATABASE_")) and k != "LOG_LEVEL"
+    }
     env.update(
         PYTHONPATH=str(ROOT),
-        BOT_MODEL=tiny_model_file,
-        DATABASE_URL=f"sqlite+aiosqlite:///{db_file}",
+        BOT_MODEL=model,
+        DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'chat.sqlite3'}",
         DATA_DIR=str(tmp_path / "data"),
+        **extra,
     )
+    return env
+
+
+def test_terminal_chat_persists_everything(tmp_path: Path, tiny_model_file: str) -> None:
+    db_file = tmp_path / "chat.sqlite3"
+    env = chat_env(tmp_path, tiny_model_file)
     proc = subprocess.run(
         [sys.executable, "-m", "bot", "chat", "--chat-id", "42"],
         input=SCRIPT,
@@ -102,13 +114,7 @@ def test_terminal_chat_persists_everything(tmp_path: Path, tiny_model_file: str)
 def test_on_a_terminal_the_reply_grows_on_its_line(tmp_path: Path, tiny_model_file: str) -> None:
     """STREAM_REPLIES=on with a terminal for output: the reply grows on one line while it
     generates, then the stored one replaces it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEGRAM_", "DATABASE_"))}
-    env.update(
-        PYTHONPATH=str(ROOT),
-        BOT_MODEL=tiny_model_file,
-        DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'chat.sqlite3'}",
-        DATA_DIR=str(tmp_path / "data"),
-    )
+    env = chat_env(tmp_path, tiny_model_file)
     controller, terminal = pty.openpty()
     with (tmp_path / "stderr.log").open("wb") as stderr:
         proc = subprocess.Popen(
@@ -158,18 +164,7 @@ async def _output_until_the_prompt(
 ) -> tuple[str, str]:
     """`python -m bot chat` on a terminal (stdin and stdout), stderr in a file: what both had
     when the first `you> ` prompt appeared. Then /quit, and it exits 0."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TELEGRAM_", "DATABASE_")) and k != "LOG_LEVEL"
-    }
-    env.update(
-        PYTHONPATH=str(ROOT),
-        BOT_MODEL=tiny_model_file,
-        DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'chat.sqlite3'}",
-        DATA_DIR=str(tmp_path / "data"),
-        **extra,
-    )
+    env = chat_env(tmp_path, tiny_model_file, **extra)
     controller, terminal = pty.openpty()
     stderr_file = tmp_path / "stderr.log"
     proc = _start_chat(env, tmp_path, terminal, stderr_file)
