@@ -1,7 +1,7 @@
 """Continuous batching against the micro-batcher, under open-loop load, in one run.
 
     python -m bench.continuous [--minutes 3] [--quick] [--max-size 16] [--threads 2] [--churn]
-                               [--alone] [--buckets]
+                               [--alone] [--buckets] [--drafts]
 
 The model has BlenderBot-90M's architecture (random weights, bench.common), beam 10 with n-gram
 and context blocking, and every reply is exactly 32 tokens (beam_min_length == label_truncate ==
@@ -22,7 +22,14 @@ same chats at the same arrival times (one seed), one after the other:
                identical replies
   load points  p50 and p95 reply latency (submit to reply) of the turns asked in the window,
                and for the continuous scheduler the p50 time to the first draft (the first
-               whole word of the best hypothesis; the service shows "Thinking…" before that)
+               settled whole word; the service shows "Thinking…" before that)
+  drafts       at 70% load, the continuous scheduler once more with the draft rule before
+               issue 33 (the best hypothesis so far), at the same arrivals: the share of drafts
+               that begin their reply's text, and the time to the first visible word (the first
+               draft, or the reply where no draft came first), p50, for both rules; then the
+               same, one chat at a time, on the shipped model (delayed beam, beam 5), where
+               both rules see the same replies (the same seed per turn). `--drafts` runs only
+               this (the micro-batcher's capacity first, for the load)
 
 The micro-batcher is bot.inference.batcher.Batcher (BATCH_MAX_WAIT_MS 20), the continuous one
 bot.inference.scheduler.Scheduler, both with BATCH_MAX_SIZE `--max-size`. Outputs: RESULT
@@ -55,6 +62,49 @@ GENERATION = {
 
 
 @dataclass
+class Drafts:
+    """What the drafts of a set of turns showed."""
+
+    shown: int = 0  # drafts
+    prefixes: int = 0  # ... that begin their reply's text
+    turns: int = 0
+    drafted: int = 0  # turns with a draft before the reply
+    first_visible: list[float] = field(default_factory=list)  # seconds: first draft, or reply
+    at: list[float] = field(default_factory=list)  # first draft's time / the reply's
+
+    def add(self, reply: str, drafts: list[tuple[float, str]], latency: float) -> None:
+        """One turn: its reply, its drafts (seconds since it was asked, text), its latency."""
+        self.turns += 1
+        self.shown += len(drafts)
+        self.prefixes += sum(reply.startswith(text) for _, text in drafts)
+        self.first_visible.append(drafts[0][0] if drafts else latency)
+        if drafts:
+            self.drafted += 1
+            self.at.append(drafts[0][0] / latency)
+
+    def add_all(self, other: Drafts) -> None:
+        """Another set's turns into this one."""
+        self.shown += other.shown
+        self.prefixes += other.prefixes
+        self.turns += other.turns
+        self.drafted += other.drafted
+        self.first_visible += other.first_visible
+        self.at += other.at
+
+    def summary(self) -> dict[str, Any]:
+        """Figures for the JSON and the RESULT lines."""
+        return {
+            "drafts": self.shown,
+            "draft_prefix_share": self.prefixes / self.shown if self.shown else None,
+            "drafted_turn_share": self.drafted / self.turns if self.turns else None,
+            "first_visible_word_ms_p50": (
+                1000 * common.percentile(self.first_visible, 50) if self.first_visible else None
+            ),
+            "first_draft_at_p50": common.percentile(self.at, 50) if self.at else None,
+        }
+
+
+@dataclass
 class Point:
     """One scheduler at one offered load."""
 
@@ -64,6 +114,7 @@ class Point:
     latencies: list[float] = field(default_factory=list)  # seconds
     first_drafts: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    drafts: Drafts = field(default_factory=Drafts)
 
     def summary(self) -> dict[str, Any]:
         """Figures for the JSON and the table."""
@@ -78,6 +129,7 @@ class Point:
             "first_draft_p50_ms": (
                 1000 * common.percentile(self.first_drafts, 50) if self.first_drafts else None
             ),
+            **({"drafts": self.drafts.summary()} if self.scheduler != "batch" else {}),
         }
 
 
@@ -88,7 +140,29 @@ def make_engine(agent: Any, scheduler: str, max_size: int) -> Any:
 
     if scheduler == "continuous":
         return Scheduler(agent, max_size=max_size)
+    if scheduler == OLD_DRAFTS:
+        return best_so_far_scheduler(agent, max_size)
     return Batcher(agent, max_size=max_size, max_wait_ms=20)
+
+
+OLD_DRAFTS = "continuous-old-drafts"
+
+
+def best_so_far_scheduler(agent: Any, max_size: int, **kw: Any) -> Any:
+    """The continuous scheduler with the draft rule before issue 33, for the comparison: the
+    best hypothesis so far (the best finished one once the top beam ended), whole words."""
+    from bot.inference.scheduler import Scheduler
+
+    class BestSoFar(Scheduler):
+        def _draft_text(self, chat: Any) -> str:
+            if chat.eos_top and chat.finished:
+                tokens = chat.result().get_rescored_finished(1)[0][0].tolist()
+            else:
+                tokens = chat.hyps[0].tolist()
+            words = self._whole_words(tokens)
+            return self.postprocess(words) if words else ""
+
+    return BestSoFar(agent, max_size=max_size, **kw)
 
 
 class Chats:
@@ -112,20 +186,22 @@ async def ask(engine: Any, entry: Any, text: str, point: Point | None) -> float:
     from bot.inference.scheduler import Scheduler
 
     started = time.perf_counter()
-    first: list[float] = []
+    drafts: list[tuple[float, str]] = []
 
-    def draft(_text: str) -> None:
-        if not first:
-            first.append(time.perf_counter() - started)
+    def draft(text: str) -> None:
+        drafts.append((time.perf_counter() - started, text))
 
     turn = entry.user_turn(text)
     if isinstance(engine, Scheduler):
-        await engine.generate(entry.clone, turn, draft)
+        result = await engine.generate(entry.clone, turn, draft)
     else:
-        await engine.generate(entry.clone, turn)
+        result = await engine.generate(entry.clone, turn)
     latency = time.perf_counter() - started
-    if point is not None and first:
-        point.first_drafts.append(first[0])
+    if point is not None:
+        if drafts:
+            point.first_drafts.append(drafts[0][0])
+        if isinstance(engine, Scheduler):
+            point.drafts.add(result.text, drafts, latency)
     return latency
 
 
@@ -223,6 +299,61 @@ async def open_loop(agent: Any, point: Point, args: argparse.Namespace) -> None:
     finally:
         await engine.close()
     point.seconds = time.perf_counter() - started
+
+
+async def draft_points(agent: Any, rate: float, args: argparse.Namespace) -> list[Point]:
+    """The continuous scheduler at `rate` (the 70% load point) with the old draft rule; the
+    point with today's rule is the caller's."""
+    point = Point(OLD_DRAFTS, 0.7, rate)
+    await open_loop(agent, point, args)
+    print(point.summary(), flush=True)
+    return [point]
+
+
+SHIPPED_TURNS = 24
+
+
+async def shipped_drafts(args: argparse.Namespace) -> dict[str, Drafts]:
+    """The shipped default model (its own generation settings: delayed beam, beam 5), one chat
+    at a time, each turn asked under both draft rules with the same seed, so both see the
+    same reply."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from bot.config import Settings
+    from bot.inference import compat
+    from bot.inference.model import load_shared_agent
+    from bot.inference.scheduler import Scheduler
+
+    compat.apply()
+    with tempfile.TemporaryDirectory() as data:
+        settings = Settings(  # type: ignore[call-arg]
+            _env_file=None, data_dir=Path(data), model_device="cpu", torch_threads=args.threads
+        )
+        agent = load_shared_agent(settings)
+        engines = {
+            "new": Scheduler(agent, max_size=1),
+            "old": best_so_far_scheduler(agent, max_size=1),
+        }
+        figures = {name: Drafts() for name in engines}
+        for engine in engines.values():
+            await engine.start()
+        try:
+            chats = Chats(agent)
+            for turn in range(SHIPPED_TURNS):
+                user, _ = chats.new()
+                for name, engine in engines.items():
+                    entry = chats.cache.rebuild(user, common.persona(user), [])
+                    point = Point(name, 0.0, 0.0)
+                    torch.manual_seed(args.seed + turn)
+                    await ask(engine, entry, common.user_message(user, 0), point)
+                    figures[name].add_all(point.drafts)
+        finally:
+            for engine in engines.values():
+                await engine.close()
+    return figures
 
 
 CHURN_TRUNCATES = (32, 256)
@@ -365,6 +496,9 @@ async def main_async(args: argparse.Namespace) -> None:
     if args.buckets:
         common.emit_results(buckets(agent))
         return
+    if args.drafts:
+        await drafts_only(agent, args)
+        return
     if not args.churn:
         alone = await singles(agent, args)
         print({k: f"{v:.2f} s" for k, v in alone.items()}, flush=True)
@@ -386,6 +520,9 @@ async def main_async(args: argparse.Namespace) -> None:
             await open_loop(agent, point, args)
             points.append(point)
             print(point.summary(), flush=True)
+    seventy = next(p for p in points if p.scheduler == "continuous" and p.load == 0.7)
+    old_rule = await draft_points(agent, seventy.rate, args)
+    shipped = await shipped_drafts(args)
 
     rows = [
         [
@@ -414,7 +551,6 @@ async def main_async(args: argparse.Namespace) -> None:
         results[f"{tag}_p95_ms"] = s["p95_ms"] or 0.0
         if s["first_draft_p50_ms"] is not None:
             results[f"{tag}_first_draft_p50_ms"] = s["first_draft_p50_ms"]
-    seventy = next(p for p in points if p.scheduler == "continuous" and p.load == 0.7)
     results["continuous_p95_load70_over_single"] = (
         common.percentile(seventy.latencies, 95) / alone["continuous"]
     )
@@ -423,6 +559,7 @@ async def main_async(args: argparse.Namespace) -> None:
         results["first_draft_p50_ms"] = 1000 * common.percentile(seventy.first_drafts, 50)
     results["saturation_speedup"] = capacities["continuous"] / capacities["batch"]
     results.update(_churn_results(churns))
+    results.update(_draft_results(seventy, old_rule[0], shipped))
     common.emit_results(results)
     common.write_json(
         "continuous",
@@ -433,10 +570,51 @@ async def main_async(args: argparse.Namespace) -> None:
             "capacity_replies_per_s": capacities,
             "points": [p.summary() for p in points],
             "churn_ms": churns,
+            "old_draft_rule_load70": old_rule[0].summary(),
+            "shipped_drafts": {name: d.summary() for name, d in shipped.items()},
             "results": results,
         },
     )
     plot([p.summary() for p in points], alone, "continuous")
+
+
+async def drafts_only(agent: Any, args: argparse.Namespace) -> None:
+    """`--drafts`: the micro-batcher's capacity (for the load), then the continuous scheduler
+    at 70% of it with each draft rule, then the shipped model's turns."""
+    rate = 0.7 * await capacity(agent, "batch", args)
+    print(f"70% load: {rate:.2f} replies/s", flush=True)
+    point = Point("continuous", 0.7, rate)
+    await open_loop(agent, point, args)
+    print(point.summary(), flush=True)
+    old_rule = await draft_points(agent, rate, args)
+    shipped = await shipped_drafts(args)
+    results = _draft_results(point, old_rule[0], shipped)
+    common.emit_results(results)
+    common.write_json(
+        "continuous_drafts",
+        {
+            "args": vars(args),
+            "generation": {**GENERATION, "label_truncate": REPLY},
+            "load70": {"new": point.summary(), "old": old_rule[0].summary()},
+            "shipped": {name: d.summary() for name, d in shipped.items()},
+            "results": results,
+        },
+    )
+
+
+def _draft_results(new: Point, old: Point, shipped: dict[str, Drafts]) -> dict[str, float]:
+    """The RESULT lines of the draft rules: today's (no suffix) and the old one (`_old`)."""
+    results: dict[str, float] = {}
+    for suffix, drafts in (("", new.drafts), ("_old", old.drafts)):
+        for name, value in drafts.summary().items():
+            if name != "drafts" and value is not None:
+                results[f"{name}{suffix}"] = value
+    for rule, drafts in shipped.items():
+        suffix = "" if rule == "new" else "_old"
+        for name, value in drafts.summary().items():
+            if name != "drafts" and value is not None:
+                results[f"shipped_{name}{suffix}"] = value
+    return results
 
 
 def _churn_results(churns: dict[int, dict[str, float]]) -> dict[str, float]:
@@ -462,6 +640,7 @@ def main() -> None:
     parser.add_argument("--churn", action="store_true", help="only the join/leave costs")
     parser.add_argument("--alone", action="store_true", help="only one chat alone, both")
     parser.add_argument("--buckets", action="store_true", help="only ENCODER_BUCKETS on/off")
+    parser.add_argument("--drafts", action="store_true", help="only the two draft rules")
     parser.add_argument("--replot", action="store_true", help="only redraw the last run's plot")
     args = parser.parse_args()
     if args.replot:

@@ -163,7 +163,7 @@ class NeedContext(Request):
 
 @dataclass(frozen=True, slots=True)
 class Draft(Request):
-    """A streamed turn's best hypothesis so far, cleaned like the reply, whole words only."""
+    """A streamed turn's reply as far as it is settled, cleaned like the reply, whole words."""
 
     kind: ClassVar[Kind] = Kind.DRAFT
     text: str

@@ -24,7 +24,8 @@ from bot.db.conversations import MessageRow, SessionRow
 from bot.db.models import AssignmentSource
 from bot.engine.variants import Experiment
 
-# Where a streamed turn's drafts go: the best hypothesis so far, cleaned like the reply.
+# Where a streamed turn's drafts go: the settled start of the reply (what every hypothesis that
+# can still win shares), cleaned like the reply: each draft begins the reply's text.
 DraftSink = Callable[[str], None]
 
 

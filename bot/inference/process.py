@@ -6,10 +6,10 @@ the conversation's context when this worker asked for it) and gets replies back;
 that touches Telegram or the database stays in the service. The messages are the typed ones
 of bot/engine/pipe.py (Turn, Inspect, Evict, Stored, StatsRequest, Ping, Stop one way; Ready
 or Failed once, then Reply, NeedContext, Draft, Error, Stats, Pong the other). Drafts of a
-streamed turn are the best hypothesis so far, cleaned like the reply, whole words only: the
-first as soon as there is one, then at most one a second (continuous scheduler only). A Ping
-is answered on this process's event loop, with how long the inference thread has had work
-without a decoding step.
+streamed turn are the start of the reply as far as it is settled, cleaned like the reply, whole
+words only: the first as soon as there is one, then at most one a second (continuous scheduler
+only). A Ping is answered on this process's event loop, with how long the inference thread
+has had work without a decoding step.
 """
 
 from __future__ import annotations

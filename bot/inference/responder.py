@@ -133,8 +133,8 @@ class Responder:
         on_draft: DraftSink | None = None,
     ) -> Generated:
         """One turn with everything the batcher reports (model input included), and the clone
-        cache's figures for the metrics; the best hypothesis so far goes to `on_draft` while it
-        generates (continuous scheduler only)."""
+        cache's figures for the metrics; the settled start of the reply goes to `on_draft` while
+        it generates (continuous scheduler only)."""
         cached = self.has_fresh(session)  # else the checkout rebuilds it
         async with self.checkout(session, source) as entry:
             try:

@@ -7,9 +7,13 @@ after it, every chat whose search is done leaves, and its reply is delivered at 
 (self_observe, then its future is resolved on the event loop). Observe and self_observe happen
 exactly as in `Batcher._run_batch`, and the result is the same `Generated`.
 
-While a chat generates, `on_draft` (if given) receives its best hypothesis so far, cleaned like
-the reply and cut to whole words: the first one as soon as it has a whole word, then at most one
-per `draft_interval_s`, and only when the text changed. A turn with `on_draft` that arrives
+While a chat generates, `on_draft` (if given) receives the start of its reply as far as it is
+settled: the tokens every hypothesis that can still be the result shares
+(`fastgen.continuous.ChatSearch.settled`: the tokens so far, for greedy search), cut to whole
+words and cleaned as the reply will be, so that every draft is the start of the reply and
+none takes a word back. The best hypothesis so far is not shown: beams overtake each other.
+The first draft goes as soon as a whole word is settled, then at most one per
+`draft_interval_s`, and only when the text changed. A turn with `on_draft` that arrives
 while other chats run, and while the batch has room (no turn left waiting), takes its first
 step among the turns admitted with it (a step of their rows only), and its first draft is made
 right after that step: it does not wait for a step of every chat in flight.
@@ -48,6 +52,10 @@ class _Job:
     companions: int = 1  # the most chats that shared a step with it
     next_draft: float = 0.0
     last_draft: str = ""
+
+
+# what `Scheduler._cleaned_start` appends to a draft's words to see what the cleaning keeps
+_PROBES = ("x", ".")
 
 
 def whole_words(text: str) -> str:
@@ -312,19 +320,51 @@ class Scheduler:
             job = self._running.get(chat.key)
             if job is None or job.on_draft is None or now < job.next_draft:
                 continue
-            words = self._whole_words(chat.best_so_far())
-            if not words:
-                continue
-            draft = self.postprocess(words)
-            if draft == job.last_draft:
+            draft = self._draft_text(chat)
+            if not draft or draft == job.last_draft:
                 continue
             job.last_draft = draft
             job.next_draft = now + self.draft_interval_s
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
                 job.loop.call_soon_threadsafe(_draft, job, draft)
 
+    def _draft_text(self, chat: Any) -> str:
+        """What a draft of `chat` shows now ("": nothing yet): the whole words of the tokens
+        its reply will begin with (`ChatSearch.settled`), cleaned as the reply will be."""
+        tokens, complete = chat.settled()
+        if not tokens:
+            return ""
+        if complete:
+            return self.postprocess(str(self.shared_agent._v2t(tokens)))
+        words = self._whole_words(tokens)
+        return self._cleaned_start(words) if words else ""
+
+    def _cleaned_start(self, words: str) -> str:
+        """The part of `postprocess(words)` that the cleaning of the whole reply (`words`, a
+        space, more words) keeps as it is.
+
+        The cleaning looks at neighbours (ParlAI's normalize_reply glues a final "'" to the
+        word before it, unless punctuation follows; a cleaning may end the reply with a
+        period), so the cleaned words are compared with the cleaning of `words` followed by a
+        word and by a full stop, and only the start they share is shown: a whole word, or up
+        to punctuation."""
+        shown = self.postprocess(words)
+        longer = [self.postprocess(f"{words} {probe}") for probe in _PROBES]
+        n = 0
+        for chars in zip(shown, *longer, strict=False):
+            if len(set(chars)) > 1:
+                break
+            n += 1
+        if n == len(shown):
+            return shown
+        if n and shown[n - 1].isalnum() and shown[n].isalnum():  # cut inside a word
+            cut = shown[:n].rfind(" ")
+            return shown[:cut] if cut > 0 else ""
+        return shown[:n].rstrip()
+
     def _whole_words(self, tokens: list[int]) -> str:
-        """The words of a partial hypothesis that are complete already (tokenizer text)."""
+        """The words of a token prefix of the reply that are complete already (tokenizer
+        text; start and end tokens are left out)."""
         agent = self.shared_agent
         tokens = [t for t in tokens if t not in (agent.START_IDX, agent.END_IDX)]
         dictionary = agent.dict
@@ -337,7 +377,8 @@ class Scheduler:
             return str(dictionary.vec2txt(tokens))
         if kind in ("re", "split", "space"):
             return str(dictionary.vec2txt(tokens))  # every token is a word of its own
-        # byte-level BPE marks where a word starts, not where it ends: the last may grow
+        # byte-level BPE marks where a word starts, not where it ends: the last may grow, and
+        # a prefix may end inside a character (decoded as U+FFFD) only in that last word
         return whole_words(str(dictionary.vec2txt(tokens)))
 
 

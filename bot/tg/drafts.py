@@ -1,8 +1,9 @@
 """Streamed drafts in private chats: `sendMessageDraft` previews while a reply generates.
 
 A turn in a private chat (STREAM_REPLIES=on) opens a `DraftStream`: an empty draft at once
-(Telegram shows "Thinking…"), then every draft the model worker reports (the best hypothesis so
-far, whole words, at most about one per second per chat). The final reply still goes through
+(Telegram shows "Thinking…"), then every draft the model worker reports (the start of the
+reply as far as it is settled, whole words, at most about one per second per chat: each draft
+begins the reply, so none takes a word back). The final reply still goes through
 the outbox as a `sendMessage` whose text is exactly the stored reply (DESIGN.md invariant 12);
 a draft is only a preview.
 

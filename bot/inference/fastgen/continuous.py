@@ -88,6 +88,16 @@ def continuous_supported(agent: Any) -> str | None:
     return None
 
 
+def shared_start(rows: Sequence[Sequence[int]]) -> list[int]:
+    """The longest token prefix all `rows` share."""
+    out = []
+    for column in zip(*rows, strict=False):
+        if any(token != column[0] for token in column):
+            break
+        out.append(column[0])
+    return out
+
+
 def _base_prefix_tokens() -> Any:
     from parlai.core.torch_generator_agent import TorchGeneratorAgent
 
@@ -127,6 +137,8 @@ class ChatSearch:
     eos_top: bool = False
     n_best: int = 0
     finished: list[tuple[int, int]] = field(default_factory=list)
+    # the length-penalised scores of `finished`, as far as `settled` computed them
+    _penalised: list[float] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         dev = self.cross[0][1].device
@@ -206,12 +218,84 @@ class ChatSearch:
         self.scores, self.last = new_scores, tok_ids
         return hyp_ids.view(-1), tok_ids.view(-1)
 
-    def best_so_far(self) -> list[int]:
-        """The top hypothesis now, start token included: the best finished one when the top
-        row has ended, else the top row's partial tokens."""
-        if self.eos_top and self.finished:
-            return self.result().get_rescored_finished(1)[0][0].tolist()  # type: ignore[no-any-return]
-        return self.hyps[0].tolist()  # type: ignore[no-any-return]
+    def settled(self) -> tuple[list[int], bool]:
+        """The tokens the reply will begin with, whatever the remaining steps do, and whether
+        they are the whole reply (start and end tokens left out). Only these are shown in a
+        draft: the best hypothesis so far is not a prefix of the result (beams overtake each
+        other), so a draft made of it can take words back.
+
+        What this proves, for the search `select` runs (ParlAI's TreeSearch: beam, greedy,
+        delayed beam), after step t:
+
+        1. The result is the finished hypothesis with the best length-penalised score
+           (score / p(ts), p(ts) = ((2 + ts) / 6) ** length_penalty; the earlier finisher on
+           a tie), or, when none finished by `max_ts`, row 0 there with its last token made
+           the end token.
+        2. Every hypothesis that finishes after t, and row 0 at `max_ts`, extends a live row
+           of step t (last token not the end token, score above NEG): an ended row's
+           extensions score NEG or less and are never counted as finished (nor row 0, unless
+           every extension of every live row is blocked); min length and n-gram blocking
+           only remove extensions.
+        3. A finished hypothesis whose penalised score is below the best finished one's is
+           never chosen (the best one stays in the list). Those within a rounding margin
+           (1e-4, relative) of the best stay candidates, so float rounding decides nothing.
+        4. Scores only fall (log-probabilities are <= 0), so a live row with score S can
+           finish at a step T in (t, max_ts] with a penalised score of at most
+           max(S / p(t + 1), S / p(max_ts)). A row whose bound is below the best finished
+           score by more than the margin can no longer win, nor can its extensions.
+
+        So the result extends one of: the finished candidates of 3 and the live rows not
+        ruled out by 4, and their longest common token prefix is a prefix of the result.
+        While nothing has finished, the prefix is cut to `max_ts - 1` tokens (the part of
+        row 0 a forced end keeps). The whole reply is known once only finished candidates
+        remain and they agree. The candidates of a later step descend from these (or are
+        these), so the settled prefix only grows. Greedy search: the tokens so far. Sampling
+        (top-k, nucleus) never runs here (the micro-batcher answers it, without drafts).
+        """
+        if self.t == 0:
+            return [], False
+        rows = self.hyps.tolist()
+        scores = self.scores[0].tolist()
+        last = self.last[0].tolist()
+        # penalised scores of the finished hypotheses, computed once each
+        for ts, k in self.finished[len(self._penalised) :]:
+            self._penalised.append(float(self.score_hist[ts - 1][0, k]) / self._penalty(ts))
+        candidates: list[list[int]] = []
+        best = max(self._penalised, default=None)
+        margin = 1e-4 * max(1.0, abs(best)) if best is not None else 0.0
+        if best is not None:
+            for (ts, k), score in zip(self.finished, self._penalised, strict=True):
+                if score >= best - margin:
+                    candidates.append(self._finished_path(ts, k))
+        live = 0
+        far = (self._penalty(self.t + 1), self._penalty(self.max_ts))
+        for k in range(self.beam):
+            if last[k] == self.eos or scores[k] <= NEG:
+                continue
+            if best is not None and max(scores[k] / p for p in far) < best - margin:
+                continue  # it can no longer beat the best finished hypothesis
+            candidates.append(rows[k][1:])
+            live += 1
+        if not candidates:
+            return [], False
+        prefix = shared_start(candidates)
+        if best is None:
+            prefix = prefix[: self.max_ts - 1]
+        complete = live == 0 and all(len(c) == len(prefix) for c in candidates)
+        return prefix, complete
+
+    def _penalty(self, timestep: int) -> float:
+        """The length penalty of a hypothesis that finishes at `timestep` (BatchedBeams')."""
+        return math.pow((1 + timestep + 1) / 6, self.length_penalty)
+
+    def _finished_path(self, timestep: int, hyp: int) -> list[int]:
+        """The tokens of a finished hypothesis, without the start and end tokens."""
+        out = []
+        for i in range(timestep - 1, 0, -1):
+            hyp = int(self.back_hist[i][0, hyp])
+            out.append(int(self.tokens_hist[i - 1][0, hyp]))
+        out.reverse()
+        return out
 
     def result(self) -> BatchedBeams:
         """The finished search, answering get_rescored_finished like ParlAI's TreeSearch."""
