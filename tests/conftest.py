@@ -72,6 +72,15 @@ def tiny_model_file(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
+def cased_model_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny real ParlAI model built like BlenderBot 400M-distill: a cased byte-level BPE
+    dictionary (tests/support/tinymodel.py, build_cased_bpe_model), built once per run."""
+    from tests.support.tinymodel import build_cased_bpe_model
+
+    return build_cased_bpe_model(tmp_path_factory.getbasetemp() / "casedmodel")
+
+
+@pytest.fixture(scope="session")
 def tiny_agent(tiny_model_file: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The tiny model loaded the way the service loads its shared agent (clone it; do not
     patch it: other tests share it)."""

@@ -348,6 +348,8 @@ class ChatActions:
                 unsafe_text=verdict.unsafe_text,
                 # The responder answered `session` with its persona (ResponderProtocol).
                 persona=session.persona,
+                # What the model said, when that is what is sent (else nothing heard it).
+                model_text=reply.model_text if verdict.text == reply.text else None,
             )
             await turn.end_drafts()
             stored = await store(verdict, facts)

@@ -55,6 +55,9 @@ class MessageRow:
     session_id: int
     role: str
     text: str
+    # A bot reply's text as the model produced it, where the text shown differs (None: the
+    # same); a conversation rebuilt for the model reads this one.
+    model_text: str | None = None
 
 
 def _session_row(
@@ -170,6 +173,8 @@ class ReplyFacts:
     # None: not known to the caller; the conversation's persona in the database, read in the
     # same transaction, is stored (within a chat's turn nothing changes it meanwhile).
     persona: str | None = None
+    # The model's own text where the stored text differs from it (Reply.model_text).
+    model_text: str | None = None
 
 
 # A user's message, or a reply nothing is known of besides its text.
@@ -206,6 +211,7 @@ async def add_message(
         safety=facts.safety,
         unsafe_text=facts.unsafe_text,
         persona=persona,
+        model_text=facts.model_text if role == Role.BOT else None,
     )
     db.add(m)
     await db.flush()
@@ -217,9 +223,9 @@ async def tail_messages(
 ) -> list[MessageRow]:
     """The last `limit` messages of a conversation (all if None), oldest first; only those up
     to message id `upto` when given."""
-    stmt = select(Message.id, Message.session_id, Message.role, Message.text).where(
-        Message.session_id == session_id
-    )
+    stmt = select(
+        Message.id, Message.session_id, Message.role, Message.text, Message.model_text
+    ).where(Message.session_id == session_id)
     if upto is not None:
         stmt = stmt.where(Message.id <= upto)
     if limit is not None:
@@ -228,7 +234,7 @@ async def tail_messages(
         rows.reverse()
     else:
         rows = list(await db.execute(stmt.order_by(Message.id)))
-    return [MessageRow(r.id, r.session_id, r.role, r.text) for r in rows]
+    return [MessageRow(r.id, r.session_id, r.role, r.text, r.model_text) for r in rows]
 
 
 @dataclass(frozen=True, slots=True)

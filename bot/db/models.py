@@ -195,6 +195,11 @@ class Message(Base):
     # is here, one value per reply. NULL on user messages (and on replies stored by a release
     # before migration 0010 after it ran: read as the session's persona, as 0010 did).
     persona: Mapped[str | None] = mapped_column(Text)
+    # Bot replies only: the model's own text where `text` (what was shown) differs from it (a
+    # lowercased dictionary's output, detokenised for display); NULL: the same, or not known
+    # (a safety replacement, a reply from before migration 0011). A conversation rebuilt for
+    # the model reads this, else `text`.
+    model_text: Mapped[str | None] = mapped_column(Text)
 
 
 class Outbox(Base):

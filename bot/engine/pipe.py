@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from bot.db.conversations import SessionRow
     from bot.engine.protocol import ConversationContext, Generated, ModelView
 
-PROTOCOL_VERSION = 4  # 1: the positional tuples of waves 1-2; 3: Generated.replica; 4: Stored's
+# 1: the positional tuples of waves 1-2; 3: Generated.replica; 4: Stored's replica;
+# 5: Generated.model_text and MessageRow.model_text (the model's own text)
+PROTOCOL_VERSION = 5
 
 
 class Kind(StrEnum):

@@ -634,6 +634,7 @@ def _reply(result: Generated, latency_ms: float, variant: str) -> Reply:
         rebuild_ms=result.rebuild_ms,
         cache_evictions=result.cache_evictions,
         model_replica=result.replica or LOCAL_REPLICA,
+        model_text=result.model_text,
     )
 
 

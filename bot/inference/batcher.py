@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +31,26 @@ def chat_reply(text: str) -> str:
 
     cleaned: str = normalize_reply(text).strip()
     return cleaned or "..."
+
+
+def verbatim_reply(text: str) -> str:
+    """A cased dictionary's output as it is, surrounding spaces trimmed."""
+    return text.strip() or "..."
+
+
+# Dictionaries that encode text byte for byte, spaces and case included (BlenderBot
+# 400M-distill, 1B-distill, 3B): their output is already the text to show.
+BYTE_LEVEL_TOKENIZERS = frozenset({"bytelevelbpe", "slow_bytelevel_bpe", "gpt2"})
+
+
+def reply_cleaner(opt: Mapping[str, Any]) -> Callable[[str], str]:
+    """How a model's output becomes the text a user sees, decided by its dictionary options: a
+    cased byte-level BPE dictionary's text is kept (`verbatim_reply`); a lowercased or
+    punctuation-splitting one (`re`, BlenderBot 90M's `bpe`) is detokenised and its sentences
+    capitalised (`chat_reply`), which would lowercase a cased model's names and places."""
+    if opt.get("dict_tokenizer") in BYTE_LEVEL_TOKENIZERS and not opt.get("dict_lower"):
+        return verbatim_reply
+    return chat_reply
 
 
 @dataclass
@@ -83,12 +103,13 @@ class Batcher:
         *,
         max_size: int,
         max_wait_ms: float,
-        postprocess: Callable[[str], str] = chat_reply,
+        postprocess: Callable[[str], str] | None = None,
     ) -> None:
         self.shared_agent = shared_agent
         self.max_size = max_size
         self.max_wait = max_wait_ms / 1000.0
-        self.postprocess = postprocess
+        # The text users see (by default the agent's dictionary decides, reply_cleaner).
+        self.postprocess = postprocess or reply_cleaner(shared_agent.opt)
         self.stats = BatchStats()
         self.liveness = Liveness()
         self._queue: asyncio.Queue[_Job] | None = None
@@ -181,13 +202,24 @@ class Batcher:
         model_ms = (time.perf_counter() - started) * 1000.0
         results = []
         for job, obs, reply in zip(batch, observations, replies, strict=True):
-            text = self.postprocess(str(reply.get("text", "")))
-            # The clone remembers exactly the text that is stored and sent, so a clone rebuilt
-            # from the database sees the same model input as this one.
-            job.clone.self_observe(Message({"text": text, "episode_done": False}))
+            raw = str(reply.get("text", ""))
+            text = self.postprocess(raw)
+            # The clone remembers the model's own text, as ParlAI's agent does; it is stored
+            # beside the text shown (Generated.model_text), so a clone rebuilt from the
+            # database sees the same model input as this one.
+            job.clone.self_observe(Message({"text": raw, "episode_done": False}))
             vec = obs.get("text_vec")
             model_input = vec.tolist() if vec is not None else []
             beams = reply.get("beam_texts") or []
             candidates = tuple(dict.fromkeys(self.postprocess(str(t)) for t, *_ in beams))
-            results.append(Generated(text, model_input, len(batch), model_ms, candidates))
+            results.append(
+                Generated(
+                    text,
+                    model_input,
+                    len(batch),
+                    model_ms,
+                    candidates,
+                    model_text=None if raw == text else raw,
+                )
+            )
         return results

@@ -116,7 +116,8 @@ class Responder:
             entry = self.cache.rebuild(
                 session.id,
                 session.persona,
-                [(m.role, m.text) for m in ctx.messages],
+                # What the model said, where the text shown differs (messages.model_text).
+                [(m.role, m.text if m.model_text is None else m.model_text) for m in ctx.messages],
                 chat_id=session.chat_id,
                 last_message_id=ctx.messages[-1].id if ctx.messages else None,
             )
@@ -173,7 +174,14 @@ class Responder:
         started = time.perf_counter()
         result = await self.generate(session, user_text, on_draft=on_draft)
         latency_ms = (time.perf_counter() - started) * 1000.0
-        return Reply(result.text, latency_ms, None, result.model_ms, result.candidates)
+        return Reply(
+            result.text,
+            latency_ms,
+            None,
+            result.model_ms,
+            result.candidates,
+            model_text=result.model_text,
+        )
 
     def set_persona(self, session_id: int, persona: str) -> None:
         """Use a new persona for a cached conversation from its next turn."""

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot.engine.protocol import DraftSink, Generated
-from bot.inference.batcher import BatchError, BatchStats, Liveness, chat_reply
+from bot.inference.batcher import BatchError, BatchStats, Liveness, reply_cleaner
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +73,13 @@ class Scheduler:
         shared_agent: Any,
         *,
         max_size: int,
-        postprocess: Callable[[str], str] = chat_reply,
+        postprocess: Callable[[str], str] | None = None,
         draft_interval_s: float = 1.0,
     ) -> None:
         self.shared_agent = shared_agent
         self.max_size = max_size
-        self.postprocess = postprocess
+        # The text users see (by default the agent's dictionary decides, reply_cleaner).
+        self.postprocess = postprocess or reply_cleaner(shared_agent.opt)
         self.draft_interval_s = draft_interval_s
         self.stats = BatchStats()  # batches: decoding steps; sizes: chats per step
         self.liveness = Liveness()  # idle while it waits for turns, a beat per step
@@ -293,17 +294,24 @@ class Scheduler:
         return self._generated(job, reply["text"], reply)
 
     def _generated(self, job: _Job, raw: str, reply: Any) -> Generated:
-        """What Batcher._run_batch makes of one reply: the clone remembers the cleaned text."""
+        """What Batcher._run_batch makes of one reply: the clone remembers the model's text."""
         from parlai.core.message import Message
 
         text = self.postprocess(raw)
-        job.clone.self_observe(Message({"text": text, "episode_done": False}))
+        job.clone.self_observe(Message({"text": raw, "episode_done": False}))
         vec = job.obs.get("text_vec") if job.obs is not None else None
         model_input = vec.tolist() if vec is not None else []
         beams = reply.get("beam_texts") or []
         candidates = tuple(dict.fromkeys(self.postprocess(str(t)) for t, *_ in beams))
         model_ms = (time.perf_counter() - job.started) * 1000.0
-        return Generated(text, model_input, job.companions, model_ms, candidates)
+        return Generated(
+            text,
+            model_input,
+            job.companions,
+            model_ms,
+            candidates,
+            model_text=None if raw == text else raw,
+        )
 
     def _drafts(self, search: Any, only: set[int] | None = None) -> None:
         """Drafts for the running chats (those keyed in `only`, when given) that are due."""

@@ -70,12 +70,13 @@ def sample_replies(
     import torch
     from parlai.core.message import Message
 
-    from bot.inference.batcher import chat_reply
+    from bot.inference.batcher import reply_cleaner
 
     torch.manual_seed(seed)
+    clean = reply_cleaner(agent.opt)
     replies = []
     for prompt in prompts:
         clone = agent.clone()
         obs = clone.observe(Message({"text": prompt, "episode_done": False}))
-        replies.append(chat_reply(str(agent.batch_act([obs])[0]["text"])))
+        replies.append(clean(str(agent.batch_act([obs])[0]["text"])))
     return replies

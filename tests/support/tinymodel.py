@@ -133,3 +133,91 @@ def build_tiny_model(
         dictionary.save(dict_file, sort=False)
 
     return build_model(directory, args, fill_dictionary, seed=seed)
+
+
+# A cased corpus for the byte-level BPE dictionary of `build_cased_bpe_model`: names, places
+# and sentence starts keep their capitals, as in the data of BlenderBot 400M/1B/3B.
+CASED_CORPUS = """
+Hi, I'm Sarah from New York. How are you today?
+Hello! My name is Tom and I live in London with my dog Max.
+I love hiking in the Rocky Mountains. Do you like to travel?
+We went to Paris last summer, and then to Rome and Berlin.
+What do you do for a living? I'm a teacher at a school in Boston.
+My favorite band is The Beatles. I listen to them every day.
+That sounds great! I have never been to Japan or Canada.
+Are you a student? I study Computer Science at MIT.
+I'm doing well, thanks. What about you?
+My sister Jessica is a doctor in San Francisco.
+""".strip().splitlines()
+
+
+# How much longer a word-start token's embedding is than the others' (build_cased_bpe_model).
+WORD_START_GAIN = 4.0
+
+
+def build_cased_bpe_model(
+    directory: str | os.PathLike[str],
+    *,
+    text_truncate: int = 128,
+    label_truncate: int = 12,
+    beam_size: int = 2,
+    seed: int = 0,
+) -> str:
+    """Create (once per directory) a tiny model built like BlenderBot 400M-distill (and 1B, 3B):
+    a cased byte-level BPE dictionary (`bytelevelbpe`, `dict_lower` false, its vocabulary and
+    merges trained here with the `tokenizers` package), pre-layer-norm, GELU, learned
+    positions, a shallow encoder under a deeper decoder; returns the model file path."""
+
+    def args(model_file: Path) -> list[str]:
+        from tokenizers import ByteLevelBPETokenizer
+
+        bpe = ByteLevelBPETokenizer(add_prefix_space=True)
+        bpe.train_from_iterator(CASED_CORPUS, vocab_size=400, min_frequency=1, show_progress=False)
+        bpe.save_model(str(model_file.parent), "bpe")
+        return [
+            "--model", "transformer/generator",
+            "--model-file", str(model_file),
+            "--dict-file", str(model_file) + ".dict",
+            "--dict-tokenizer", "bytelevelbpe",
+            "--bpe-vocab", str(model_file.parent / "bpe-vocab.json"),
+            "--bpe-merge", str(model_file.parent / "bpe-merges.txt"),
+            "--dict-lower", "false",
+            "--variant", "prelayernorm",
+            "--activation", "gelu",
+            "--learn-positional-embeddings", "true",
+            "--n-encoder-layers", "1",
+            "--n-decoder-layers", "2",
+            "--embedding-size", "32",
+            "--ffn-size", "64",
+            "--n-heads", "2",
+            "--n-positions", "256",
+            "--text-truncate", str(text_truncate),
+            "--truncate", str(text_truncate),
+            "--label-truncate", str(label_truncate),
+            "--inference", "beam",
+            "--beam-size", str(beam_size),
+            "--beam-min-length", "2",
+            "--beam-block-ngram", "2",
+            "--skip-generation", "false",
+            "--no-cuda",
+            "--datatype", "valid",
+        ]  # fmt: skip
+
+    def fill_dictionary(dictionary: Any, dict_file: str) -> None:
+        # The dictionary took its tokens from the trained vocabulary (ParlAI's sync_with_dict).
+        dictionary.save(dict_file, sort=False)
+
+    def words_first(agent: Any) -> None:
+        # ParlAI's byte-level decoding asserts that a reply starts with a word-start token
+        # ("Ġ...", a space), as a trained model's always does; random weights would often start
+        # mid-word. The output layer is the embedding matrix, so longer word-start rows make
+        # the search pick those (a reply is whole words, each with its own case).
+        import torch
+
+        with torch.no_grad():
+            weight = agent.model.embeddings.weight
+            for token, index in agent.dict.tok2ind.items():
+                if token.startswith("\u0120"):
+                    weight[index] *= WORD_START_GAIN
+
+    return build_model(directory, args, fill_dictionary, seed=seed, built=words_first)

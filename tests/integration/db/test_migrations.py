@@ -184,3 +184,48 @@ def test_0010_keeps_todays_conversations_readable(empty_db_url: str) -> None:
     assert before == [(10, 3, 1, 1)]
     migrate.downgrade(empty_db_url, "0009")
     assert asyncio.run(_read(empty_db_url, counts)) == before
+
+
+# --- 0011: the model's own text beside the text shown ----------------------------------------
+
+
+async def _after_0011(url: str, ids: dict[str, int]) -> None:
+    from bot.conversations.store import ConversationStore
+    from bot.db.conversations import ReplyFacts
+    from bot.db.engine import make_sessionmaker
+
+    # Existing rows keep NULL: their rebuild reads the text, as before.
+    assert await _read(url, "SELECT DISTINCT model_text FROM messages") == [(None,)]
+    engine = make_engine(url)
+    try:
+        store = ConversationStore(make_sessionmaker(engine))
+        before = await store.load_context(ids["s1"], None)
+        assert [(m.text, m.model_text) for m in before.messages] == [
+            ("hi", None), ("hello", None), ("do you like cats?", None), ("i do", None),
+        ]  # fmt: skip
+        # A reply stored now keeps the model's text beside the one shown, and the context a
+        # conversation is rebuilt from carries both; the user's message has none.
+        facts = ReplyFacts(model_text="what ' s up ?")
+        turn = await store.record_turn(ids["s2"], 2, "yo", "What's up?", facts=facts)
+        after = await store.load_context(ids["s2"], 2)
+    finally:
+        await engine.dispose()
+    assert [(m.id, m.text, m.model_text) for m in after.messages] == [
+        (turn.user_message_id, "yo", None),
+        (turn.bot_message_id, "What's up?", "what ' s up ?"),
+    ]
+
+
+def test_0011_keeps_existing_replies_and_stores_the_models_text(empty_db_url: str) -> None:
+    migrate.upgrade(empty_db_url, "0009")
+    ids = asyncio.run(_seed_0009(empty_db_url))
+    migrate.upgrade(empty_db_url, "0010")
+    migrate.upgrade(empty_db_url, "0011")
+    asyncio.run(_after_0011(empty_db_url, ids))
+    counts = "SELECT (SELECT COUNT(*) FROM messages), (SELECT COUNT(*) FROM votes), " \
+             "(SELECT COUNT(*) FROM arena_matches)"  # fmt: skip
+    before = asyncio.run(_read(empty_db_url, counts))
+    migrate.downgrade(empty_db_url, "0010")
+    assert asyncio.run(_read(empty_db_url, counts)) == before
+    rows = asyncio.run(_read(empty_db_url, "SELECT text FROM messages WHERE role = 'bot'"))
+    assert ("What's up?",) in rows

@@ -68,13 +68,17 @@ async def test_replies_and_clones_as_the_micro_batcher_leaves_them(
         *(scheduler.generate(c, t) for c, t in zip(clones, texts, strict=True))
     )
     for ref, ours, ref_clone, clone in zip(refs, got, ref_clones, clones, strict=True):
-        assert (ours.text, ours.candidates, ours.model_input) == (
+        assert (ours.text, ours.model_text, ours.candidates, ours.model_input) == (
             ref.text,
+            ref.model_text,
             ref.candidates,
             ref.model_input,
         )
         assert _history(clone) == _history(ref_clone)
-        assert _history(clone)[-1] == ours.text  # the clone remembers the cleaned text
+        # The clone remembers the model's own text (the tiny model's is tokenizer text,
+        # detokenised for users), as ParlAI's agent does.
+        assert ours.model_text is not None
+        assert _history(clone)[-1] == ours.model_text
     assert max(g.batch_size for g in got) > 1  # they did share steps
 
 

@@ -18,7 +18,11 @@ CONTEXT = ConversationContext(
     7,
     -100123,
     "My name is Tom.",
-    [MessageRow(98, 7, "user", "hi"), MessageRow(99, 7, "bot", "Hi!")],
+    [
+        MessageRow(98, 7, "user", "hi"),
+        MessageRow(99, 7, "bot", "Hi!"),
+        MessageRow(100, 7, "bot", "What's up?", model_text="what ' s up ?"),
+    ],
 )
 EXAMPLES: list[pipe.Message] = [
     pipe.Turn(1, SESSION, "hello \u202e there", True, CONTEXT),
@@ -33,6 +37,7 @@ EXAMPLES: list[pipe.Message] = [
     pipe.Ready({"pid": 123, "model": "zoo:blender/blender_90M/model", "beam_size": 10}),
     pipe.Failed("loading x failed: FileNotFoundError"),
     pipe.Reply(1, Generated("Hi!", [5, 6, 7], 3, 12.5, ("Hi!", "Hello!"), True, None, 2)),
+    pipe.Reply(1, Generated("What's up?", [5], 1, 3.0, model_text="what ' s up ?")),
     pipe.Reply(3, ModelView([1, 2], "your persona: my name is tom.", 0)),
     pipe.NeedContext(2, 24),
     pipe.NeedContext(2, None),
