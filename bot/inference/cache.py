@@ -52,13 +52,29 @@ class Conversation:
         return text if unanswered is None else f"{unanswered}\n{text}"
 
 
+def wrapping_tokens(agent: Any) -> int:
+    """Tokens the agent adds around the history's vector when it vectorizes a turn.
+
+    BART wraps the context in START ... END and, when the two do not fit, cuts the context's
+    *first* tokens (BartAgent._set_text_vec truncates to text_truncate - 2, keeping the end):
+    the pinned persona would lose its head exactly when the conversation fills the context
+    (found by tests/integration/inference/test_shapes.py). The history leaves them room.
+    """
+    from parlai.agents.bart.bart import BartAgent
+
+    return 2 if isinstance(agent, BartAgent) else 0
+
+
 def new_clone(shared_agent: Any, persona: str) -> Any:
     """A clone of the shared agent (weights shared) whose history pins `persona`."""
     clone = shared_agent.clone()
     history = clone.history
+    maxlen = history.max_len
+    if maxlen is not None:
+        maxlen = max(int(maxlen) - wrapping_tokens(shared_agent), 1)
     pinned = PersonaHistory(
         clone.opt,
-        maxlen=history.max_len,
+        maxlen=maxlen,
         size=history.size,
         p1_token=history.p1_token,
         p2_token=history.p2_token,

@@ -57,13 +57,15 @@ def build_model(
     seed: int = 0,
     announce: Callable[[], None] | None = None,
     built: Callable[[Any], None] | None = None,
+    prepare: Callable[[Any], None] | None = None,
 ) -> str:
     """Build (once per directory, under a file lock) a random-weight model; returns its path.
 
     `args(model_file)` are ParlAI's command-line arguments; `fill_dictionary(dictionary,
     dict_file)` fills the fresh DictionaryAgent and saves it to `dict_file`, before the agent is
     created from it. Only when it is built: `announce()` runs first, `built(agent)` on the new
-    agent before it is saved (an exception there keeps it unsaved).
+    agent before it is saved (an exception there keeps it unsaved); `prepare(opt)` may adjust
+    the parsed options before the dictionary and the agent are made.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -85,6 +87,8 @@ def build_model(
 
         torch.manual_seed(seed)
         opt = ParlaiParser(True, True).parse_args(args(model_file))
+        if prepare is not None:
+            prepare(opt)
         fill_dictionary(DictionaryAgent(opt), str(model_file) + ".dict")
         agent = create_agent(opt)
         if built is not None:
