@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.tinymodel import build_model
+from tests.support.tinymodel import build_model, word_starts_only
 
 # Every tiny reply is at most this long (the zoo models' 128 would only make the tests slower).
 TINY_LABEL_TRUNCATE = 24
@@ -37,6 +37,27 @@ ZOO_BEAM = {
     "beam_block_ngram": 3,
     "beam_context_block_ngram": 3,
     "beam_length_penalty": 0.65,
+}
+
+
+# What the 400M-distill, 1B-distill and 3B shapes share, the 2.7B recipe (sources in SHAPES):
+# a cased byte-level BPE, pre-layer-norm, sinusoidal positions, 128 tokens of context, the
+# two-space delimiter and a global end token, the zoo's beam; one encoder layer at this width.
+BLENDER_2_7B_RECIPE: dict[str, Any] = {
+    "agent": "transformer/generator",
+    "tokenizer": "bytelevelbpe",
+    "lower": False,
+    "variant": "prelayernorm",
+    "n_encoder_layers": 1,
+    "ffn_size": 64,
+    "n_heads": 4,
+    "n_positions": 128,
+    "learn_positional_embeddings": False,
+    "embeddings_scale": True,
+    "text_truncate": 128,
+    "delimiter": "  ",
+    "global_end_token": True,
+    "decoding": ZOO_BEAM,
 }
 
 
@@ -150,22 +171,9 @@ SHAPES: dict[str, Shape] = {
     # 0.65). Kept: 1 encoder, 3 decoder layers.
     "blender_400Mdistill": Shape(
         name="blender_400Mdistill",
-        agent="transformer/generator",
-        tokenizer="bytelevelbpe",
-        lower=False,
-        variant="prelayernorm",
-        n_encoder_layers=1,
+        **BLENDER_2_7B_RECIPE,
         n_decoder_layers=3,
         embedding_size=16,
-        ffn_size=64,
-        n_heads=4,
-        n_positions=128,
-        learn_positional_embeddings=False,
-        embeddings_scale=True,
-        text_truncate=128,
-        delimiter="  ",
-        global_end_token=True,
-        decoding=ZOO_BEAM,
         real=(1280, 5120, 32, 2, 12),
     ),
     # BlenderBot 1B distilled, zoo:blender/blender_1Bdistill (blender_1Bdistill.py,
@@ -174,22 +182,9 @@ SHAPES: dict[str, Shape] = {
     # Twice the 400M's width here too.
     "blender_1Bdistill": Shape(
         name="blender_1Bdistill",
-        agent="transformer/generator",
-        tokenizer="bytelevelbpe",
-        lower=False,
-        variant="prelayernorm",
-        n_encoder_layers=1,
+        **BLENDER_2_7B_RECIPE,
         n_decoder_layers=3,
         embedding_size=32,
-        ffn_size=64,
-        n_heads=4,
-        n_positions=128,
-        learn_positional_embeddings=False,
-        embeddings_scale=True,
-        text_truncate=128,
-        delimiter="  ",
-        global_end_token=True,
-        decoding=ZOO_BEAM,
         real=(2560, 10240, 32, 2, 12),
     ),
     # BlenderBot 2.7B, zoo:blender/blender_3B (blender_3B.py, BST3B.tgz): the 2.7B fine-tuning
@@ -203,22 +198,9 @@ SHAPES: dict[str, Shape] = {
     # decoder layers.
     "blender_3B": Shape(
         name="blender_3B",
-        agent="transformer/generator",
-        tokenizer="bytelevelbpe",
-        lower=False,
-        variant="prelayernorm",
-        n_encoder_layers=1,
+        **BLENDER_2_7B_RECIPE,
         n_decoder_layers=6,
         embedding_size=32,
-        ffn_size=64,
-        n_heads=4,
-        n_positions=128,
-        learn_positional_embeddings=False,
-        embeddings_scale=True,
-        text_truncate=128,
-        delimiter="  ",
-        global_end_token=True,
-        decoding=ZOO_BEAM,
         real=(2560, 10240, 32, 2, 24),
     ),
     # BART, `-m bart` (parlai/agents/bart/bart.py; its defaults are BART_ARGS in
@@ -304,26 +286,3 @@ def build_shape(directory: str | os.PathLike[str], shape: Shape, *, seed: int = 
             word_starts_only(agent)
 
     return build_model(directory, args, fill_dictionary, seed=seed, prepare=prepare, built=built)
-
-
-def word_starts_only(agent: Any) -> None:
-    """Make a random byte-level BPE model begin its replies with a word-initial token.
-
-    ParlAI decodes byte-level BPE with a prefix space and asserts that the text starts with
-    one (HuggingFaceBpeHelper.decode): a reply whose first token continues a word ("ing")
-    raises in ParlAI's own agent as in ours. Trained models never start so; random weights
-    do. The tokens that do not start a word ("Ġ" marks those that do) get embeddings a
-    hundredth as long: their logits (shared input/output embeddings) sit near 0, below the
-    best word-initial tokens', so beam search, greedy and top-k never pick them first.
-    """
-    import torch
-
-    special = {agent.dict.null_token, agent.dict.start_token, agent.dict.end_token,
-               agent.dict.unk_token}  # fmt: skip
-    rows = [
-        i
-        for i in range(len(agent.dict))
-        if not str(agent.dict[i]).startswith("\u0120") and agent.dict[i] not in special
-    ]
-    with torch.no_grad():
-        agent.model.embeddings.weight[rows] *= 0.01

@@ -155,10 +155,6 @@ My sister Jessica is a doctor in San Francisco.
 """.strip().splitlines()
 
 
-# How much longer a word-start token's embedding is than the others' (build_cased_bpe_model).
-WORD_START_GAIN = 4.0
-
-
 def build_cased_bpe_model(
     directory: str | os.PathLike[str],
     *,
@@ -211,17 +207,27 @@ def build_cased_bpe_model(
         # The dictionary took its tokens from the trained vocabulary (ParlAI's sync_with_dict).
         dictionary.save(dict_file, sort=False)
 
-    def words_first(agent: Any) -> None:
-        # ParlAI's byte-level decoding asserts that a reply starts with a word-start token
-        # ("Ġ...", a space), as a trained model's always does; random weights would often start
-        # mid-word. The output layer is the embedding matrix, so longer word-start rows make
-        # the search pick those (a reply is whole words, each with its own case).
-        import torch
+    return build_model(directory, args, fill_dictionary, seed=seed, built=word_starts_only)
 
-        with torch.no_grad():
-            weight = agent.model.embeddings.weight
-            for token, index in agent.dict.tok2ind.items():
-                if token.startswith("\u0120"):
-                    weight[index] *= WORD_START_GAIN
 
-    return build_model(directory, args, fill_dictionary, seed=seed, built=words_first)
+def word_starts_only(agent: Any) -> None:
+    """Make a random byte-level BPE model begin its replies with a word-initial token.
+
+    ParlAI decodes byte-level BPE with a prefix space and asserts that the text starts with
+    one (HuggingFaceBpeHelper.decode): a reply whose first token continues a word ("ing")
+    raises in ParlAI's own agent as in ours. Trained models never start so; random weights
+    do. The tokens that do not start a word ("Ġ" marks those that do) get embeddings a
+    hundredth as long: their logits (shared input/output embeddings) sit near 0, below the
+    best word-initial tokens', so beam search, greedy and top-k never pick them first.
+    """
+    import torch
+
+    special = {agent.dict.null_token, agent.dict.start_token, agent.dict.end_token,
+               agent.dict.unk_token}  # fmt: skip
+    rows = [
+        i
+        for i in range(len(agent.dict))
+        if not str(agent.dict[i]).startswith("\u0120") and agent.dict[i] not in special
+    ]
+    with torch.no_grad():
+        agent.model.embeddings.weight[rows] *= 0.01

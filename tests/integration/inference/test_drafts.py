@@ -23,22 +23,9 @@ from bot.inference.batcher import chat_reply
 from bot.inference.fastgen import continuous
 from bot.inference.model import load_shared_agent
 from bot.inference.scheduler import Scheduler
+from bot.training.evaluate import SAMPLE_PROMPTS
 from tests.integration.inference.test_continuous import observe, random_case
 from tests.integration.inference.test_fastgen import generation, torch_threads
-
-# the questions of the shipped model's sample exchanges (models/chitchat/RECIPE.md)
-QUESTIONS = [
-    "hi! how are you today?",
-    "what do you do for a living?",
-    "i just got back from a trip to italy.",
-    "do you have any pets?",
-    "what kind of music do you like?",
-    "i'm so tired, i worked all day.",
-    "what's your favorite food?",
-    "do you like to read?",
-    "i'm thinking about learning to play the guitar.",
-    "what are you doing this weekend?",
-]
 
 
 def _settings(model_file: str | None, tmp_path: Path) -> Settings:
@@ -132,7 +119,7 @@ async def test_drafts_of_the_shipped_model_never_take_back_a_word(shipped: Any) 
     import torch
 
     torch.manual_seed(0)
-    turns = await _turns(shipped, QUESTIONS * 2)
+    turns = await _turns(shipped, list(SAMPLE_PROMPTS) * 2)  # its sample exchanges, twice
     assert not _taken_back(turns), "\n".join(_taken_back(turns))
     assert sum(bool(drafts) for _, drafts in turns) >= len(turns) // 2, turns
 
