@@ -371,13 +371,13 @@ class Service:
         # Variants this replica cannot serve (a model that does not load here): the others
         # keep serving, and operators see why in `replicas.info` and on the dashboard.
         load_errors: dict[str, str] = dict(getattr(self.responder, "load_errors", {}) or {})
-        model_detail = str(readiness["checks"].get("model", {}).get("detail", ""))
+        experiment = getattr(self.responder, "experiment", None)
+        weights = experiment.weights if experiment is not None else {}
         problems += [
             f"variant {name}: {why}"
             for name, why in load_errors.items()
-            if f"variant {name}: " not in model_detail  # a weighted one: readiness named it
+            if not weights.get(name)  # a weighted one fails readiness, which named it above
         ]
-        experiment = getattr(self.responder, "experiment", None)
         info: dict[str, object] = {
             "mode": "polling" if polling else "webhook",
             "poller": isinstance(self.ingest, ElectedPolling) and self.ingest.polling,
