@@ -128,10 +128,20 @@ class AgentCache:
         chat_id: int | None = None,
         last_message_id: int | None = None,
     ) -> Conversation:
-        """Build a clone from stored `(role, text)` messages and cache it."""
+        """Build a clone from stored `(role, text)` messages and cache it.
+
+        `messages` are the conversation's newest, at most `tail_limit` of them (the store's
+        load_context): fewer than that is the whole conversation, whose first message carries
+        the persona in ParlAI's own input (bot/inference/persona.py). `tail_limit` of them may
+        be a cut tail and are taken as one; that changes nothing, since so many messages (a
+        token each at least) exceed the context, where the persona is pinned anyway.
+        """
         started = time.perf_counter()
         clone = new_clone(self.shared_agent, persona)
-        clone.history.fill(join_turns(messages))
+        messages = list(messages)
+        limit = self.tail_limit
+        complete = limit is None or len(messages) < limit
+        clone.history.fill(join_turns(messages), complete=complete)
         entry = Conversation(session_id, clone, persona, chat_id, last_message_id=last_message_id)
         entry.rebuild_ms = (time.perf_counter() - started) * 1000.0
         self._entries[session_id] = entry
