@@ -143,8 +143,10 @@ def load_agent(
     threads: int | None = None,
     quantize: bool = False,
     search_impl: str | None = None,
+    device: str = "cpu",
 ) -> Any:
-    """The shared agent, loaded the way the service loads it (bot.inference.model).
+    """The shared agent, loaded the way the service loads it (bot.inference.model), on
+    `device` (MODEL_DEVICE: cpu or cuda).
 
     `search_impl` "parlai" keeps ParlAI's own tree search (stock ParlAI); None: the service's.
     """
@@ -160,7 +162,7 @@ def load_agent(
         _env_file=None,
         bot_model=model_file,
         data_dir=Path(model_file).parent / "data",
-        model_device="cpu",
+        model_device=device,
         torch_threads=threads,
         inference=gen.pop("inference"),
         beam_size=gen.pop("beam_size"),
@@ -174,6 +176,28 @@ def load_agent(
     if quantize:
         quantize_linear(agent)
     return agent
+
+
+def cuda_refusal(command: str) -> str | None:
+    """Why `command --device cuda` cannot run here (None: it can): torch sees no CUDA device.
+    Loads torch, which only `--device cuda` asks for."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return (
+        f"{command} --device cuda: torch sees no CUDA device on this machine "
+        "(torch.cuda.is_available() is false). Run it on a machine with a GPU and a CUDA build "
+        "of torch, or use --device cpu."
+    )
+
+
+def sync(device: str) -> None:
+    """Wait for the GPU's queued work (on cuda), so a timer read after it counts that work."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def quantize_linear(agent: Any) -> None:

@@ -1,7 +1,8 @@
 """Continuous batching against the micro-batcher, under open-loop load, in one run.
 
     python -m bench.continuous [--minutes 3] [--quick] [--max-size 16] [--threads 2] [--churn]
-                               [--alone] [--buckets] [--drafts]
+                               [--alone] [--buckets] [--drafts] [--device cpu|cuda]
+                               [--seconds S] [--warm-up S]
 
 The model has BlenderBot-90M's architecture (random weights, bench.common), beam 10 with n-gram
 and context blocking, and every reply is exactly 32 tokens (beam_min_length == label_truncate ==
@@ -34,6 +35,13 @@ same chats at the same arrival times (one seed), one after the other:
 The micro-batcher is bot.inference.batcher.Batcher (BATCH_MAX_WAIT_MS 20), the continuous one
 bot.inference.scheduler.Scheduler, both with BATCH_MAX_SIZE `--max-size`. Outputs: RESULT
 lines, bench/results/continuous.json, docs/images/continuous.png (latency against load).
+
+`--device cuda` runs both models (the benchmark's and the shipped one) with MODEL_DEVICE=cuda
+(exit status 2 at once where torch sees no CUDA device); the outputs are then
+`continuous-cuda.json` and `.png` (docs/images untouched) and every RESULT name starts with
+`cuda_`. `--seconds` sets each load point's window (default 20 with `--quick`, else
+`--minutes`), `--warm-up` the capacity runs' warm-up (default 20 s): bench/gpu_check.sh
+shortens both to fit its five minutes.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ import json
 import random
 import shutil
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -211,7 +220,7 @@ async def capacity(agent: Any, scheduler: str, args: argparse.Namespace) -> floa
     await engine.start()
     chats = Chats(agent)
     done = 0
-    warm_up, measure = 20.0, min(args.seconds, 120.0)
+    warm_up, measure = args.warm_up, min(args.seconds, 120.0)
     stop = time.perf_counter() + warm_up + measure
     measuring_from = 0.0
 
@@ -330,7 +339,10 @@ async def shipped_drafts(args: argparse.Namespace) -> dict[str, Drafts]:
     compat.apply()
     with tempfile.TemporaryDirectory() as data:
         settings = Settings(  # type: ignore[call-arg]
-            _env_file=None, data_dir=Path(data), model_device="cpu", torch_threads=args.threads
+            _env_file=None,
+            data_dir=Path(data),
+            model_device=args.device,
+            torch_threads=args.threads,
         )
         agent = load_shared_agent(settings)
         engines = {
@@ -359,7 +371,7 @@ async def shipped_drafts(args: argparse.Namespace) -> dict[str, Drafts]:
 CHURN_TRUNCATES = (32, 256)
 
 
-def buckets(agent: Any, batches: int = 4, size: int = 8) -> dict[str, float]:
+def buckets(agent: Any, batches: int = 4, size: int = 8, device: str = "cpu") -> dict[str, float]:
     """ENCODER_BUCKETS on and off over the same micro-batches (chats with a persona each):
     encoder time per batch (median), the padding share of the encoder's positions, and the
     share of chats whose reply is identical."""
@@ -385,8 +397,10 @@ def buckets(agent: Any, batches: int = 4, size: int = 8) -> dict[str, float]:
             replies = {}
             for on in (False, True, True, False):
                 agent.encoder_buckets = on
+                common.sync(device)
                 started = time.perf_counter()
                 encode(agent, agent.model, batch)
+                common.sync(device)
                 times[on].append(1000 * (time.perf_counter() - started))
                 if on not in replies:
                     preds, _ = batched_generate(agent, batch, int(agent.beam_size), REPLY)
@@ -402,9 +416,12 @@ def buckets(agent: Any, batches: int = 4, size: int = 8) -> dict[str, float]:
     }
 
 
-def churn(agent: Any, label_truncate: int, chats: int = 8, changes: int = 3) -> dict[str, float]:
+def churn(
+    agent: Any, label_truncate: int, chats: int = 8, changes: int = 3, device: str = "cpu"
+) -> dict[str, float]:
     """Milliseconds one join and one leave spend on the running batch's caches (median of
-    `changes` each), and one step's, with `chats` chats in flight at `label_truncate`."""
+    `changes` each), and one step's, with `chats` chats in flight at `label_truncate` (each
+    timing waits for the GPU's work on `device` cuda)."""
     import torch
     from parlai.core.message import Message
 
@@ -415,10 +432,12 @@ def churn(agent: Any, label_truncate: int, chats: int = 8, changes: int = 3) -> 
 
     def timed(name: str, method: Any) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            common.sync(device)
             started = time.perf_counter()
             try:
                 return method(*args, **kwargs)
             finally:
+                common.sync(device)
                 timings[name].append(1000 * (time.perf_counter() - started))
 
         return wrapper
@@ -446,8 +465,10 @@ def churn(agent: Any, label_truncate: int, chats: int = 8, changes: int = 3) -> 
             timings["join"].clear()
             for change in range(changes):
                 for _ in range(3):
+                    common.sync(device)
                     started = time.perf_counter()
                     search.step()
+                    common.sync(device)
                     timings["step"].append(1000 * (time.perf_counter() - started))
                 join(chats + change)  # one more chat joins
                 search.step()
@@ -459,8 +480,11 @@ def churn(agent: Any, label_truncate: int, chats: int = 8, changes: int = 3) -> 
     return {name: statistics.median(values) for name, values in timings.items()}
 
 
-def plot(summaries: list[dict[str, Any]], singles: dict[str, float], path_name: str) -> None:
-    """p50 and p95 latency against offered load, both schedulers (from the points' figures)."""
+def plot(
+    summaries: list[dict[str, Any]], singles: dict[str, float], path_name: str, docs: bool = True
+) -> None:
+    """p50 and p95 latency against offered load, both schedulers (from the points' figures);
+    copied to docs/images/continuous.png where `docs`."""
     fig, axes = common.new_figure(1, width=7.0)
     ax = axes[0][0]
     styles = {"continuous": "tab:blue", "batch": "tab:orange"}
@@ -476,6 +500,8 @@ def plot(summaries: list[dict[str, Any]], singles: dict[str, float], path_name: 
     ax.legend()
     ax.grid(alpha=0.3)
     path = common.save_figure(path_name, fig)
+    if not docs:
+        return
     images = common.ROOT / "docs" / "images"
     images.mkdir(parents=True, exist_ok=True)
     shutil.copy(path, images / "continuous.png")
@@ -488,13 +514,24 @@ def replot() -> None:
     plot(body["points"], body["single_s"], "continuous")
 
 
+def output_name(name: str, device: str) -> str:
+    """The JSON's (and plot's) name: `name` on the CPU, `name-cuda` on a GPU."""
+    return name if device == "cpu" else f"{name}-{device}"
+
+
+def emit(results: dict[str, float], device: str) -> None:
+    """The RESULT lines, their names prefixed with `cuda_` on a GPU."""
+    prefix = "" if device == "cpu" else f"{device}_"
+    common.emit_results({prefix + name: value for name, value in results.items()})
+
+
 async def main_async(args: argparse.Namespace) -> None:
     """Every measurement, then the outputs."""
     model = common.build_bench_model()
-    agent = common.load_agent(model, GENERATION, threads=args.threads)
+    agent = common.load_agent(model, GENERATION, threads=args.threads, device=args.device)
     agent.label_truncate = REPLY  # with beam_min_length == REPLY: every reply is 32 tokens
     if args.buckets:
-        common.emit_results(buckets(agent))
+        emit(buckets(agent, device=args.device), args.device)
         return
     if args.drafts:
         await drafts_only(agent, args)
@@ -503,12 +540,12 @@ async def main_async(args: argparse.Namespace) -> None:
         alone = await singles(agent, args)
         print({k: f"{v:.2f} s" for k, v in alone.items()}, flush=True)
         if args.alone:
-            common.emit_results({"continuous_alone_ratio": alone["continuous"] / alone["batch"]})
+            emit({"continuous_alone_ratio": alone["continuous"] / alone["batch"]}, args.device)
             return
-    churns = {n: churn(agent, n) for n in CHURN_TRUNCATES}
+    churns = {n: churn(agent, n, device=args.device) for n in CHURN_TRUNCATES}
     print({n: {k: f"{v:.1f} ms" for k, v in c.items()} for n, c in churns.items()}, flush=True)
     if args.churn:
-        common.emit_results(_churn_results(churns))
+        emit(_churn_results(churns), args.device)
         return
     names = ("batch", "continuous")
     capacities = {name: await capacity(agent, name, args) for name in names}
@@ -560,9 +597,9 @@ async def main_async(args: argparse.Namespace) -> None:
     results["saturation_speedup"] = capacities["continuous"] / capacities["batch"]
     results.update(_churn_results(churns))
     results.update(_draft_results(seventy, old_rule[0], shipped))
-    common.emit_results(results)
+    emit(results, args.device)
     common.write_json(
-        "continuous",
+        output_name("continuous", args.device),
         {
             "args": vars(args),
             "generation": {**GENERATION, "label_truncate": REPLY},
@@ -575,7 +612,8 @@ async def main_async(args: argparse.Namespace) -> None:
             "results": results,
         },
     )
-    plot([p.summary() for p in points], alone, "continuous")
+    name = output_name("continuous", args.device)
+    plot([p.summary() for p in points], alone, name, docs=args.device == "cpu")
 
 
 async def drafts_only(agent: Any, args: argparse.Namespace) -> None:
@@ -589,9 +627,9 @@ async def drafts_only(agent: Any, args: argparse.Namespace) -> None:
     old_rule = await draft_points(agent, rate, args)
     shipped = await shipped_drafts(args)
     results = _draft_results(point, old_rule[0], shipped)
-    common.emit_results(results)
+    emit(results, args.device)
     common.write_json(
-        "continuous_drafts",
+        output_name("continuous_drafts", args.device),
         {
             "args": vars(args),
             "generation": {**GENERATION, "label_truncate": REPLY},
@@ -626,8 +664,8 @@ def _churn_results(churns: dict[int, dict[str, float]]) -> dict[str, float]:
     return results
 
 
-def main() -> None:
-    """Command line."""
+def main(argv: list[str] | None = None) -> int:
+    """Command line; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=3.0, help="per load point")
     parser.add_argument("--quick", action="store_true", help="about 20 s per point")
@@ -642,13 +680,24 @@ def main() -> None:
     parser.add_argument("--buckets", action="store_true", help="only ENCODER_BUCKETS on/off")
     parser.add_argument("--drafts", action="store_true", help="only the two draft rules")
     parser.add_argument("--replot", action="store_true", help="only redraw the last run's plot")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="MODEL_DEVICE (default cpu)"
+    )
+    parser.add_argument("--seconds", type=float, help="window per load point (overrides)")
+    parser.add_argument("--warm-up", type=float, default=20.0, help="capacity warm-up, s")
+    args = parser.parse_args(argv)
     if args.replot:
         replot()
-        return
-    args.seconds = 20.0 if args.quick else 60.0 * args.minutes
+        return 0
+    refusal = common.cuda_refusal("bench.continuous") if args.device == "cuda" else None
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 2
+    if args.seconds is None:
+        args.seconds = 20.0 if args.quick else 60.0 * args.minutes
     asyncio.run(main_async(args))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

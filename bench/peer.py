@@ -1,6 +1,7 @@
 """Our generation side by side with HF transformers and CTranslate2, on one model, in one run.
 
     python -m bench.peer [--quick] [--systems ...] [--batches 1,8] [--threads 1] [--rounds 3]
+                         [--device cpu|cuda]
 
 One random-weight ParlAI transformer/generator with BlenderBot-90M's shape (8+8 layers, 512
 dims, 16 heads, FFN 2048, xlm variant, gelu, learned positions, a synthetic 54,944-entry
@@ -37,6 +38,14 @@ turns in rotated order, one at a time; the figure is the median over rounds):
 On a CPU without AMX or AVX-512-bf16 (an AVX2-only machine) the bf16 systems are skipped, as the
 service refuses DTYPE=bf16 there: a note under the table says so ("skipped: CPU lacks
 avx512_bf16/amx"), and the JSON's plan lists them under `skipped`.
+
+`--device cuda` runs every system on the GPU (ours with MODEL_DEVICE=cuda, HF's model moved
+there, CTranslate2's Translator on device "cuda"; each timed reply ends with a
+`torch.cuda.synchronize()`), and skips the same way what cannot run there: our int8 systems
+(QUANTIZE=int8 is CPU-only), bf16 on a GPU without it, CTranslate2 where its build has no CUDA.
+Building the model, the HF copy and the checks stay on the CPU. Without a CUDA device it stops
+at once (exit status 2). Its outputs are named `peer-cuda` (`peer-quick-cuda`), its RESULT lines
+`peer_cuda_...`, so a GPU run never overwrites a CPU one.
 
 Greedy is ParlAI's beam search with beam 1 for ours (ParlAI's greedy ignores the min length);
 the same search. CTranslate2 has no BlenderBot-Small loader: its BART loader is used, and its
@@ -99,6 +108,10 @@ REFERENCE = "ours_batch_fp32"
 # without it (bot.inference.model.model_dtype), so a run there skips them and says so.
 BF16 = tuple(s for s in SYSTEMS if s.endswith("_bf16"))
 LACKS_BF16 = "skipped: CPU lacks avx512_bf16/amx"
+LACKS_CUDA_INT8 = "skipped: QUANTIZE=int8 is CPU-only"
+LACKS_CUDA_BF16 = "skipped: GPU lacks bf16"
+LACKS_CT2_CUDA = "skipped: CTranslate2 without CUDA"
+DEVICES = ("cpu", "cuda")
 # ParlAI's dictionary starts with these four, and HF's BlenderBot-Small uses the same ids.
 NULL, START, END, UNK = 0, 1, 2, 3
 SPECIALS = ("__null__", "__start__", "__end__", "__unk__")
@@ -125,8 +138,10 @@ class Plan:
     context: tuple[int, int] = (64, 128)  # input length range, tokens
     seed: int = 0
     quick: bool = False
-    # Systems asked for that this CPU cannot run, each with why (cpu_skips); not in `systems`.
+    # Systems asked for that this machine cannot run, each with why (device_skips); not in
+    # `systems`.
     skipped: dict[str, str] = field(default_factory=dict)
+    device: str = "cpu"  # where the systems run: cpu or cuda (preparing is on the CPU)
 
     @property
     def decodings(self) -> tuple[tuple[str, int], ...]:
@@ -173,8 +188,12 @@ def plan_from_args(argv: Sequence[str] | None) -> Plan:
     parser.add_argument("--systems", help="comma-separated subset of " + ",".join(SYSTEMS))
     parser.add_argument("--vocab", type=int, help="dictionary size (default BlenderBot-90M's)")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer, 64-dim model (smoke test)")
+    parser.add_argument(
+        "--device", choices=DEVICES, default="cpu", help="where the systems run (default cpu)"
+    )
     args = parser.parse_args(argv)
     plan = quick_plan() if args.quick else Plan()
+    plan.device = args.device
     if args.tiny:
         plan.layers, plan.dim, plan.heads, plan.ffn, plan.vocab = 2, 64, 4, 128, 1000
     for name in ("tokens", "beam", "batches", "threads", "rounds", "vocab"):
@@ -209,6 +228,46 @@ def cpu_skips(systems: Sequence[str]) -> dict[str, str]:
 def fit_to_cpu(plan: Plan) -> Plan:
     """`plan` less the systems this CPU cannot run (in `plan.skipped`, with why)."""
     skipped = cpu_skips(plan.systems)
+    plan.skipped = {**plan.skipped, **skipped}
+    plan.systems = tuple(s for s in plan.systems if s not in skipped)
+    return plan
+
+
+def cuda_has_bf16() -> bool:
+    """Native bf16 on this GPU, as the service judges it (bot.inference.model.model_dtype)."""
+    import torch
+
+    return bool(torch.cuda.is_bf16_supported())
+
+
+def ct2_has_cuda() -> bool:
+    """Whether this CTranslate2 build sees a CUDA device."""
+    try:
+        import ctranslate2
+    except ImportError:
+        return False
+    return int(ctranslate2.get_cuda_device_count()) > 0
+
+
+def cuda_skips(systems: Sequence[str]) -> dict[str, str]:
+    """The systems of `systems` that cannot run on the GPU, each with the note the table gives."""
+    out: dict[str, str] = {}
+    for s in systems:
+        if s in OURS and "_int8" in s:
+            out[s] = LACKS_CUDA_INT8
+    if any(s in BF16 for s in systems) and not cuda_has_bf16():
+        out.update({s: LACKS_CUDA_BF16 for s in systems if s in BF16})
+    if any(s.startswith("ct2_") for s in systems) and not ct2_has_cuda():
+        out.update({s: LACKS_CT2_CUDA for s in systems if s.startswith("ct2_")})
+    return out
+
+
+def fit_to_device(plan: Plan) -> Plan:
+    """`plan` less the systems this machine cannot run on `plan.device` (in `plan.skipped`,
+    with why)."""
+    if plan.device == "cpu":
+        return fit_to_cpu(plan)
+    skipped = cuda_skips(plan.systems)
     plan.skipped = {**plan.skipped, **skipped}
     plan.systems = tuple(s for s in plan.systems if s not in skipped)
     return plan
@@ -329,7 +388,7 @@ def sequence_scores(
     out = []
     with torch.no_grad():
         for i, reply in enumerate(replies):
-            ys = torch.tensor([list(reply)], dtype=torch.long)
+            ys = torch.tensor([list(reply)], dtype=torch.long, device=text_vec.device)
             logits, _, _ = model(text_vec[i : i + 1], ys=ys)
             lp = F.log_softmax(logits.float(), dim=-1).gather(2, ys.unsqueeze(2))
             penalty = ((1 + len(reply)) / 6) ** length_penalty
@@ -352,25 +411,26 @@ def cell_key(decoding: str, batch: int, threads: int) -> str:
     return f"{decoding}_b{batch}_t{threads}"
 
 
-def results(cells: Sequence[dict[str, Any]]) -> dict[str, float]:
+def results(cells: Sequence[dict[str, Any]], device: str = "cpu") -> dict[str, float]:
     """RESULT lines: every system's replies/s in every cell, and our best over CTranslate2
-    int8 (when both were measured)."""
+    int8 (when both were measured); named `peer_...` on the CPU, `peer_cuda_...` on a GPU."""
     out: dict[str, float] = {}
+    base = "peer" if device == "cpu" else f"peer_{device}"
     for cell in cells:
         key = cell_key(cell["decoding"], cell["batch"], cell["threads"])
         rps = cell["rps"]
         for system in SYSTEMS:
             if system in rps:
-                out[f"peer_{system}_{key}_rps"] = rps[system]
+                out[f"{base}_{system}_{key}_rps"] = rps[system]
     for cell in cells:
         key = cell_key(cell["decoding"], cell["batch"], cell["threads"])
         ratio = best_ratio(cell["rps"])
         if ratio is not None:
-            out[f"peer_ratio_{key}"] = ratio
+            out[f"{base}_ratio_{key}"] = ratio
         fp32 = [cell["rps"][s] for s in ("ours_batch_fp32", "ours_cont_fp32") if s in cell["rps"]]
         if fp32 and cell["rps"].get("ct2_fp32"):
             # the issue's goal for the default path: our fp32 against CTranslate2 fp32
-            out[f"peer_fp32_ratio_{key}"] = max(fp32) / cell["rps"]["ct2_fp32"]
+            out[f"{base}_fp32_ratio_{key}"] = max(fp32) / cell["rps"]["ct2_fp32"]
     return out
 
 
@@ -749,8 +809,11 @@ def prepare(plan: Plan, greedy_contexts: list[list[int]]) -> dict[str, Any]:
 # --- the systems (one per worker process) ---------------------------------------------------
 
 
-def load_ours(model_file: str, tokens: int, precision: str, threads: int) -> Any:
-    """The shared agent, loaded the way the service loads it, with fixed-length replies."""
+def load_ours(
+    model_file: str, tokens: int, precision: str, threads: int, device: str = "cpu"
+) -> Any:
+    """The shared agent, loaded the way the service loads it (on `device`), with
+    fixed-length replies."""
     from bot.config import Settings
     from bot.inference import compat
     from bot.inference.model import load_shared_agent, set_torch_threads
@@ -761,7 +824,7 @@ def load_ours(model_file: str, tokens: int, precision: str, threads: int) -> Any
         _env_file=None,
         bot_model=model_file,
         data_dir=Path(model_file).parent / "data",
-        model_device="cpu",
+        model_device=device,
         torch_threads=threads,
         inference="beam",
         beam_size=1,
@@ -794,15 +857,18 @@ class Ours:
     """The service's search: `mode` batch (`agent._generate`, the micro-batcher's path) or
     cont (`ContinuousSearch`, the continuous scheduler's)."""
 
-    def __init__(self, model_file: str, tokens: int, precision: str, mode: str) -> None:
-        self.agent = load_ours(model_file, tokens, precision, threads=1)
+    def __init__(
+        self, model_file: str, tokens: int, precision: str, mode: str, device: str = "cpu"
+    ) -> None:
+        self.agent = load_ours(model_file, tokens, precision, threads=1, device=device)
         self.tokens = tokens
         self.mode = mode
+        self.device = device
 
     def score(self, contexts: list[list[int]], replies: list[list[int]]) -> list[float]:
         """The replies' sequence scores under this system's model (fp32 for the reference)."""
         ids, _ = _pad(contexts)
-        return sequence_scores(self.agent.model, ids, replies)
+        return sequence_scores(self.agent.model, ids.to(self.device), replies)
 
     def run(self, beam: int, contexts: list[list[int]]) -> tuple[float, list[list[int]]]:
         import torch
@@ -814,25 +880,31 @@ class Ours:
         if self.mode == "batch":
             ids, _ = _pad(contexts)
             batch = Batch(
-                text_vec=ids, text_lengths=[len(c) for c in contexts], batchsize=len(contexts)
+                text_vec=ids.to(self.device),
+                text_lengths=[len(c) for c in contexts],
+                batchsize=len(contexts),
             )
             with torch.no_grad():
+                common.sync(self.device)
                 started = time.perf_counter()
                 preds, _ = agent._generate(batch, beam, self.tokens)
+                common.sync(self.device)
                 seconds = time.perf_counter() - started
             return seconds, [p[0].tolist()[1:] for p in preds]
         from bot.inference.fastgen.continuous import ContinuousSearch
 
         out: dict[int, list[int]] = {}
         with torch.no_grad():
+            common.sync(self.device)
             started = time.perf_counter()
             search = ContinuousSearch(agent)
             for i, c in enumerate(contexts):
-                one = torch.tensor([c], dtype=torch.long)
+                one = torch.tensor([c], dtype=torch.long, device=self.device)
                 search.join(i, Batch(text_vec=one, text_lengths=[len(c)], batchsize=1))
             while len(out) < len(contexts):
                 for chat in search.step():
                     out[chat.key] = chat.result().get_rescored_finished(1)[0][0].tolist()
+            common.sync(self.device)
             seconds = time.perf_counter() - started
         return seconds, [out[i][1:] for i in range(len(contexts))]
 
@@ -840,18 +912,21 @@ class Ours:
 class HF:
     """transformers `generate` on the BlenderBot-Small copy."""
 
-    def __init__(self, hf_dir: str, tokens: int) -> None:
-        self.model = load_hf(hf_dir)
+    def __init__(self, hf_dir: str, tokens: int, device: str = "cpu") -> None:
+        self.model = load_hf(hf_dir).to(device)
         self.tokens = tokens
+        self.device = device
 
     def run(self, beam: int, contexts: list[list[int]]) -> tuple[float, list[list[int]]]:
         import torch
 
-        ids, mask = _pad(contexts)
+        ids, mask = (t.to(self.device) for t in _pad(contexts))
         config = hf_generation(beam, self.tokens)
         with torch.no_grad():
+            common.sync(self.device)
             started = time.perf_counter()
             out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+            common.sync(self.device)
             seconds = time.perf_counter() - started
         return seconds, out[:, 1:].tolist()
 
@@ -859,8 +934,11 @@ class HF:
 class CT2:
     """CTranslate2's Translator on the converted model (one per thread count)."""
 
-    def __init__(self, ct2_dir: str, tokens: int, compute_type: str, vocab: int) -> None:
+    def __init__(
+        self, ct2_dir: str, tokens: int, compute_type: str, vocab: int, device: str = "cpu"
+    ) -> None:
         self.dir = ct2_dir
+        self.device = device
         self.tokens = tokens
         self.compute_type = compute_type
         self.vocab = synthetic_vocabulary(vocab)
@@ -874,7 +952,7 @@ class CT2:
         if self.threads not in self.translators:
             self.translators[self.threads] = ctranslate2.Translator(
                 self.dir,
-                device="cpu",
+                device=self.device,
                 compute_type=self.compute_type,
                 intra_threads=self.threads,
                 inter_threads=1,
@@ -905,12 +983,12 @@ def make_system(system: str, paths: dict[str, str], plan: Plan) -> Any:
     """The runner of one system, loaded."""
     if system.startswith("ours_"):
         _, mode, precision = system.split("_")
-        return Ours(paths["parlai"], plan.tokens, precision, mode)
+        return Ours(paths["parlai"], plan.tokens, precision, mode, plan.device)
     if system == "hf_fp32":
-        return HF(paths["hf"], plan.tokens)
+        return HF(paths["hf"], plan.tokens, plan.device)
     if system in ("ct2_fp32", "ct2_int8"):
         compute = "float32" if system == "ct2_fp32" else "int8"
-        return CT2(paths["ct2"], plan.tokens, compute, plan.vocab)
+        return CT2(paths["ct2"], plan.tokens, compute, plan.vocab, plan.device)
     raise ValueError(system)
 
 
@@ -1167,18 +1245,26 @@ def plot(plan: Plan, cells: list[dict[str, Any]], name: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Measure, print the table and RESULT lines, write the JSON (and a PNG)."""
-    plan = fit_to_cpu(plan_from_args(argv))
+    plan = plan_from_args(argv)
+    refusal = common.cuda_refusal("bench.peer") if plan.device == "cuda" else None
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 2
+    plan = fit_to_device(plan)
     notes = skip_notes(plan.skipped)
     print(
-        f"peer benchmark: {len(plan.systems)} systems, {plan.tokens} tokens per reply, "
-        f"greedy and beam {plan.beam}, batches {plan.batches}, threads {plan.threads}, "
-        f"{plan.rounds} rounds; machine {common.machine()}",
+        f"peer benchmark: {len(plan.systems)} systems on {plan.device}, {plan.tokens} tokens "
+        f"per reply, greedy and beam {plan.beam}, batches {plan.batches}, threads "
+        f"{plan.threads}, {plan.rounds} rounds; machine {common.machine()}",
         flush=True,
     )
     for note in notes:
         print(note, flush=True)
     if not plan.systems:
-        print("nothing to measure: this CPU can run none of the systems asked for")
+        print(
+            f"nothing to measure: this machine can run none of the systems asked for on "
+            f"{plan.device}"
+        )
         return 1
     started = time.perf_counter()
     payload = measure(plan)
@@ -1186,8 +1272,9 @@ def main(argv: list[str] | None = None) -> int:
     headers = table_headers(plan.systems)
     rows = table_rows(cells, plan.systems)
     common.print_table(
-        f"Replies/s (median of {plan.rounds} rounds), {plan.tokens} new tokens per reply, "
-        f"{plan.layers}+{plan.layers} layers x {plan.dim}, vocab {plan.vocab:,}",
+        f"Replies/s on {plan.device} (median of {plan.rounds} rounds), {plan.tokens} new "
+        f"tokens per reply, {plan.layers}+{plan.layers} layers x {plan.dim}, "
+        f"vocab {plan.vocab:,}",
         headers,
         rows,
     )
@@ -1206,7 +1293,7 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in row.items()
         ]
         print(f"agreement {key}: " + "; ".join(parts))
-    name = "peer-quick" if plan.quick else "peer"
+    name = ("peer-quick" if plan.quick else "peer") + ("" if plan.device == "cpu" else "-cuda")
     common.write_json(
         name,
         {
@@ -1220,7 +1307,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(plan, cells, name)
     except Exception as err:  # noqa: BLE001 - the plot is a nice-to-have
         print(f"no plot: {err}", file=sys.stderr)
-    common.emit_results(results(cells))
+    common.emit_results(results(cells, plan.device))
     return 0 if payload["work_equal"] else 1
 
 

@@ -221,3 +221,85 @@ def test_bench_peer_on_a_cpu_without_bf16_measures_the_rest_and_says_so(
     saved = json.loads((tmp_path / "peer-quick.json").read_text())
     assert saved["markdown"].endswith("\n\n" + note)
     assert saved["plan"]["skipped"]["ours_cont_bf16"] == "skipped: CPU lacks avx512_bf16/amx"
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def test_the_device_option() -> None:
+    assert peer.plan_from_args([]).device == "cpu"
+    assert peer.plan_from_args(["--quick", "--device", "cuda"]).device == "cuda"
+    with pytest.raises(SystemExit):
+        peer.plan_from_args(["--device", "gpu"])
+
+
+@pytest.mark.parametrize(("bf16", "ct2"), [(True, True), (False, False)])
+def test_on_cuda_what_cannot_run_there_is_skipped_with_why(
+    monkeypatch: pytest.MonkeyPatch, bf16: bool, ct2: bool
+) -> None:
+    """QUANTIZE=int8 is CPU-only (the service refuses it with MODEL_DEVICE=cuda): our int8
+    systems never reach a GPU worker; bf16 and CTranslate2 only where the GPU and the build
+    have them."""
+    monkeypatch.setattr(peer, "cuda_has_bf16", lambda: bf16)
+    monkeypatch.setattr(peer, "ct2_has_cuda", lambda: ct2)
+    plan = peer.fit_to_device(peer.plan_from_args(["--device", "cuda"]))
+    int8 = {s for s in peer.OURS if "_int8" in s}
+    assert int8 and all(plan.skipped[s] == peer.LACKS_CUDA_INT8 for s in int8)
+    expected = {s for s in peer.SYSTEMS if s not in int8}
+    if not bf16:
+        expected -= set(peer.BF16)
+        assert plan.skipped["ours_cont_bf16"] == peer.LACKS_CUDA_BF16
+    if not ct2:
+        expected -= {"ct2_fp32", "ct2_int8"}
+        assert plan.skipped["ct2_int8"] == peer.LACKS_CT2_CUDA
+    assert set(plan.systems) == expected
+    assert "ours_batch_fp32" in plan.systems and "hf_fp32" in plan.systems
+
+
+@pytest.mark.skipif(_has_cuda(), reason="this machine has a CUDA device")
+def test_device_cuda_without_a_gpu_stops_at_once_and_says_why(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(peer, "measure", lambda plan: pytest.fail("nothing may be measured"))
+    assert peer.main(["--quick", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA device" in err and "--device cpu" in err
+
+
+def test_a_cuda_run_is_named_apart_from_a_cpu_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run itself (measuring replaced, the GPU taken as present): its JSON is
+    peer-quick-cuda.json and its RESULT lines peer_cuda_..., so it never overwrites nor
+    reads as a CPU run."""
+    measured: list[peer.Plan] = []
+
+    def measure(plan: peer.Plan) -> dict[str, object]:
+        measured.append(plan)
+        rps = dict.fromkeys(plan.systems, 2.0)
+        cells = [
+            {"decoding": d, "beam": b, "batch": n, "threads": t, "rps": rps}
+            for d, b, n, t in plan.cells()
+        ]
+        return {"prepare": {}, "cells": cells, "work_equal": True, "agreement": {}}
+
+    monkeypatch.setattr(common, "cuda_refusal", lambda command: None)
+    monkeypatch.setattr(peer, "cuda_has_bf16", lambda: True)
+    monkeypatch.setattr(peer, "ct2_has_cuda", lambda: True)
+    monkeypatch.setattr(peer, "measure", measure)
+    monkeypatch.setattr(peer, "plot", lambda *args: None)
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(common, "ROOT", tmp_path)
+    assert peer.main(["--quick", "--device", "cuda", "--systems", "ours_cont_fp32,ct2_int8"]) == 0
+    [plan] = measured
+    assert plan.device == "cuda" and plan.systems == ("ours_cont_fp32", "ct2_int8")
+    out = capsys.readouterr().out
+    results = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert results and all(line.startswith("RESULT peer_cuda_") for line in results)
+    assert "RESULT peer_cuda_ours_cont_fp32_greedy_b1_t1_rps=2" in results
+    saved = json.loads((tmp_path / "peer-quick-cuda.json").read_text())
+    assert saved["plan"]["device"] == "cuda"
+    assert not (tmp_path / "peer-quick.json").exists()
