@@ -181,18 +181,22 @@ async def _our_replies(
 def _parlai_replies(
     model_file: str, overrides: dict[str, Any], turns: tuple[str, ...]
 ) -> list[str]:
-    """Replies of a plain ParlAI agent of the same file and options, through observe/act."""
+    """Replies of a plain ParlAI agent of the same file and options, through observe/act,
+    cleaned the way the service cleans this model's replies (`reply_cleaner`: a cased
+    byte-level BPE model's verbatim, a lowercased one's detokenised), so that equal tokens
+    compare equal."""
     from parlai.core.agents import create_agent_from_model_file
 
-    from bot.inference.batcher import chat_reply
+    from bot.inference.batcher import reply_cleaner
 
     plain = create_agent_from_model_file(model_file, dict(overrides))
     plain.model.eval()
+    clean = reply_cleaner(plain.opt)
     out = []
     for text in turns:
         _seed()
         plain.observe({"text": text, "episode_done": False})
-        out.append(chat_reply(plain.act()["text"]))
+        out.append(clean(plain.act()["text"]))
     return out
 
 

@@ -51,6 +51,19 @@ def test_model_check_prints_the_shape_the_runtime_path_and_parity(
     assert "Traceback" not in proc.stderr
 
 
+def test_model_check_compares_a_cased_model_through_its_own_cleaning(
+    cased_model_file: str, tmp_path: Path
+) -> None:
+    """A cased byte-level BPE model (built like BlenderBot 400M-distill) is shown verbatim, so
+    ParlAI's text must be compared verbatim too: compared through the lowercasing cleaning,
+    every reply "differed" (found running the command on the 400M-distill shape of
+    tests/support/shapes.py) though the tokens were ParlAI's."""
+    proc = _check(tmp_path, cased_model_file)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    assert "cased (dict_lower=False)" in proc.stdout
+    assert "parity: equal (2 turns)" in proc.stdout, proc.stdout
+
+
 def test_model_check_refuses_an_incomplete_model_with_status_2(
     tiny_model_file: str, tmp_path: Path
 ) -> None:
