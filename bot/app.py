@@ -107,6 +107,42 @@ def build_application(
     )
 
 
+def worker_pids(variants: object) -> dict[str, int]:
+    """Variant -> the pid of its model worker process now, for the variants served by one
+    (bot.engine.client.ModelProcess, in the router's `backends`); none for inline or Ray
+    backends, nor for a worker that is down."""
+    from bot.engine.client import ModelProcess
+
+    backends = getattr(variants, "backends", {})
+    return {
+        name: backend.pid
+        for name, backend in list(backends.items())  # a copy: variants load meanwhile
+        if isinstance(backend, ModelProcess) and backend.pid is not None
+    }
+
+
+def build_labels(settings: Settings) -> dict[str, str]:
+    """bot_build_info's labels: what runs here (versions read from the installed packages'
+    metadata; torch and ParlAI are not imported for it)."""
+    import platform
+    from importlib import metadata
+
+    def version(package: str) -> str:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return "none"
+
+    return {
+        "version": version("bot"),
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "parlai": version("parlai"),
+        "model": settings.model_file,
+        "model_backend": settings.model_backend,
+    }
+
+
 class Service:
     """All parts of the running bot, started and stopped in data-flow order."""
 
@@ -134,6 +170,9 @@ class Service:
         variants = responder.abilities.variants
         if variants is not None:  # bot_worker_restarts_total{variant,reason}
             self.metrics.watch_worker_restarts(variants.restart_reasons)
+            # bot_model_process_*{variant}: the worker processes' memory, CPU, descriptors
+            self.metrics.watch_model_processes(partial(worker_pids, variants))
+        self.metrics.set_build_info(**build_labels(settings))
         self.handlers = Handlers(self.chat, settings, sessionmaker, budget)
         self.handlers.register(application)
         bot = application.bot

@@ -7,8 +7,8 @@ update waiting in the inbox is younger than READY_MAX_INBOX_LAG_S;
 otherwise 503, with a JSON body naming each failing check and why. A stopping service is not
 ready either, so a load balancer drains it before it goes.
 
-The queue gauges (inbox and outbox depth, inbox lag) are read from the database at scrape time,
-by the same query /readyz makes: always current, and nothing runs while nobody scrapes.
+The queue gauges (inbox and outbox depth, inbox lag) and bot_ready are refreshed at scrape time
+by the checks /readyz runs: always current, and nothing runs while nobody scrapes.
 """
 
 from __future__ import annotations
@@ -120,6 +120,8 @@ class Health:
         if self.stopping:
             checks["stopping"] = {"ok": False, "detail": "the service is shutting down"}
         ready = all(c["ok"] for c in checks.values())
+        if self.metrics is not None:
+            self.metrics.ready.set(1 if ready else 0)
         if ready != self._was_ready:  # once per change, not once per probe
             failing = ", ".join(f"{n}: {c['detail']}" for n, c in checks.items() if not c["ok"])
             log.log(
@@ -171,10 +173,9 @@ class OpsServer:
             self._runner = None
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        try:
-            await self.health.backlog()
-        except Exception as err:  # noqa: BLE001 - the gauges keep their last values
-            log.debug("queue gauges not refreshed: %s", type(err).__name__)
+        # The readiness checks (never raising) refresh bot_ready and, through their database
+        # query, the queue gauges; those keep their last values when the database is down.
+        await self.health.readiness()
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -23,8 +23,9 @@ from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+import psutil
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -43,11 +44,16 @@ MAX_REPLICAS_PER_VARIANT = 32
 RESTART_REASONS = ("exited", "stalled", "pipe_full", "unhealthy")
 # The model-side metrics' labels.
 MODEL_LABELS = ("variant", "model_replica")
+# bot_build_info's labels.
+BUILD_LABELS = ("version", "python", "torch", "parlai", "model", "model_backend")
 
 # bot_telegram_requests_total's results, per HTTP request to the Bot API.
 OK, RATE_LIMITED, ERROR = "ok", "429", "error"
 # bot_telegram_failures_total's actions: what the caller did after a failed call.
 RETRY, GAVE_UP = "retry", "gave_up"
+# The Bot API methods delivery sends with (bot/service/delivery.py): their failure and 429
+# series exist from the start, at 0, so an alert's increase() sees the first one.
+DELIVERY_METHODS = ("sendMessage", "editMessageText")
 
 
 class Metrics:
@@ -57,6 +63,21 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
+        # process_resident_memory_bytes, process_cpu_seconds_total, process_open_fds, ... of
+        # this process (the front-end; with MODEL_WORKERS=inline, the models too).
+        ProcessCollector(registry=r)
+        self.build_info = Gauge(
+            "bot_build_info",
+            "Always 1; the labels say what runs: the package version, Python, torch and "
+            "ParlAI versions, the model (BOT_MODEL or the default) and MODEL_BACKEND.",
+            BUILD_LABELS,
+            registry=r,
+        )
+        self.ready = Gauge(
+            "bot_ready",
+            "1 when /readyz would answer 200, else 0 (its checks run at every scrape).",
+            registry=r,
+        )
         self.updates_received = Counter(
             "bot_updates_received",
             "Updates delivered by Telegram (getUpdates or webhook), redeliveries included.",
@@ -169,6 +190,20 @@ class Metrics:
         # The series every dashboard plots exist from the start, at 0.
         for kind in ("inbox", "outbox", "poller"):
             self.lease_takeovers.labels(kind)
+        for method in DELIVERY_METHODS:
+            for action in (RETRY, GAVE_UP):
+                self.telegram_failures.labels(method, action)
+            self.telegram_requests.labels(method, RATE_LIMITED)
+
+    def set_build_info(self, **labels: str) -> None:
+        """bot_build_info{BUILD_LABELS} = 1 (labels not given: "unknown")."""
+        self.build_info.labels(*(labels.get(name) or "unknown" for name in BUILD_LABELS)).set(1)
+
+    def watch_model_processes(self, source: Callable[[], Mapping[str, int]]) -> None:
+        """bot_model_process_*{variant}: each model worker process's memory, CPU time and open
+        descriptors, sampled with psutil at scrape time (`source`: variant -> pid of its
+        worker now; a variant whose worker is down has no series until it is back)."""
+        self.registry.register(_ModelProcesses(source))
 
     def watch_worker_restarts(self, source: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
         """bot_worker_restarts_total{variant,reason}, read from the workers at scrape time
@@ -264,3 +299,55 @@ class _ModelRestarts(Collector):
 
     def describe(self) -> Iterator[CounterMetricFamily]:
         yield CounterMetricFamily("bot_worker_restarts", "", labels=["variant", "reason"])
+
+
+class _ModelProcesses(Collector):
+    """The model worker processes' figures, read from the OS (psutil) at scrape time: the
+    parent samples its children by pid, so the worker needs no message for it, and a worker
+    that hangs is measured all the same. The names follow prometheus_client's
+    ProcessCollector (process_*), prefixed bot_model_ and labelled by variant."""
+
+    def __init__(self, source: Callable[[], Mapping[str, int]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        rss, cpu, fds = self._families()
+        for variant, pid in sorted(self._source().items()):
+            try:
+                proc = psutil.Process(pid)
+                with proc.oneshot():
+                    memory = proc.memory_info().rss
+                    times = proc.cpu_times()
+                    open_fds = proc.num_fds()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue  # it died between the two reads: it has no figures now
+            rss.add_metric([variant], memory)
+            # user + system of the process itself, as process_cpu_seconds_total counts them
+            cpu.add_metric([variant], times.user + times.system)
+            fds.add_metric([variant], open_fds)
+        yield from (rss, cpu, fds)
+
+    def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield from self._families()
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, CounterMetricFamily, GaugeMetricFamily]:
+        labels = ["variant"]
+        return (
+            GaugeMetricFamily(
+                "bot_model_process_resident_memory_bytes",
+                "Resident memory of the variant's model worker process, in bytes.",
+                labels=labels,
+            ),
+            CounterMetricFamily(
+                "bot_model_process_cpu_seconds",
+                "User and system CPU time of the variant's model worker process (it starts "
+                "again at 0 when the worker is restarted).",
+                labels=labels,
+            ),
+            GaugeMetricFamily(
+                "bot_model_process_open_fds",
+                "Open file descriptors of the variant's model worker process.",
+                labels=labels,
+            ),
+        )
