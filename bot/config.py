@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path("data")
@@ -24,6 +24,9 @@ WEBHOOK_SECRET_RE = re.compile(r"[A-Za-z0-9_-]{16,256}")
 # (`d[REDACTED]shbo[REDACTED]rd` for `a`). DASHBOARD_PASSWORD must be at least this long (it is
 # all that guards the dashboard, too); a shorter database password is masked in URLs only.
 SECRET_MIN_CHARS = 12
+# The token as a systemd credential (deploy/systemd/telegram-bot@.service, LoadCredential=):
+# this file of $CREDENTIALS_DIRECTORY, read when TELEGRAM_BOT_TOKEN is not set.
+TOKEN_CREDENTIAL = "telegram-bot-token"
 # A DNS name or an IPv4 address, as a Host header carries it (less the port).
 HOST_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
 
@@ -245,6 +248,31 @@ class Settings(BaseSettings):
             )
         return value
 
+    @model_validator(mode="after")
+    def _token_from_credential(self) -> Settings:
+        """TELEGRAM_BOT_TOKEN unset (environment and .env): the token from systemd's
+        credential $CREDENTIALS_DIRECTORY/telegram-bot-token, when there is one. As a
+        setting, it is masked in the logs like any token (bot.logs.settings_secrets)."""
+        if self.telegram_bot_token is not None and self.telegram_bot_token.get_secret_value():
+            return self
+        directory = os.environ.get("CREDENTIALS_DIRECTORY")
+        if not directory:
+            return self
+        path = Path(directory) / TOKEN_CREDENTIAL
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return self  # require_token says what to do
+        except (OSError, UnicodeDecodeError) as err:
+            why = err.strerror if isinstance(err, OSError) else "it is not UTF-8 text"
+            raise ConfigError(
+                f"cannot read the token credential {path}: {why}; check the file that "
+                f"LoadCredential={TOKEN_CREDENTIAL}:... names in the systemd unit"
+            ) from None
+        if token:
+            self.telegram_bot_token = SecretStr(token)
+        return self
+
     @field_validator("log_level")
     @classmethod
     def _upper(cls, value: str) -> str:
@@ -281,10 +309,17 @@ class Settings(BaseSettings):
         """Return the bot token or raise ConfigError with what to do."""
         token = self.telegram_bot_token.get_secret_value() if self.telegram_bot_token else ""
         if not token.strip():
+            directory = os.environ.get("CREDENTIALS_DIRECTORY")
+            where = (
+                f" (or into the credential file {Path(directory) / TOKEN_CREDENTIAL}, which "
+                f"is missing or empty: LoadCredential={TOKEN_CREDENTIAL}:PATH in the unit)"
+                if directory
+                else ""
+            )
             raise ConfigError(
                 "TELEGRAM_BOT_TOKEN is not set: put the token from @BotFather into .env "
-                "(see .env.example) or the environment. To try the bot without Telegram, "
-                "run `make chat`."
+                f"(see .env.example) or the environment{where}. To try the bot without "
+                "Telegram, run `make chat`."
             )
         if self.webhook_url and not (
             self.webhook_secret and self.webhook_secret.get_secret_value().strip()

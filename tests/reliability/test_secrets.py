@@ -85,3 +85,31 @@ async def test_debug_run_with_database_outage_and_api_faults_leaks_nothing(
         await asyncio.to_thread(pg.close)
     assert "DEBUG" in output and "WARNING" in output  # it logged at DEBUG, errors included
     assert_clean(output)
+
+
+async def test_token_from_the_systemd_credential_is_used_and_never_logged(
+    tmp_path: Path, tiny_model_file: str
+) -> None:
+    """deploy/systemd/telegram-bot@.service passes the token as a credential: no
+    TELEGRAM_BOT_TOKEN, the file $CREDENTIALS_DIRECTORY/telegram-bot-token instead. The
+    service talks to the Bot API with it (the loopback API answers only that token) and logs
+    it nowhere, at DEBUG level, JSON lines included."""
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    (credentials / "telegram-bot-token").write_text(TOKEN + "\n")
+    async with FakeBotAPI(TOKEN) as api:
+        env = bot_env(tmp_path, api, tiny_model_file, LOG_LEVEL="DEBUG", LOG_FORMAT="json")
+        del env["TELEGRAM_BOT_TOKEN"]
+        env["CREDENTIALS_DIRECTORY"] = str(credentials)
+        bot = BotProcess(env, tmp_path, tmp_path / "bot.log")
+        try:
+            await api.wait_for(lambda: bool(api.calls_to("getUpdates")), 90, "getUpdates")
+            api.user_message(7301, "hello with a credential")
+            await api.wait_for_texts(7301, 1, timeout_s=60)
+            bot.proc.send_signal(signal.SIGTERM)
+            assert await bot.wait(30) == 0
+        finally:
+            bot.kill()
+        output = bot.output()
+    assert '"level": "DEBUG"' in output
+    assert_clean(output)

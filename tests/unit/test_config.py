@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bot.config import ConfigError, Settings
@@ -124,3 +126,54 @@ def test_worker_liveness_settings_have_sane_bounds(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("WORKER_STALL_S", "0.5")  # would kill healthy workers between pings
     with pytest.raises(ValueError, match="worker_stall_s"):
         Settings(_env_file=None)  # type: ignore[call-arg]
+
+
+CREDENTIAL_TOKEN = "123456:CredentialTokenFromSystemd_abcdefghij"
+
+
+def test_token_from_the_systemd_credential_when_the_environment_has_none(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """LoadCredential=telegram-bot-token:PATH: systemd puts the file in $CREDENTIALS_DIRECTORY."""
+    monkeypatch.delenv("TELEGRAM_BOT_TOKEN", raising=False)
+    (tmp_path / "telegram-bot-token").write_text(CREDENTIAL_TOKEN + "\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    s = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert s.require_token() == CREDENTIAL_TOKEN
+    assert CREDENTIAL_TOKEN not in repr(s)
+    # It is masked in the logs like a token from the environment.
+    from bot.logs import settings_secrets
+
+    assert CREDENTIAL_TOKEN in settings_secrets(s)
+    # An empty TELEGRAM_BOT_TOKEN= (as .env.example has it) is unset: the credential counts.
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "")
+    assert Settings(_env_file=None).require_token() == CREDENTIAL_TOKEN  # type: ignore[call-arg]
+
+
+def test_the_environment_token_wins_over_the_credential(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "telegram-bot-token").write_text(CREDENTIAL_TOKEN)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "1:from-the-environment")
+    assert Settings(_env_file=None).require_token() == "1:from-the-environment"  # type: ignore[call-arg]
+
+
+def test_a_missing_or_unreadable_credential_says_what_to_do(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("TELEGRAM_BOT_TOKEN", raising=False)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    s = Settings(_env_file=None)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match="LoadCredential=telegram-bot-token:PATH") as err:
+        s.require_token()
+    assert str(tmp_path / "telegram-bot-token") in str(err.value)
+    (tmp_path / "telegram-bot-token").mkdir()  # a directory: read_text fails (EISDIR)
+    with pytest.raises(ConfigError, match="cannot read the token credential") as err:
+        Settings(_env_file=None)  # type: ignore[call-arg]
+    assert "Is a directory" in str(err.value)
+    # Without CREDENTIALS_DIRECTORY the message does not mention credentials.
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY")
+    with pytest.raises(ConfigError) as err:
+        Settings(_env_file=None).require_token()  # type: ignore[call-arg]
+    assert "credential" not in str(err.value)
