@@ -2,9 +2,10 @@
 
 A private database on the machine's PostgreSQL (TEST_DATABASE_URL's server), nginx with
 deploy/nginx/telegram-bot.conf, and replicas started from deploy/systemd/telegram-bot@.service
-(its Environment= and ExecStart= lines; paths point at this checkout, and DATA_DIR at a
-temporary folder) in webhook mode. The loopback Bot API (tests/support/fakebotapi.py) posts
-every update to nginx, as Telegram would post to the public URL. The model is the tiny test
+(its Environment=, per-replica EnvironmentFile= and ExecStart= lines; paths point at this
+checkout, and DATA_DIR at a temporary folder) in webhook mode. The loopback Bot API
+(tests/support/fakebotapi.py) posts every update to nginx, as Telegram would post to the
+public URL. The model is the tiny test
 model: this measures the service around it, not generation.
 
 1. Throughput with 1, 2 and 3 replicas: `--chats` chats that send their next message as soon
@@ -53,6 +54,7 @@ from tests.support.tinymodel import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = ROOT / "deploy" / "systemd" / "telegram-bot@.service"
+REPLICA_ENV = ROOT / "deploy" / "systemd" / "replica-env"
 NGINX_SITE = ROOT / "deploy" / "nginx" / "telegram-bot.conf"
 PG_URL = os.environ.get("TEST_DATABASE_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 WEBHOOK_PATH = "/telegram/webhook"
@@ -63,7 +65,9 @@ FIRST_CHAT = 20_001
 
 
 def unit_command(index: int) -> tuple[list[str], dict[str, str]]:
-    """The replica's command line and Environment= settings from the systemd unit, with %i."""
+    """The replica's command line and settings from the systemd unit, with %i: its
+    Environment= lines, and its per-replica EnvironmentFile= (the ports) as
+    deploy/systemd/replica-env writes it. The shared bot.env is the caller's (`base_env`)."""
     env: dict[str, str] = {}
     command: list[str] = []
     for line in UNIT.read_text().splitlines():
@@ -71,6 +75,13 @@ def unit_command(index: int) -> tuple[list[str], dict[str, str]]:
         if line.startswith("Environment="):
             key, _, value = line.removeprefix("Environment=").partition("=")
             env[key] = value
+        elif line.startswith("EnvironmentFile=") and line.endswith(f"replica-{index}.env"):
+            written = subprocess.run(
+                [str(REPLICA_ENV), str(index)], capture_output=True, text=True, check=True
+            ).stdout
+            for setting in written.splitlines():
+                key, _, value = setting.partition("=")
+                env[key] = value
         elif line.startswith("ExecStart="):
             command = line.removeprefix("ExecStart=").split()
     if not command:
@@ -194,7 +205,9 @@ class Replica:
         self.index = index
         self.command, unit_env = unit_command(index)
         self.env = {**base_env, **unit_env}
-        self.env["DATA_DIR"] = str(workdir / f"data{index}")  # the unit's /var/lib/...
+        # The unit's StateDirectory (%S/telegram-bot), its DATA_DIR and HOME.
+        self.env["DATA_DIR"] = self.env["HOME"] = str(workdir / f"data{index}")
+        Path(self.env["DATA_DIR"]).mkdir(parents=True, exist_ok=True)
         self.port = int(self.env.get("WEBHOOK_PORT", "0"))
         self.log = workdir / f"replica{index}.log"
         self.workdir = workdir
