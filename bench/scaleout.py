@@ -5,8 +5,8 @@ deploy/nginx/telegram-bot.conf, and replicas started from deploy/systemd/telegra
 (its Environment=, per-replica EnvironmentFile= and ExecStart= lines; paths point at this
 checkout, and DATA_DIR at a temporary folder) in webhook mode. The loopback Bot API
 (tests/support/fakebotapi.py) posts every update to nginx, as Telegram would post to the
-public URL. The model is the tiny test
-model: this measures the service around it, not generation.
+public URL. The model is the tiny test model: this measures the service around it, not
+generation.
 
 1. Throughput with 1, 2 and 3 replicas: `--chats` chats that send their next message as soon
    as the last one is answered, `--phase` seconds per replica count: replies/s.
