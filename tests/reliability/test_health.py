@@ -53,10 +53,13 @@ async def test_readyz_is_not_ready_while_the_database_is_down_and_ready_again_af
                 assert PASSWORD not in json.dumps(body)
                 # Alive all the same, and still scraped (the queue gauges keep their values).
                 assert (await get_json(port, "/healthz"))[0] == 200
-                assert value(await scrape(port), "bot_updates_acknowledged_total") == 1
+                down = await scrape(port)
+                assert value(down, "bot_updates_acknowledged_total") == 1
+                assert value(down, "bot_ready") == 0  # what the BotNotReady alert reads
                 await asyncio.to_thread(pg.start)
                 _, body = await wait_readyz(port, 200, timeout_s=30)
                 assert all(check["ok"] for check in body["checks"].values()), body
+                assert value(await scrape(port), "bot_ready") == 1
     finally:
         await asyncio.to_thread(pg.close)
 
