@@ -214,6 +214,7 @@ def clustered_rate(
     *,
     z: float = Z95,
     min_chats: int = MIN_CHATS,
+    binary: bool = True,
 ) -> ClusteredRate:
     """The 👍 rate of per-chat `(up, votes)` pairs with a chat-level 95% interval.
 
@@ -235,6 +236,11 @@ def clustered_rate(
     covers r = 0 or 1, where the sandwich is 0). Unlike r +- z se it stays inside [0, 1] and
     behaves near 0 and 1. With fewer than `min_chats` chats the spread between chats cannot be
     estimated usefully and the interval is NaN ("n/a (too few)") rather than a wrong one.
+
+    `binary=False` is for shares of values inside [0, 1] that are not 0/1 votes (scaled
+    ratings, `rating_interval`): their variance can lie far below the Bernoulli r (1 - r), so
+    n_eff is not capped at the count (which would widen the interval to the worst case);
+    only where the sandwich is 0 (every value the same) does the count stand in for it.
     """
     group = _group(chats, weights)
     if group.chats == 0:
@@ -245,7 +251,8 @@ def clustered_rate(
         return ClusteredRate(r, math.nan, math.nan, se, group.chats, group.votes, math.nan)
     spread = r * (1.0 - r)
     n_eff = group.votes if spread <= 0.0 or group.var <= 0.0 else spread / group.var
-    n_eff = min(n_eff, group.votes)
+    if binary:
+        n_eff = min(n_eff, group.votes)
     low, high = _wilson(r, n_eff, z)
     return ClusteredRate(r, low, high, se, group.chats, group.votes, n_eff)
 
@@ -441,12 +448,14 @@ def rating_interval(
     `chats` holds each chat's ratings (a chat may rate several conversations). The ratings
     are mapped to [0, 1] by x = (rating - lo) / (hi - lo) and treated like 👍 shares: the
     ratio estimator sum(x) / count with its cluster-robust variance and a Wilson interval with
-    the effective count (`clustered_rate`), mapped back to the scale. Why Wilson: a variable
-    in [0, 1] with mean m has variance at most m (1 - m), the Bernoulli's, so the interval of
-    a Bernoulli with that mean and effective n is a fair bound for it, and it lies inside
-    [0, 1] by construction, also at all-1s and all-5s. A t-interval (even clipped) can leave
-    the scale or collapse to a point; a percentile bootstrap stays inside but is unreliable at
-    the small samples where it matters. Fewer than `min_chats` rated chats: bounds NaN.
+    the effective count n_eff = m (1 - m) / var (`clustered_rate` with binary=False), mapped
+    back to the scale. Why Wilson: it is the score interval of a mean m with variance
+    m (1 - m) / n_eff, the same standard error as the sandwich at m, but it shrinks towards
+    the middle near the ends and lies inside [0, 1] by construction, also at all-1s and all-5s
+    (there the sandwich is 0 and the count of ratings stands in for n_eff). A t-interval
+    (even clipped) can leave the scale or collapse to a point; a percentile bootstrap stays
+    inside but is unreliable at the small samples where it matters. Fewer than `min_chats`
+    rated chats: bounds NaN.
     """
     lo, hi = scale
     if not hi > lo:
@@ -462,7 +471,7 @@ def rating_interval(
             n += len(ratings)
     if n == 0:
         return MeanInterval(mean=math.nan, low=math.nan, high=math.nan, n=0)
-    rate = clustered_rate(pairs, z=z, min_chats=min_chats)
+    rate = clustered_rate(pairs, z=z, min_chats=min_chats, binary=False)
     mean = lo + (hi - lo) * rate.rate
     if math.isnan(rate.low):
         return MeanInterval(mean=mean, low=math.nan, high=math.nan, n=n)

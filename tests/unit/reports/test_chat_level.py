@@ -252,3 +252,18 @@ def test_rating_interval_with_too_few_chats_is_not_a_number(n: int) -> None:
 def test_rating_interval_rejects_ratings_off_the_scale() -> None:
     with pytest.raises(ValueError, match="outside the scale"):
         rating_interval([[0.0]])
+
+
+def test_rating_interval_is_as_wide_as_the_spread_says_not_the_worst_case() -> None:
+    # 50 chats rating 2, 3 or 4 (spread well below a Bernoulli's on the 1-5 scale): the interval
+    # is close to the t-interval's width, not the all-or-nothing worst case (which would be
+    # about twice as wide here).
+    values = [2.0, 3.0, 4.0, 3.0, 3.0] * 10
+    result = rating_interval([[v] for v in values])
+    # t-interval: mean 3, squared deviations (1 + 0 + 1 + 0 + 0) * 10 = 20, s^2 = 20/49,
+    # half = t(0.975, 49) * s / sqrt(50) = 2.009575 * 0.6388766 / 7.0710678 = 0.1815646.
+    # (The Bernoulli worst case at the same mean, n = 50: 4 * 1.96 * sqrt(0.25 / 50) = 0.55.)
+    half_t = 2.009575 * math.sqrt(20 / 49) / math.sqrt(50)
+    assert result.mean == pytest.approx(3.0)
+    assert (result.high - result.low) / 2 == pytest.approx(half_t, rel=0.05)
+    assert result.low >= 1.0 and result.high <= 5.0
