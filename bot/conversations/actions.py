@@ -343,6 +343,7 @@ class ChatActions:
             facts = ReplyFacts(
                 latency_ms=reply.latency_ms,
                 variant=reply.variant,
+                variant_version=reply.variant_version,
                 model_ms=reply.model_ms,
                 safety=verdict.mark,
                 unsafe_text=verdict.unsafe_text,

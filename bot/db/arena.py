@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bot.db import conversations
+from bot.db import conversations, variants
 from bot.db.feedback import Outcome
 from bot.db.models import ArenaMatch, Message, Role, Session, utcnow
 
@@ -65,6 +65,9 @@ async def fill(
             text_a=text_a,
             variant_b=variant_b,
             text_b=text_b,
+            # The identities as they are now (the duel was generated a moment ago).
+            version_a=None if variant_a is None else variants.identity_of(variant_a),
+            version_b=None if variant_b is None else variants.identity_of(variant_b),
             persona=persona
             if persona is not None
             else select(Session.persona)
@@ -98,6 +101,7 @@ async def decide(db: AsyncSession, chat_id: int, match_id: int, winner: str) -> 
         # after later turns would land out of order (the user moved on; the pick still counts).
         text = match.text_a if winner == "a" else match.text_b
         variant = match.variant_a if winner == "a" else match.variant_b
+        version = match.version_a if winner == "a" else match.version_b
         bot_message_id = await conversations.add_message(
             db,
             session_id=match.session_id,
@@ -105,7 +109,9 @@ async def decide(db: AsyncSession, chat_id: int, match_id: int, winner: str) -> 
             role=Role.BOT,
             text=text or "",
             # What the model read then, even if the persona changed before the pick.
-            facts=conversations.ReplyFacts(variant=variant, persona=match.persona),
+            facts=conversations.ReplyFacts(
+                variant=variant, variant_version=version, persona=match.persona
+            ),
         )
     match.winner = winner
     match.decided_at = utcnow()

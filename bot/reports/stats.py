@@ -23,6 +23,7 @@ from bot.db.models import (
     Vote,
     utcnow,
 )
+from bot.db.variants import current_identity
 
 DEFAULT_LATENCY_WINDOW = timedelta(hours=24)
 
@@ -125,7 +126,11 @@ async def _variant_stats(db: AsyncSession) -> tuple[VariantStats, ...]:
         str(name): n
         for name, n in await db.execute(
             select(Message.variant, func.count())
-            .where(Message.role == Role.BOT, Message.variant.is_not(None))
+            .where(
+                Message.role == Role.BOT,
+                Message.variant.is_not(None),
+                current_identity(Message.variant_version),
+            )
             .group_by(Message.variant)
         )
     }
@@ -137,7 +142,7 @@ async def _variant_stats(db: AsyncSession) -> tuple[VariantStats, ...]:
                 func.sum(case((Vote.value == 1, 1), else_=0)),
                 func.sum(case((Vote.value == -1, 1), else_=0)),
             )
-            .where(Vote.variant.is_not(None))
+            .where(Vote.variant.is_not(None), current_identity(Vote.variant_version))
             .group_by(Vote.variant)
         )
     }
