@@ -13,13 +13,19 @@ change at once; a new variant's backend starts in the background (new chats go t
 served here meanwhile; a chat already assigned to it waits, or goes to a replica that has it); a
 removed variant takes no new chats at once, its backend stops
 once its turns in flight are answered (at most DRAIN_S), and each of its chats is assigned
-again by the allocation at its next turn. A variant that cannot load is logged and shown in
-`load_errors` (the replica's status, and /readyz fails while it has a weight above 0); the
-others keep serving, and it is tried again every RETRY_LOAD_S.
+again by the allocation at its next turn (source `moved`: no draw of its new variant). A
+variant that cannot load is logged and shown in `load_errors` (the replica's status, and
+/readyz fails while it has a weight above 0); the others keep serving, and it is tried again
+every RETRY_LOAD_S.
 
 A new chat is only ever assigned to a variant served here now: with no weighted variant served
 (the only weighted one is loading or cannot load) it goes to the control, else to another
-served variant, and that probability (1) is what is recorded with it.
+served variant, and that probability (1) is what is recorded with it (source `fallback`: no
+draw, left out of the sample-ratio check and the weights).
+
+Every reply carries the identity of the variant whose backend produced it (Variant.version,
+`variants.version_id`), which the conversation layer stores with it: votes and ratings
+belong to that identity, so a name added again, or given another model, starts from zero.
 """
 
 from __future__ import annotations

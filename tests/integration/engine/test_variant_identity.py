@@ -43,6 +43,8 @@ from tests.integration.admin.test_admin import parse_admin
 from tests.integration.engine.test_live_variants import admin_settings
 
 EXP = "identity-test"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "variants.md"
+SQL_START, SQL_END = "<!-- identity-sql:start -->", "<!-- identity-sql:end -->"
 CHATS = range(1, 41)
 
 
@@ -274,22 +276,21 @@ async def test_a_name_added_again_starts_from_zero(
     assert await turn(responder, store, chat, -1) == "b"
     b = (await report(sessionmaker, settings)).get("b")
     assert b is not None and (b.turns, b.votes_up, b.votes_down) == (1, 0, 1)
+    # The history, by the query of docs/variants.md.
+    doc = DOC.read_text(encoding="utf-8")
+    sql = doc.split(SQL_START, 1)[1].split(SQL_END, 1)[0].split("```sql\n", 1)[1]
+    sql = sql.split("```", 1)[0]
     async with sessionmaker() as db:
-        history = [
-            tuple(row)
-            for row in await db.execute(
-                text(
-                    "SELECT v.id, v.model, v.retired_at IS NOT NULL, "
-                    "SUM(CASE WHEN votes.value = 1 THEN 1 ELSE 0 END), COUNT(votes.id) "
-                    "FROM variant_versions v LEFT JOIN votes ON votes.variant_version = v.id "
-                    "WHERE v.experiment = :e AND v.name = 'b' GROUP BY v.id, v.model, "
-                    "v.retired_at ORDER BY v.id"
-                ),
-                {"e": EXP},
-            )
-        ]
+        result = await db.execute(text(sql))
+        columns = list(result.keys())
+        rows = [dict(zip(columns, row, strict=True)) for row in result]
+    history = [
+        (r["identity"], r["model"], r["retired_at"] is not None, r["up"], r["down"])
+        for r in rows
+        if (r["experiment"], r["name"]) == (EXP, "b")
+    ]
     assert [row[1:] for row in history] == [
-        ("zoo:blender/blender_90M/model", True, old_b, old_b),
+        ("zoo:blender/blender_90M/model", True, old_b, 0),
         ("zoo:blender/blender_400Mdistill/model", False, 0, 1),
     ]
     current = responder.experiment.get("b")
