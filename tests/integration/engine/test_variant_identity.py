@@ -41,6 +41,7 @@ from bot.reports import stats as service_stats
 from bot.reports.variants import format_variant_report, variant_report
 from tests.integration.admin.test_admin import parse_admin
 from tests.integration.engine.test_live_variants import admin_settings
+from tests.support.waits import until
 
 EXP = "identity-test"
 DOC = Path(__file__).resolve().parents[3] / "docs" / "variants.md"
@@ -301,25 +302,67 @@ async def test_a_new_model_for_a_name_is_a_new_identity_but_threads_are_not(
     db_url: str,
     tmp_path: Path,
     store: ConversationStore,
-    sessionmaker: async_sessionmaker[AsyncSession],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`admin variants reload` after the file changed b's generation options: new identity;
-    a change of its threads only: the same identity (the same replies, faster or slower)."""
+    """`admin variants reload` after the file changed b's threads only: the same identity (the
+    same replies, faster or slower); its generation options: a new one. While the new model
+    loads, the old one answers, and its replies count for the old identity."""
     path = write_file(tmp_path)
     settings = admin_settings(db_url, tmp_path, path)
     responder = await serving(settings, store, monkeypatch)
     first = responder.experiment.get("b")
-    assert first is not None and first.version
+    control = responder.experiment.get("a")
+    assert first is not None and control is not None and control.version < first.version
     path.write_text(path.read_text() + "threads = 2\n")
     await admin(settings, "reload")
     await responder.refresh()
     same = responder.experiment.get("b")
     assert same is not None and same.version == first.version
+    await until(lambda: not responder._loading, what="b restarted with 2 threads")
+
+    release = asyncio.Event()
+
+    async def held_start(variant: Any, *args: Any) -> Backend:
+        await release.wait()
+        return cast(Backend, StandIn(variant.name))
+
+    monkeypatch.setattr(router, "_start_backend", held_start)
     path.write_text(path.read_text().replace("topp = 0.9", "topp = 0.5"))
     await admin(settings, "reload")
     await responder.refresh()
     changed = responder.experiment.get("b")
     assert changed is not None and changed.version > first.version
-    control = responder.experiment.get("a")
-    assert control is not None and control.version < first.version  # a kept its own
+    kept = responder.experiment.get("a")
+    assert kept is not None and kept.version == control.version
+    chat = next(c for c in range(1, 100) if choose(EXP, c, {"a": 1, "b": 1}) == "b")
+    session = await store.active_session(chat, chat)
+    reply = await responder.respond(session, "hi")
+    assert (reply.variant, reply.variant_version) == ("b", first.version)  # the old model
+    release.set()
+    await until(lambda: not responder._loading, what="b's new model serving")
+    reply = await responder.respond(session, "hi")
+    assert (reply.variant, reply.variant_version) == ("b", changed.version)
+
+
+async def test_a_name_added_again_with_the_same_model_between_two_polls_is_new_too(
+    db_url: str,
+    tmp_path: Path,
+    store: ConversationStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The replica sees the same model under the name and keeps its backend; the replies it
+    stores from then on carry the new identity all the same."""
+    settings = admin_settings(db_url, tmp_path, write_file(tmp_path))
+    responder = await serving(settings, store, monkeypatch)
+    old = responder.experiment.get("b")
+    backend = responder.backends["b"]
+    await admin(settings, "remove", "b")
+    await admin(settings, "add", "b", "--model", "zoo:blender/blender_90M/model",
+                "--inference", "nucleus", "--topp", "0.9")  # fmt: skip
+    assert await responder.refresh()
+    new = responder.experiment.get("b")
+    assert old is not None and new is not None and new.version > old.version
+    assert responder.backends["b"] is backend
+    chat = next(c for c in range(1, 100) if choose(EXP, c, {"a": 1, "b": 1}) == "b")
+    reply = await responder.respond(await store.active_session(chat, chat), "hi")
+    assert (reply.variant, reply.variant_version) == ("b", new.version)
