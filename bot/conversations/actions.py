@@ -542,6 +542,7 @@ class ChatActions:
             update=turn.update,
             telegram_message_id=telegram_message_id,
             persona=session.persona,
+            versions=(a.variant_version, b.variant_version),
         )
         turn.decided(ARENA, None, [a, b])
 

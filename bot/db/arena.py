@@ -52,10 +52,16 @@ async def fill(
     user_message_id: int,
     pair: tuple[tuple[str | None, str], tuple[str | None, str]],
     persona: str | None = None,
+    versions: tuple[int | None, int | None] = (None, None),
 ) -> None:
     """The duel's message and its two replies, as ((variant_a, text_a), (variant_b, text_b)),
-    and the persona both were generated with (None: the conversation's persona now)."""
+    the persona both were generated with (None: the conversation's persona now), and the
+    variants' identities (None: the name's current one, as the duel is stored)."""
     (variant_a, text_a), (variant_b, text_b) = pair
+    version_a, version_b = (
+        variants.identity_of(name) if version is None and name is not None else version
+        for name, version in zip((variant_a, variant_b), versions, strict=True)
+    )
     await db.execute(
         update(ArenaMatch)
         .where(ArenaMatch.id == match_id)
@@ -65,9 +71,8 @@ async def fill(
             text_a=text_a,
             variant_b=variant_b,
             text_b=text_b,
-            # The identities as they are now (the duel was generated a moment ago).
-            version_a=None if variant_a is None else variants.identity_of(variant_a),
-            version_b=None if variant_b is None else variants.identity_of(variant_b),
+            version_a=version_a,
+            version_b=version_b,
             persona=persona
             if persona is not None
             else select(Session.persona)

@@ -366,3 +366,46 @@ async def test_a_name_added_again_with_the_same_model_between_two_polls_is_new_t
     chat = next(c for c in range(1, 100) if choose(EXP, c, {"a": 1, "b": 1}) == "b")
     reply = await responder.respond(await store.active_session(chat, chat), "hi")
     assert (reply.variant, reply.variant_version) == ("b", new.version)
+
+
+async def test_the_arena_ranking_forgets_the_duels_of_a_removed_identity(
+    db_url: str,
+    tmp_path: Path,
+    store: ConversationStore,
+    sessionmaker: async_sessionmaker[AsyncSession],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = admin_settings(db_url, tmp_path, write_file(tmp_path))
+    responder = await serving(settings, store, monkeypatch)
+    old_b = responder.experiment.get("b")
+    assert old_b is not None
+
+    async def duel(chat: int) -> None:
+        """An /arena duel of a and b (the router's pair), which b wins."""
+        match = await store.request_arena(chat, chat, notice="duel")
+        session = await store.active_session(chat, chat)
+        x, y = await responder.duel(session, "a joke?")
+        await store.record_duel(
+            session.id, chat, match, "a joke?", ((x.variant, x.text), (y.variant, y.text)),
+            text="pick", markup=None, versions=(x.variant_version, y.variant_version),
+        )  # fmt: skip
+        assert await store.decide_duel(chat, match, "a" if x.variant == "b" else "b")
+
+    for chat in (1, 2, 3):
+        await duel(chat)
+    ranking = (await report(sessionmaker, settings)).arena
+    assert [(r.name, r.matches, r.wins) for r in ranking] == [("b", 3, 3), ("a", 3, 0)]
+    async with sessionmaker() as db:
+        winners = await db.execute(
+            text("SELECT variant_version FROM messages WHERE variant = 'b' AND role = 'bot'")
+        )
+        assert [tuple(r) for r in winners] == [(old_b.version,)] * 3
+
+    await admin(settings, "remove", "b")
+    await admin(settings, "add", "b", "--model", "zoo:blender/blender_400Mdistill/model")
+    assert await responder.refresh()
+    await until(lambda: not responder._loading, what="the new b serving")
+    assert (await report(sessionmaker, settings)).arena == ()
+    await duel(4)
+    ranking = (await report(sessionmaker, settings)).arena
+    assert [(r.name, r.matches, r.wins) for r in ranking] == [("b", 1, 1), ("a", 1, 0)]
