@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, case, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.dialect import insert_unless_present
-from bot.db.models import ExperimentRow, VariantRow, VariantVersion, Vote, utcnow
+from bot.db.models import ExperimentRow, Message, Role, VariantRow, VariantVersion, Vote, utcnow
 
 # Options that change where and how fast a variant runs, not what it replies: changing them
 # keeps the variant's identity (its votes and ratings). Any other option, or the model, starts
@@ -286,3 +287,60 @@ async def vote_counts(
     for name, n_up, n_down in rows:
         counts[str(name)] = (int(n_up or 0), int(n_down or 0))
     return counts
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """One identity a variant has had (a `variant_versions` row) and what it gathered."""
+
+    id: int
+    name: str
+    model: str | None
+    options: dict[str, Any]
+    created_at: datetime
+    retired_at: datetime | None  # None: the variant's current identity
+    replies: int
+    votes_up: int
+    votes_down: int
+
+
+async def history(db: AsyncSession, experiment: str) -> list[Identity]:
+    """Every identity of the experiment's variants, by name then age, with its replies and
+    votes (`admin variants list --all-versions`; the SQL is in docs/variants.md)."""
+    replies = (
+        select(Message.variant_version, func.count().label("n"))
+        .where(Message.role == Role.BOT, Message.variant_version.is_not(None))
+        .group_by(Message.variant_version)
+        .subquery()
+    )
+    votes = (
+        select(
+            Vote.variant_version,
+            func.sum(case((Vote.value == 1, 1), else_=0)).label("up"),
+            func.sum(case((Vote.value == -1, 1), else_=0)).label("down"),
+        )
+        .where(Vote.variant_version.is_not(None))
+        .group_by(Vote.variant_version)
+        .subquery()
+    )
+    rows = await db.execute(
+        select(VariantVersion, replies.c.n, votes.c.up, votes.c.down)
+        .outerjoin(replies, replies.c.variant_version == VariantVersion.id)
+        .outerjoin(votes, votes.c.variant_version == VariantVersion.id)
+        .where(VariantVersion.experiment == experiment)
+        .order_by(VariantVersion.name, VariantVersion.id)
+    )
+    return [
+        Identity(
+            int(v.id),
+            v.name,
+            v.model,
+            json.loads(v.options),
+            v.created_at,
+            v.retired_at,
+            int(n or 0),
+            int(up or 0),
+            int(down or 0),
+        )
+        for v, n, up, down in rows
+    ]

@@ -233,6 +233,7 @@ async def test_a_name_added_again_starts_from_zero(
     store: ConversationStore,
     sessionmaker: async_sessionmaker[AsyncSession],
     monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     settings = admin_settings(db_url, tmp_path, write_file(tmp_path, "thompson"))
     responder = await serving(settings, store, monkeypatch)
@@ -296,6 +297,23 @@ async def test_a_name_added_again_starts_from_zero(
     ]
     current = responder.experiment.get("b")
     assert current is not None and current.version == history[1][0]
+
+    # The same history from `admin variants list --all-versions` (its JSON).
+    capsys.readouterr()
+    await admin(settings, "list", "--all-versions", "--json")
+    listed = json.loads(capsys.readouterr().out)["identities"]
+    assert [
+        (i["id"], i["model"], i["retired_at"] is not None, i["replies"], i["votes_up"],
+         i["votes_down"])
+        for i in listed
+        if i["name"] == "b"
+    ] == [
+        (history[0][0], "zoo:blender/blender_90M/model", True, old_b, old_b, 0),
+        (history[1][0], "zoo:blender/blender_400Mdistill/model", False, 1, 0, 1),
+    ]  # fmt: skip
+    await admin(settings, "list", "--all-versions")
+    table = capsys.readouterr().out
+    assert "every identity of its variants" in table and "current" in table
 
 
 async def test_a_new_model_for_a_name_is_a_new_identity_but_threads_are_not(
