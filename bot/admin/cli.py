@@ -27,6 +27,7 @@ from bot.admin import export
 from bot.admin import sql as admin_sql
 from bot.config import Settings, get_settings
 from bot.db import assignments
+from bot.db import variants as stored_variants
 from bot.db.engine import make_engine, make_sessionmaker, safe_url
 from bot.db.models import AssignmentSource, Role, SessionStatus
 from bot.engine import live
@@ -523,6 +524,8 @@ async def _variants_list(
     engine: AsyncEngine, args: argparse.Namespace, out: TextIO, seed: Experiment
 ) -> int:
     experiment = await live.current(make_sessionmaker(engine), seed, _settings(args))
+    if args.all_versions:
+        return await _variants_history(engine, args, out, experiment)
     if args.json:
         print(dump_json(_experiment_json(experiment)), file=out)
         return 0
@@ -538,6 +541,49 @@ async def _variants_list(
         for v in experiment.variants
     ]
     print(format_table(["variant", "weight", "model", "options"], rows), file=out)
+    return 0
+
+
+async def _variants_history(
+    engine: AsyncEngine, args: argparse.Namespace, out: TextIO, experiment: Experiment
+) -> int:
+    """Every identity of every variant (docs/variants.md, Variant identities)."""
+    async with make_sessionmaker(engine)() as db:
+        identities = await stored_variants.history(db, experiment.name)
+    if args.json:
+        data = [
+            {
+                **{k: getattr(i, k) for k in ("id", "name", "model", "options", "replies")},
+                "created_at": i.created_at.isoformat(),
+                "retired_at": None if i.retired_at is None else i.retired_at.isoformat(),
+                "votes_up": i.votes_up,
+                "votes_down": i.votes_down,
+            }
+            for i in identities
+        ]
+        print(dump_json({"experiment": experiment.name, "identities": data}), file=out)
+        return 0
+    print(
+        f"experiment {experiment.name}: every identity of its variants (the report counts the "
+        "current ones only)",
+        file=out,
+    )
+    rows = [
+        (
+            i.id,
+            i.name,
+            i.model or "BOT_MODEL",
+            " ".join(f"{k}={o}" for k, o in sorted(i.options.items())),
+            f"{i.created_at:%Y-%m-%d %H:%M}",
+            "current" if i.retired_at is None else f"{i.retired_at:%Y-%m-%d %H:%M}",
+            f"{i.replies:,}",
+            f"{i.votes_up:,}",
+            f"{i.votes_down:,}",
+        )
+        for i in identities
+    ]
+    columns = ["identity", "variant", "model", "options", "since", "retired", "replies", "up"]
+    print(format_table([*columns, "down"], rows), file=out)
     return 0
 
 
@@ -918,7 +964,15 @@ def _add_variant_changes(
         parents=[as_json],
         help="make the database's variants match VARIANTS_FILE (one change)",
     )
-    changes.add_parser("list", parents=[as_json], help="the variants as stored: models, options")
+    listing = changes.add_parser(
+        "list", parents=[as_json], help="the variants as stored: models, options"
+    )
+    listing.add_argument(
+        "--all-versions",
+        action="store_true",
+        help="every identity each variant has had (a name added again, or given another "
+        "model, starts a new one), with its replies and votes",
+    )
 
 
 def admin_sql_url(settings: Settings) -> str:

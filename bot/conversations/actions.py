@@ -343,6 +343,7 @@ class ChatActions:
             facts = ReplyFacts(
                 latency_ms=reply.latency_ms,
                 variant=reply.variant,
+                variant_version=reply.variant_version,
                 model_ms=reply.model_ms,
                 safety=verdict.mark,
                 unsafe_text=verdict.unsafe_text,
@@ -541,6 +542,7 @@ class ChatActions:
             update=turn.update,
             telegram_message_id=telegram_message_id,
             persona=session.persona,
+            versions=(a.variant_version, b.variant_version),
         )
         turn.decided(ARENA, None, [a, b])
 

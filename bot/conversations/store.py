@@ -531,15 +531,17 @@ class ConversationStore:
         update: UpdateRef | None = None,
         telegram_message_id: int | None = None,
         persona: str | None = None,
+        versions: tuple[int | None, int | None] = (None, None),
     ) -> int:
         """Store the duel's user message (its answer comes when the user picks) and the two
-        replies with the persona they were generated with (None: the conversation's now),
-        queue them as one message with the pick buttons, close the update."""
+        replies with the persona they were generated with (None: the conversation's now) and
+        their variants' identities (None: the current one of the name), queue them as one
+        message with the pick buttons, close the update."""
         async with self.sessionmaker.begin() as db:
             user_message_id = await _user_message(
                 db, session_id, chat_id, user_text, update, telegram_message_id
             )
-            await arena.fill(db, match_id, user_message_id, pair, persona)
+            await arena.fill(db, match_id, user_message_id, pair, persona, versions)
             await conversations.touch_session(db, session_id)
             await _answer(db, chat_id, text, update, markup=markup)
             return user_message_id

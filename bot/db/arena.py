@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bot.db import conversations
+from bot.db import conversations, variants
 from bot.db.feedback import Outcome
 from bot.db.models import ArenaMatch, Message, Role, Session, utcnow
 
@@ -52,10 +52,16 @@ async def fill(
     user_message_id: int,
     pair: tuple[tuple[str | None, str], tuple[str | None, str]],
     persona: str | None = None,
+    versions: tuple[int | None, int | None] = (None, None),
 ) -> None:
     """The duel's message and its two replies, as ((variant_a, text_a), (variant_b, text_b)),
-    and the persona both were generated with (None: the conversation's persona now)."""
+    the persona both were generated with (None: the conversation's persona now), and the
+    variants' identities (None: the name's current one, as the duel is stored)."""
     (variant_a, text_a), (variant_b, text_b) = pair
+    version_a, version_b = (
+        variants.identity_of(name) if version is None and name is not None else version
+        for name, version in zip((variant_a, variant_b), versions, strict=True)
+    )
     await db.execute(
         update(ArenaMatch)
         .where(ArenaMatch.id == match_id)
@@ -65,6 +71,8 @@ async def fill(
             text_a=text_a,
             variant_b=variant_b,
             text_b=text_b,
+            version_a=version_a,
+            version_b=version_b,
             persona=persona
             if persona is not None
             else select(Session.persona)
@@ -98,6 +106,7 @@ async def decide(db: AsyncSession, chat_id: int, match_id: int, winner: str) -> 
         # after later turns would land out of order (the user moved on; the pick still counts).
         text = match.text_a if winner == "a" else match.text_b
         variant = match.variant_a if winner == "a" else match.variant_b
+        version = match.version_a if winner == "a" else match.version_b
         bot_message_id = await conversations.add_message(
             db,
             session_id=match.session_id,
@@ -105,7 +114,9 @@ async def decide(db: AsyncSession, chat_id: int, match_id: int, winner: str) -> 
             role=Role.BOT,
             text=text or "",
             # What the model read then, even if the persona changed before the pick.
-            facts=conversations.ReplyFacts(variant=variant, persona=match.persona),
+            facts=conversations.ReplyFacts(
+                variant=variant, variant_version=version, persona=match.persona
+            ),
         )
     match.winner = winner
     match.decided_at = utcnow()

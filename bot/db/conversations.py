@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from bot.db import variants
 from bot.db.models import (
     ArenaMatch,
     Assignment,
@@ -165,6 +166,9 @@ class ReplyFacts:
     # The model variant that produced the reply, and its time in the model.
     variant: str | None = None
     model_ms: float | None = None
+    # The variant's identity (variants.version_id) when it produced the reply; None: not
+    # known to the caller, and the name's current identity is stored.
+    variant_version: int | None = None
     # What the safety gate did (bot.safety.SafetyMark; None: it passed, or SAFETY=off), and
     # the offensive reply that was not sent in its place.
     safety: str | None = None
@@ -194,6 +198,9 @@ async def add_message(
 ) -> int:
     """Append an utterance (a bot reply with its `facts`); returns its id."""
     persona: Any = None
+    version: Any = facts.variant_version
+    if version is None and facts.variant is not None:
+        version = variants.identity_of(facts.variant)
     if role == Role.BOT:
         persona = facts.persona
         if persona is None:
@@ -207,6 +214,7 @@ async def add_message(
         telegram_message_id=telegram_message_id,
         latency_ms=facts.latency_ms,
         variant=facts.variant,
+        variant_version=version,
         model_ms=facts.model_ms,
         safety=facts.safety,
         unsafe_text=facts.unsafe_text,

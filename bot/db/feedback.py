@@ -30,13 +30,23 @@ class BotReply:
     chat_id: int
     variant: str | None
     telegram_message_id: int | None
+    variant_version: int | None = None  # the variant's identity (copied to the vote)
+
+
+REPLY_COLUMNS = (
+    Message.id,
+    Message.chat_id,
+    Message.variant,
+    Message.telegram_message_id,
+    Message.variant_version,
+)
 
 
 async def bot_reply(db: AsyncSession, chat_id: int, message_id: int) -> BotReply | None:
     """The chat's bot reply with this (database) id; None if it is not one."""
     row = (
         await db.execute(
-            select(Message.id, Message.chat_id, Message.variant, Message.telegram_message_id).where(
+            select(*REPLY_COLUMNS).where(
                 Message.id == message_id, Message.chat_id == chat_id, Message.role == Role.BOT
             )
         )
@@ -50,7 +60,7 @@ async def bot_reply_by_telegram_id(
     """The chat's bot reply Telegram knows by `telegram_message_id` (for reactions)."""
     row = (
         await db.execute(
-            select(Message.id, Message.chat_id, Message.variant, Message.telegram_message_id)
+            select(*REPLY_COLUMNS)
             .where(
                 Message.chat_id == chat_id,
                 Message.role == Role.BOT,
@@ -67,7 +77,7 @@ async def latest_bot_reply(db: AsyncSession, chat_id: int) -> BotReply | None:
     """The chat's newest bot reply (the terminal chat's /good and /bad)."""
     row = (
         await db.execute(
-            select(Message.id, Message.chat_id, Message.variant, Message.telegram_message_id)
+            select(*REPLY_COLUMNS)
             .where(Message.chat_id == chat_id, Message.role == Role.BOT)
             .order_by(Message.id.desc())
             .limit(1)
@@ -108,6 +118,7 @@ async def vote(
             "value": value,
             "source": source,
             "variant": reply.variant,
+            "variant_version": reply.variant_version,
             "update_id": update_id,
             "created_at": now,
             "updated_at": now,
@@ -142,13 +153,18 @@ async def rate(
     # Only a conversation of this chat that /done ended carries the rating buttons.
     if row is None or row.chat_id != chat_id or row.status != SessionStatus.DONE:
         return Outcome.STALE
-    variant = await db.scalar(
-        select(Message.variant)
-        .where(Message.session_id == session_id, Message.variant.is_not(None))
-        .group_by(Message.variant)
-        .order_by(func.count().desc(), Message.variant)
-        .limit(1)
-    )
+    # The variant identity that answered most of the conversation (ties: the first name, its
+    # newest identity).
+    answered = (
+        await db.execute(
+            select(Message.variant, Message.variant_version)
+            .where(Message.session_id == session_id, Message.variant.is_not(None))
+            .group_by(Message.variant, Message.variant_version)
+            .order_by(func.count().desc(), Message.variant, Message.variant_version.desc())
+            .limit(1)
+        )
+    ).first()
+    variant, version = (None, None) if answered is None else answered
     new = await insert_unless_present(
         db,
         Rating,
@@ -158,6 +174,7 @@ async def rate(
             "user_id": user_id,
             "value": value,
             "variant": variant,
+            "variant_version": version,
             "update_id": update_id,
             "created_at": utcnow(),
         },

@@ -200,6 +200,11 @@ class Message(Base):
     # (a safety replacement, a reply from before migration 0011). A conversation rebuilt for
     # the model reads this, else `text`.
     model_text: Mapped[str | None] = mapped_column(Text)
+    # Bot replies only: the identity of the variant that produced it (`variant_versions.id`:
+    # its name, model and options at that moment), so that a name removed and added again,
+    # or given another model, starts from nothing. NULL: not known (a reply stored by a
+    # release older than migration 0012 while it ran): read as the name's current identity.
+    variant_version: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class Outbox(Base):
@@ -319,6 +324,14 @@ class AssignmentSource(StrEnum):
     HASH = "hash"  # the weighted hash of (experiment, chat_id), at the chat's first turn
     ADMIN = "admin"  # `python -m bot admin assign`
     USER = "user"  # /model NAME, where the operator allows it
+    # Its variant was removed, and the allocation put it elsewhere at its next turn.
+    # `allocation` keeps the draw it came from, with the variant drawn ("drawn"), for the
+    # sample-ratio check; `probability` is NULL (not a draw of `variant`).
+    MOVED = "moved"
+    # A new chat that went to the control (or the first served variant) because no variant
+    # with a weight above 0 could serve here: no draw at all, so neither the sample-ratio
+    # check nor the inverse-propensity weights count it (bot.engine.router).
+    FALLBACK = "fallback"
 
 
 class Assignment(Base):
@@ -326,7 +339,7 @@ class Assignment(Base):
 
     __tablename__ = "assignments"
     __table_args__ = (
-        CheckConstraint("source IN ('hash', 'admin', 'user')", name="source"),
+        CheckConstraint("source IN ('hash', 'admin', 'user', 'moved', 'fallback')", name="source"),
         CheckConstraint("probability > 0 AND probability <= 1", name="probability"),
         Index("ix_assignments_variant", "variant"),
     )
@@ -336,10 +349,12 @@ class Assignment(Base):
     variant: Mapped[str] = mapped_column(String(64), nullable=False)
     source: Mapped[str] = mapped_column(String(8), nullable=False)
     assigned_at: Mapped[Stamp]
-    # Source hash only (NULL for admin and user moves, and for rows older than migration
-    # 0008): the probability this chat had of getting `variant` when it was assigned, and the
-    # whole split it was drawn from (JSON: variant -> probability). The report weights by the
-    # first (inverse-propensity estimates) and checks the sample ratio against the second.
+    # Sources hash and fallback only (NULL for admin, user and moved rows, and for rows older
+    # than migration 0008): the probability this chat had of getting `variant` when it was
+    # assigned, and the whole split it was drawn from (JSON: {"by", "split": variant ->
+    # probability}; a moved row keeps its original draw's, with the variant "drawn"). The
+    # report weights hash rows by the first (inverse-propensity estimates) and checks the
+    # sample ratio of hash and moved rows against the second.
     probability: Mapped[float | None] = mapped_column(Double)
     allocation: Mapped[str | None] = mapped_column(Text)
 
@@ -406,6 +421,38 @@ class VariantRow(Base):
     options: Mapped[str] = mapped_column(Text, nullable=False, default="{}", server_default="{}")
     created_at: Mapped[Stamp]
     updated_at: Mapped[Stamp]
+    # Its current identity (`variant_versions.id`): new when the name is added (again), and
+    # when its model or reply-changing options change; what its replies, votes and ratings
+    # are recorded with, and all that the report, /stats and the bandit count.
+    # NULL never after migration 0012 (nullable only so that 0012 adds it without rebuilding
+    # the table on SQLite).
+    version_id: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class VariantVersion(Base):
+    """One identity of a variant: a name with one model and one set of options, from the
+    moment it was added (or changed) until it was removed or changed (`retired_at`).
+
+    Rows are never deleted: the history of every name stays queryable (docs/variants.md). The
+    id is what `messages`, `votes`, `ratings` and `arena_matches` record (no foreign key, so
+    that the history never blocks a delete or a retention run).
+    """
+
+    __tablename__ = "variant_versions"
+    __table_args__ = (
+        Index("ix_variant_versions_experiment_name", "experiment", "name"),
+        # Never hand out an id again: the replies of a retired identity must not count for
+        # a new one.
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[Serial]
+    experiment: Mapped[str] = mapped_column(String(64), nullable=False)
+    name: Mapped[str] = mapped_column(String(64), nullable=False)
+    model: Mapped[str | None] = mapped_column(Text)  # NULL: each replica's BOT_MODEL
+    options: Mapped[str] = mapped_column(Text, nullable=False, default="{}", server_default="{}")
+    created_at: Mapped[Stamp]
+    retired_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
 
 class VoteSource(StrEnum):
@@ -436,8 +483,9 @@ class Vote(Base):
     user_id: Mapped[TelegramId]
     value: Mapped[int] = mapped_column(Integer, nullable=False)
     source: Mapped[str] = mapped_column(String(8), nullable=False)
-    # The variant of the reply voted on (copied, so the reports need no join).
+    # The variant of the reply voted on, and its identity (copied, so the reports need no join).
     variant: Mapped[str | None] = mapped_column(String(64))
+    variant_version: Mapped[int | None] = mapped_column(BigInteger)
     update_id: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[Stamp]
     updated_at: Mapped[Stamp]
@@ -459,8 +507,9 @@ class Rating(Base):
     session_id: Mapped[SessionRef]
     user_id: Mapped[int | None] = mapped_column(BigInteger)
     value: Mapped[int] = mapped_column(Integer, nullable=False)
-    # The variant that answered most of the conversation's replies.
+    # The variant (and its identity) that answered most of the conversation's replies.
     variant: Mapped[str | None] = mapped_column(String(64))
+    variant_version: Mapped[int | None] = mapped_column(BigInteger)
     update_id: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[Stamp]
 
@@ -487,6 +536,9 @@ class ArenaMatch(Base):
     )
     variant_a: Mapped[str | None] = mapped_column(String(64))
     variant_b: Mapped[str | None] = mapped_column(String(64))
+    # Their identities (`variant_versions.id`) when the duel was stored.
+    version_a: Mapped[int | None] = mapped_column(BigInteger)
+    version_b: Mapped[int | None] = mapped_column(BigInteger)
     text_a: Mapped[str | None] = mapped_column(Text)
     text_b: Mapped[str | None] = mapped_column(Text)
     winner: Mapped[str | None] = mapped_column(String(4))

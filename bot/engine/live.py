@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -55,7 +55,9 @@ def to_stored(variant: Variant, position: int = 0) -> StoredVariant:
     """A validated variant as a `variants` row."""
     options = dict(variant.options)
     model = options.pop("model", None)
-    return StoredVariant(variant.name, model, variant.weight, variant.control, options, position)
+    return StoredVariant(
+        variant.name, model, variant.weight, variant.control, options, position, variant.version
+    )
 
 
 def from_stored(row: StoredExperiment, settings: Settings, *, check_model: bool = False) -> Loaded:
@@ -71,7 +73,7 @@ def from_stored(row: StoredExperiment, settings: Settings, *, check_model: bool 
             problems[v.name] = "; ".join(p.split(": ", 1)[-1] for p in found)
             # Still part of the experiment (its chats wait for a replica that can serve it).
             variant = Variant(v.name, v.model or settings.model_file, v.weight, v.control)
-        variants.append(variant)
+        variants.append(replace(variant, version=v.version))
     return Loaded(Experiment(row.name, tuple(variants), row.allocation, row.version), problems)
 
 
@@ -358,7 +360,8 @@ async def reload(
     """Make the stored experiment what the file (`seed`, validated) says: variants added,
     changed and removed, the control and the allocation; returns it and what changed."""
     async with sessionmaker.begin() as db:
-        _, before = await _begin_change(db, seed, settings)
+        rows, before = await _begin_change(db, seed, settings)
+        was = {v.name: v for v in rows.variants}
         changes = describe_differences(seed, before)
         await stored.set_allocation(db, seed.name, seed.allocation)
         for name in before.names:
@@ -369,6 +372,6 @@ async def reload(
             if before.get(variant.name) is None:
                 await stored.add(db, seed.name, row, position=position)
             else:
-                await stored.replace(db, seed.name, row)
+                await stored.replace(db, seed.name, row, was[variant.name])
         await stored.set_control(db, seed.name, seed.control.name)
         return await _finish(db, seed.name, settings), changes

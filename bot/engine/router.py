@@ -13,13 +13,19 @@ change at once; a new variant's backend starts in the background (new chats go t
 served here meanwhile; a chat already assigned to it waits, or goes to a replica that has it); a
 removed variant takes no new chats at once, its backend stops
 once its turns in flight are answered (at most DRAIN_S), and each of its chats is assigned
-again by the allocation at its next turn. A variant that cannot load is logged and shown in
-`load_errors` (the replica's status, and /readyz fails while it has a weight above 0); the
-others keep serving, and it is tried again every RETRY_LOAD_S.
+again by the allocation at its next turn (source `moved`: no draw of its new variant). A
+variant that cannot load is logged and shown in `load_errors` (the replica's status, and
+/readyz fails while it has a weight above 0); the others keep serving, and it is tried again
+every RETRY_LOAD_S.
 
 A new chat is only ever assigned to a variant served here now: with no weighted variant served
 (the only weighted one is loading or cannot load) it goes to the control, else to another
-served variant, and that probability (1) is what is recorded with it.
+served variant, and that probability (1) is what is recorded with it (source `fallback`: no
+draw, left out of the sample-ratio check and the weights).
+
+Every reply carries the identity of the variant whose backend produced it (Variant.version,
+`variants.version_id`), which the conversation layer stores with it: votes and ratings
+belong to that identity, so a name added again, or given another model, starts from zero.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from typing import Any, Protocol
 
 from bot.config import ConfigError, Settings
 from bot.db import variants as stored
-from bot.db.assignments import Choice
+from bot.db.assignments import FALLBACK, Choice
 from bot.db.conversations import SessionRow
 from bot.db.models import AssignmentSource
 from bot.engine import live
@@ -265,6 +271,7 @@ class VariantResponder:
                 continue
             running = self._defs.get(name)
             if name in self.backends and running is not None and running.same_model(variant):
+                self._defs[name] = variant  # the same backend; its identity may be new
                 continue
             failed = self._failed.get(name)
             if (
@@ -318,7 +325,7 @@ class VariantResponder:
             return
         old = self.backends.get(name)
         self.backends[name] = backend
-        self._defs[name] = variant
+        self._defs[name] = wanted  # the same model; its identity as the experiment has it now
         self.load_errors.pop(name, None)
         self._failed.pop(name, None)
         if old is not None:
@@ -397,45 +404,44 @@ class VariantResponder:
         """The session's chat's variant, assigned and stored now if it has none."""
         name = session.variant
         if name is None:
-            choice, split = await self._choose(session.chat_id)
-            name = await self.store.assign_variant(session.chat_id, self._draw(choice, split))
+            name = await self.store.assign_variant(
+                session.chat_id, await self._choose(session.chat_id)
+            )
         if self.experiment.get(name) is None:
             await self.refresh()  # another replica may know of a variant just added
         if self.experiment.get(name) is None:
-            # Removed from the experiment: the chat is assigned again, and stays there.
-            new, split = await self._choose(session.chat_id)
+            # Removed from the experiment: the chat is assigned again, and stays there; it is
+            # a move, not a draw (the report counts it at the draw it came from).
+            moved = await self._choose(session.chat_id)
             log.info(
                 "chat %s: variant %r is not served any more; moving it to %r",
                 session.chat_id,
                 name,
-                new,
+                moved.variant,
             )
-            await self.store.set_variant(
-                session.chat_id, self._draw(new, split), AssignmentSource.HASH
-            )
-            name = new
+            await self.store.set_variant(session.chat_id, moved, AssignmentSource.MOVED)
+            name = moved.variant
         return name
 
-    def _draw(self, variant: str, split: dict[str, float]) -> Choice:
-        return Choice(self.experiment.name, variant, split, self.experiment.allocation)
-
-    async def _choose(self, chat_id: int) -> tuple[str, dict[str, float]]:
+    async def _choose(self, chat_id: int) -> Choice:
         """A new chat's variant, drawn from its hash against the allocation's split over the
-        weighted variants served here, and that split (what is recorded with the chat).
+        weighted variants served here, with that split (what is recorded with the chat).
 
         A chat is never assigned to a variant that cannot answer it now (one still loading,
         or failing to load, here): with no weighted variant served here it goes to a served
-        one, the control first, with probability 1; with none served at all nothing is
-        assigned and the turn waits (VariantUnavailable)."""
+        one, the control first, with probability 1 and `by` FALLBACK (stored as source
+        `fallback`: no draw, so the sample-ratio check and the weights leave it out); with
+        none served at all nothing is assigned and the turn waits (VariantUnavailable)."""
+        name = self.experiment.name
         weighted = self._weighted_ready()
         if weighted:
             self._fallback_logged = None
             split = await self.allocator.split(self.experiment, weighted)
-            return choose(self.experiment.name, chat_id, split), split
+            return Choice(name, choose(name, chat_id, split), split, self.experiment.allocation)
         fallback = self._fallback()
         if fallback is None:
             raise VariantUnavailable("no variant is served on this replica yet")
-        return fallback, {fallback: 1.0}
+        return Choice(name, fallback, {fallback: 1.0}, FALLBACK)
 
     def _serving_now(self) -> list[str]:
         """The variants whose backend takes turns here now, in the experiment's order: loaded,
@@ -468,7 +474,7 @@ class VariantResponder:
 
     async def _count_votes(self, names: Sequence[str]) -> dict[str, tuple[int, int]]:
         async with self.store.sessionmaker() as db:
-            return await stored.vote_counts(db, names)
+            return await stored.vote_counts(db, names, self.experiment.name)
 
     async def respond(
         self, session: SessionRow, user_text: str, *, on_draft: DraftSink | None = None
@@ -477,11 +483,21 @@ class VariantResponder:
         started = time.perf_counter()
         name = await self.variant_for(session)
         backend = await self._backend(name)
+        version = self._version(name)
         self._moved(session.id, name)
         with self._serving(backend):
             result = await backend.generate(session, user_text, on_draft=on_draft)
         latency_ms = (time.perf_counter() - started) * 1000.0
-        return _reply(result, latency_ms, name)
+        return _reply(result, latency_ms, name, version)
+
+    def _version(self, name: str) -> int | None:
+        """The identity of the variant whose backend answers `name` now: the definition it
+        was started from (or followed since, with the same model), so that the replies of a
+        model being replaced count for the old identity until the new model serves."""
+        defined = self._defs.get(name)
+        if defined is None or not defined.version:
+            return None  # not stored (a test's experiment): the name's current identity
+        return defined.version
 
     async def inspect(self, session: SessionRow) -> ModelView:
         """What the chat's variant's model reads now (the /context command)."""
@@ -520,6 +536,7 @@ class VariantResponder:
         random.shuffle(pair)
         started = time.perf_counter()
         backends = [self.backends[name] for name in pair]
+        versions = [self._version(name) for name in pair]
         try:
             with self._serving(backends[0]), self._serving(backends[1]):
                 results = await asyncio.gather(
@@ -530,7 +547,10 @@ class VariantResponder:
             for backend in backends:
                 backend.evict(session.id)
         latency_ms = (time.perf_counter() - started) * 1000.0
-        a, b = (_reply(r, latency_ms, name) for name, r in zip(pair, results, strict=True))
+        a, b = (
+            _reply(r, latency_ms, name, version)
+            for name, r, version in zip(pair, results, versions, strict=True)
+        )
         return a, b
 
     def _hold(self, session_id: int, name: str) -> None:
@@ -621,7 +641,7 @@ class VariantResponder:
         return out
 
 
-def _reply(result: Generated, latency_ms: float, variant: str) -> Reply:
+def _reply(result: Generated, latency_ms: float, variant: str, version: int | None) -> Reply:
     """A variant's Generated as the conversation layer's Reply, its metrics figures kept."""
     return Reply(
         result.text,
@@ -635,6 +655,7 @@ def _reply(result: Generated, latency_ms: float, variant: str) -> Reply:
         cache_evictions=result.cache_evictions,
         model_replica=result.replica or LOCAL_REPLICA,
         model_text=result.model_text,
+        variant_version=version,
     )
 
 

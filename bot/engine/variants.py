@@ -94,6 +94,9 @@ class Variant:
     replicas: int = 1
     num_cpus: float = 1.0
     num_gpus: float = 0.0
+    # Its identity in the database (variants.version_id; 0: from the file, not stored yet):
+    # what its replies are recorded with (bot.db.variants.current_identity).
+    version: int = field(default=0, compare=False)
 
     def same_model(self, other: Variant) -> bool:
         """Whether both load the same model the same way, on the same replicas (weight and

@@ -23,6 +23,7 @@ from bot.db.models import (
     SessionStatus,
     utcnow,
 )
+from bot.db.variants import current_identity
 from bot.reports.variant_stats import clustered_rate
 from bot.reports.variants import chat_vote_table
 
@@ -134,11 +135,16 @@ async def _variant_stats(db: AsyncSession) -> tuple[VariantStats, ...]:
         str(name): n
         for name, n in await db.execute(
             select(Message.variant, func.count())
-            .where(Message.role == Role.BOT, Message.variant.is_not(None))
+            .where(
+                Message.role == Role.BOT,
+                Message.variant.is_not(None),
+                current_identity(Message.variant_version),
+            )
             .group_by(Message.variant)
         )
     }
-    # The votes as the variants report reads them (one pair per chat, the per-user cap).
+    # The votes as the variants report reads them (one pair per chat, the per-user cap, the
+    # current identity of each variant).
     votes = await chat_vote_table(db)
     result = []
     for name in sorted({*chats, *replies, *votes}, key=lambda n: (-chats.get(n, 0), n)):

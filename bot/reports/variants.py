@@ -15,7 +15,7 @@ import json
 import math
 import textwrap
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db.models import ArenaMatch, Assignment, AssignmentSource, Message, Rating, Role, Vote
+from bot.db.variants import current_identity
 from bot.engine.variants import Experiment
 from bot.reports.variant_stats import (
     ALWAYS_VALID_NOTE,
@@ -60,7 +61,9 @@ class VariantFigures:
     control: bool
     served: bool  # False: only the database knows it (the file no longer has it)
     chats: int  # assigned chats, from any source
-    chats_hash: int  # of those, assigned by the weighted hash (what the SRM check counts)
+    # Chats the weighted hash drew into it (what the SRM check counts), including those moved
+    # off it since because it was removed (assignments.source moved); not fallback chats.
+    chats_hash: int
     turns: int  # bot replies it produced
     votes_up: int  # as cast
     votes_down: int
@@ -197,6 +200,7 @@ async def chat_vote_table(
     *,
     until: datetime | None = None,
     cap: float = USER_VOTE_CAP,
+    identity: str | None = None,
 ) -> dict[str, dict[int, ChatVotes]]:
     """variant -> chat -> its votes on that variant's replies: every vote the report counts
     goes through here (one grouped query).
@@ -204,14 +208,20 @@ async def chat_vote_table(
     The per-user cap: a user with m votes on a variant's replies (all chats together) has
     each of them weighted min(1, cap / m), so no user counts for more than `cap` votes of a
     variant. With `experiment`, only chats assigned in that experiment; `until`: only votes
-    cast (created) at or before it, the figures as they stood then.
+    cast (created) at or before it, the figures as they stood then. Only votes on replies of
+    each variant's current identity count (bot.db.variants.current_identity, in `identity`'s
+    experiment, else in `experiment`'s): a name added again, or given another model, starts
+    from nothing.
     """
     if not cap > 0:
         raise ValueError(f"the per-user cap must be > 0, got {cap}")
     is_up = case((Vote.value == 1, 1), else_=0)
     stmt = (
         select(Vote.variant, Vote.chat_id, Vote.user_id, func.sum(is_up), func.count())
-        .where(Vote.variant.is_not(None))
+        .where(
+            Vote.variant.is_not(None),
+            current_identity(Vote.variant_version, identity or experiment),
+        )
         .group_by(Vote.variant, Vote.chat_id, Vote.user_id)
     )
     if experiment is not None:
@@ -251,9 +261,17 @@ async def chat_votes(
 async def variant_report(
     sessionmaker: async_sessionmaker[AsyncSession], experiment: Experiment
 ) -> VariantReport:
-    """Read assignments, replies, votes and ratings per variant and compare them."""
+    """Read assignments, replies, votes and ratings per variant and compare them.
+
+    Replies, votes and ratings count for the current identity of their variant only
+    (bot.db.variants.current_identity): a name added again, or given another model, starts
+    from nothing."""
     is_hash = case((Assignment.source == AssignmentSource.HASH, 1), else_=0)
-    replies = (Message.role == Role.BOT, Message.variant.is_not(None))
+    replies = (
+        Message.role == Role.BOT,
+        Message.variant.is_not(None),
+        current_identity(Message.variant_version, experiment.name),
+    )
     async with sessionmaker() as db:
         assigned = await _grouped(
             db,
@@ -267,7 +285,7 @@ async def variant_report(
             .where(*replies)
             .group_by(Message.variant),
         )
-        votes = await chat_vote_table(db)
+        votes = await chat_vote_table(db, identity=experiment.name)
         latency: dict[str, list[float]] = {}
         model: dict[str, list[float]] = {}
         timed = select(Message.variant, Message.latency_ms, Message.model_ms).where(
@@ -280,13 +298,17 @@ async def variant_report(
                 model.setdefault(str(name), []).append(float(model_ms))
         ratings: dict[str, dict[int, list[float]]] = {}
         for name, chat, value in await db.execute(
-            select(Rating.variant, Rating.chat_id, Rating.value).where(Rating.variant.is_not(None))
+            select(Rating.variant, Rating.chat_id, Rating.value).where(
+                Rating.variant.is_not(None),
+                current_identity(Rating.variant_version, experiment.name),
+            )
         ):
             ratings.setdefault(str(name), {}).setdefault(int(chat), []).append(float(value))
         weighted = await _weighted(db, votes)
 
     served = experiment.names
-    extra = sorted((set(assigned) | set(turns) | set(votes) | set(ratings)) - set(served))
+    known = set(assigned) | set(turns) | set(votes) | set(ratings) | set(weighted.moved_off)
+    extra = sorted(known - set(served))
     control = experiment.control.name
     figures = []
     for name in [*served, *extra]:
@@ -307,7 +329,7 @@ async def variant_report(
                 control=name == control,
                 served=variant is not None,
                 chats=int(chats or 0),
-                chats_hash=int(chats_hash or 0),
+                chats_hash=int(chats_hash or 0) + weighted.moved_off.get(name, 0),
                 turns=int(n_turns or 0),
                 votes_up=up,
                 votes_down=down,
@@ -352,7 +374,7 @@ async def variant_report(
     ]
     bandit = weighted.bandit or experiment.allocation == "thompson"
     async with sessionmaker() as db:
-        arena = await _arena_ranking(db)
+        arena = await _arena_ranking(db, experiment.name)
     return VariantReport(
         experiment.name,
         control,
@@ -417,17 +439,36 @@ class _Weighted:
     unrecorded: int  # hash-assigned chats without a recorded split
     recorded: bool
     bandit: bool  # some split was not fixed shares (a Thompson draw)
+    # variant -> chats the hash drew into it and moved off it since (it was removed)
+    moved_off: dict[str, int] = field(default_factory=dict)
 
 
 async def _weighted(db: AsyncSession, votes: dict[str, dict[int, ChatVotes]]) -> _Weighted:
-    """Per variant, its hash-assigned chats' votes on its replies with the probability each
-    chat was assigned with; and the sample-ratio check's expected counts."""
+    """Per variant, its hash-assigned chats' votes on its replies (`votes`: the report's
+    chat_vote_table, current identities only) with the probability each chat was assigned
+    with; and the sample-ratio check's expected counts.
+
+    The sample-ratio check is about the draws: a chat moved off a removed variant counts at
+    the draw it came from (its variant and split as drawn), since leaving it out would leave
+    the removed variant's share expected but its chats missing. The weights are about the
+    chats whose variant is their draw: moved and fallback chats have none, and are left out
+    (a fallback chat had no chance of any other variant, which no weight can correct)."""
     out = _Weighted({}, {}, 0, False, False)
     hashed = select(
-        Assignment.chat_id, Assignment.variant, Assignment.probability, Assignment.allocation
-    ).where(Assignment.source == AssignmentSource.HASH)
+        Assignment.chat_id,
+        Assignment.variant,
+        Assignment.probability,
+        Assignment.allocation,
+        Assignment.source,
+    ).where(Assignment.source.in_([AssignmentSource.HASH, AssignmentSource.MOVED]))
     none = ChatVotes(0, 0, 0.0, 0.0)
-    for chat, variant, probability, allocation in await db.execute(hashed):
+    for chat, variant, probability, allocation, source in await db.execute(hashed):
+        if source == AssignmentSource.MOVED:
+            drawn = json.loads(allocation).get("drawn") if allocation is not None else None
+            if drawn is None:
+                continue  # no draw behind it (an admin's or a user's move, then removed)
+            out.moved_off[str(drawn)] = out.moved_off.get(str(drawn), 0) + 1
+            probability = None  # its votes are not on the variant it drew
         if allocation is None:
             out.unrecorded += 1
         else:
@@ -457,13 +498,16 @@ def _with_weighted(
     )
 
 
-async def _arena_ranking(db: AsyncSession) -> tuple[ArenaRank, ...]:
-    """Bradley-Terry strengths from the decided duels ("both bad" counts as a tie)."""
+async def _arena_ranking(db: AsyncSession, experiment: str) -> tuple[ArenaRank, ...]:
+    """Bradley-Terry strengths from the decided duels ("both bad" counts as a tie) between
+    the current identities of their variants."""
     rows = await db.execute(
         select(ArenaMatch.variant_a, ArenaMatch.variant_b, ArenaMatch.winner).where(
             ArenaMatch.winner.is_not(None),
             ArenaMatch.variant_a.is_not(None),
             ArenaMatch.variant_b.is_not(None),
+            current_identity(ArenaMatch.version_a, experiment),
+            current_identity(ArenaMatch.version_b, experiment),
         )
     )
     score = {"a": 1.0, "b": 0.0, "tie": 0.5}

@@ -85,5 +85,5 @@ async def test_add_starts_a_worker_process_and_remove_stops_it(
             await api.wait_for_texts(chat, 2, timeout_s=30)
             assert db_rows(
                 tmp_path, f"SELECT variant, source FROM assignments WHERE chat_id = {chat}"
-            ) == [("a", "hash")]
+            ) == [("a", "moved")]  # a move, not a draw (issue 34)
         assert "Traceback" not in bot.output()

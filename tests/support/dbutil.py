@@ -90,6 +90,7 @@ TABLES = {
     "replicas",
     "experiments",
     "variants",
+    "variant_versions",
     "chat_settings",
     "alembic_version",
 }

@@ -221,6 +221,7 @@ def test_0011_keeps_existing_replies_and_stores_the_models_text(empty_db_url: st
     ids = asyncio.run(_seed_0009(empty_db_url))
     migrate.upgrade(empty_db_url, "0010")
     migrate.upgrade(empty_db_url, "0011")
+    migrate.upgrade(empty_db_url)  # the ORM writes today's columns (0012's too)
     asyncio.run(_after_0011(empty_db_url, ids))
     counts = "SELECT (SELECT COUNT(*) FROM messages), (SELECT COUNT(*) FROM votes), " \
              "(SELECT COUNT(*) FROM arena_matches)"  # fmt: skip
@@ -229,3 +230,125 @@ def test_0011_keeps_existing_replies_and_stores_the_models_text(empty_db_url: st
     assert asyncio.run(_read(empty_db_url, counts)) == before
     rows = asyncio.run(_read(empty_db_url, "SELECT text FROM messages WHERE role = 'bot'"))
     assert ("What's up?",) in rows
+
+
+# --- 0012: variant identities; moved and fallback assignments ---------------------------------
+
+
+async def _seed_0011(url: str) -> dict[str, int]:
+    """A 0011 database mid-experiment: variants a (control) and b stored; a name "old" removed
+    before the migration whose reply, vote, rating and chat are still there; a reply of each,
+    voted on, a rated conversation and a decided duel. Core inserts of 0011's columns."""
+    from sqlalchemy import insert
+
+    from bot.db.models import (
+        ArenaMatch,
+        Assignment,
+        ExperimentRow,
+        Message,
+        Rating,
+        Session,
+        VariantRow,
+        Vote,
+    )
+
+    engine = make_engine(url)
+    ids: dict[str, int] = {}
+    now = utcnow()
+    try:
+        async with engine.begin() as db:
+
+            async def row(table: Any, **values: Any) -> int:
+                result = await db.execute(insert(table).values(**values))
+                return int(result.inserted_primary_key[0])
+
+            await db.execute(
+                insert(ExperimentRow.__table__).values(name="exp", created_at=now, updated_at=now)
+            )
+            for position, (name, model, control) in enumerate(
+                (("a", None, True), ("b", "zoo:b", False)), start=1
+            ):
+                await db.execute(insert(VariantRow.__table__).values(
+                    experiment="exp", name=name, position=position, model=model, weight=1.0,
+                    is_control=control, options='{"topp": 0.9}', created_at=now, updated_at=now,
+                ))  # fmt: skip
+            for chat, name in ((1, "a"), (2, "b"), (3, "old")):
+                await db.execute(insert(Assignment.__table__).values(
+                    chat_id=chat, experiment="exp", variant=name, source="hash",
+                    probability=0.5, allocation='{"by": "weights", "split": {"a": 0.5, "b": 0.5}}',
+                ))  # fmt: skip
+                sid = await row(Session.__table__, chat_id=chat, status="done")
+                await row(Message.__table__, session_id=sid, chat_id=chat, role="user", text="hi")
+                ids[name] = await row(
+                    Message.__table__, session_id=sid, chat_id=chat, role="bot", text="yo",
+                    variant=name,
+                )  # fmt: skip
+                await row(
+                    Vote.__table__, chat_id=chat, message_id=ids[name], user_id=chat, value=1,
+                    source="button", variant=name, updated_at=now,
+                )  # fmt: skip
+                await row(Rating.__table__, chat_id=chat, session_id=sid, value=4, variant=name)
+                if name == "b":
+                    await row(
+                        ArenaMatch.__table__, chat_id=chat, session_id=sid,
+                        user_message_id=ids[name], variant_a="a", text_a="x", variant_b="old",
+                        text_b="y", winner="a",
+                    )  # fmt: skip
+        return ids
+    finally:
+        await engine.dispose()
+
+
+def test_0012_gives_every_existing_row_the_identity_of_its_name(empty_db_url: str) -> None:
+    migrate.upgrade(empty_db_url, "0011")
+    asyncio.run(_seed_0011(empty_db_url))
+    migrate.upgrade(empty_db_url, "0012")
+    read = lambda sql: asyncio.run(_read(empty_db_url, sql))  # noqa: E731
+    identities = read(
+        "SELECT id, experiment, name, model, options, retired_at IS NOT NULL "
+        "FROM variant_versions ORDER BY id"
+    )
+    # The stored variants in their order, then the name only the history knows, retired.
+    assert [row[1:] for row in identities] == [
+        ("exp", "a", None, '{"topp": 0.9}', False),
+        ("exp", "b", "zoo:b", '{"topp": 0.9}', False),
+        ("exp", "old", None, "{}", True),
+    ]
+    a, b, old = (row[0] for row in identities)
+    assert a < b < old
+    assert read("SELECT name, version_id FROM variants ORDER BY name") == [("a", a), ("b", b)]
+    by_name = {"a": a, "b": b, "old": old}
+    for table in ("messages", "votes", "ratings"):
+        rows = read(f"SELECT variant, variant_version FROM {table} WHERE variant IS NOT NULL")
+        assert sorted(rows) == sorted(by_name.items()), table
+    assert read("SELECT version_a, version_b FROM arena_matches") == [(a, old)]
+    # A user message has no variant, and no identity.
+    assert read("SELECT DISTINCT variant_version FROM messages WHERE role = 'user'") == [(None,)]
+
+    # The new sources are taken; the old ones still are.
+    for chat, source in ((1, "moved"), (2, "fallback")):
+        asyncio.run(_exec(empty_db_url, f"UPDATE assignments SET source = '{source}' "
+                                        f"WHERE chat_id = {chat}"))  # fmt: skip
+
+    # Down again: the identities go, every row stays, and the new sources become what the
+    # release before stored (a move not drawn: admin; a fallback: a hash draw of probability 1).
+    counts = "SELECT (SELECT COUNT(*) FROM messages), (SELECT COUNT(*) FROM votes), " \
+             "(SELECT COUNT(*) FROM ratings), (SELECT COUNT(*) FROM arena_matches)"  # fmt: skip
+    before = read(counts)
+    assert before == [(6, 3, 3, 1)]
+    migrate.downgrade(empty_db_url, "0011")
+    assert read(counts) == before
+    assert read("SELECT chat_id, source FROM assignments ORDER BY chat_id") == [
+        (1, "admin"), (2, "hash"), (3, "hash"),
+    ]  # fmt: skip
+    assert asyncio.run(table_names(empty_db_url)) == TABLES - {"variant_versions"}
+    migrate.upgrade(empty_db_url)
+
+
+async def _exec(url: str, sql: str) -> None:
+    engine = make_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text(sql))
+    finally:
+        await engine.dispose()

@@ -174,7 +174,8 @@ async def test_add_weight_promote_remove_reach_a_running_service_within_10s(
             "SELECT source, probability FROM assignments WHERE chat_id = :c",
             c=a_chats[0],
         )
-        assert (source, probability) == ("hash", 1.0)
+        # A move, not a draw (issue 34): no probability of being in c that the design fixed.
+        assert (source, probability) == ("moved", None)
 
         # Sticky: every other old chat is where it was, b (drained) included.
         for chat in old_chats:
