@@ -91,6 +91,7 @@ TABLES = {
     "experiments",
     "variants",
     "chat_settings",
+    "autopilot_decisions",
     "alembic_version",
 }
 
