@@ -344,10 +344,11 @@ async def run_forever(
     experiment: str,
     *,
     owner: str,
-    poll_s: float = POLL_S,
+    poll_s: float | None = None,
 ) -> None:
-    """Every `poll_s` read whether the autopilot is on, and run a check every `interval_s`
-    while it is; failures are logged and tried again (the database may be away)."""
+    """Every `poll_s` (default POLL_S) read whether the autopilot is on, and run a check every
+    `interval_s` while it is; failures are logged and tried again (the database may be away)."""
+    poll_s = POLL_S if poll_s is None else poll_s
     last = -math.inf
     failures = 0
     while True:

@@ -42,6 +42,9 @@ from bot.reports.variants import format_variant_report, report_json, variant_rep
 from bot.service import autopilot
 from bot.service.autopilot import Policy
 from tests.integration.admin.test_admin import parse_admin
+from tests.integration.engine.test_variants_service import write_variants
+from tests.support.fakebotapi import FakeBotAPI
+from tests.support.service_harness import make_settings, running_service
 from tests.support.waits import until
 
 EXP = "ap-test"
@@ -75,6 +78,7 @@ async def stage(
     text: Callable[[int, int], str],
     replies: int = 5,
     latency_ms: float = 100.0,
+    experiment: str = EXP,
 ) -> None:
     """Per chat: a hash assignment to `variant`, one conversation of `replies` turns (a user
     message, then the bot's reply `text(chat, i)` with `latency_ms`), and one vote by the chat's
@@ -84,7 +88,7 @@ async def stage(
             db.add(
                 Assignment(
                     chat_id=chat,
-                    experiment=EXP,
+                    experiment=experiment,
                     variant=variant,
                     source="hash",
                     assigned_at=T0,
@@ -149,12 +153,19 @@ async def _turn_on(sessionmaker: async_sessionmaker[AsyncSession], policy: Polic
     return version
 
 
-async def stage_winner(sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+async def stage_winner(
+    sessionmaker: async_sessionmaker[AsyncSession], experiment: str = EXP
+) -> None:
     """40 chats a side, 5 voted replies each. Control a: chats alternate 1 and 2 👍 of 5
     (30%); candidate b: 4 and 5 of 5 (90%): a lift of +60 pp, which the always-valid bound
     keeps far above 0 at 80 chats. Every reply distinct, same latency: no guard moves."""
-    await stage(sessionmaker, "a", range(1, 41), up_votes=lambda c: 1 + c % 2, text=_varied)
-    await stage(sessionmaker, "b", range(101, 141), up_votes=lambda c: 4 + c % 2, text=_varied)
+    a, b = range(1, 41), range(101, 141)
+    await stage(
+        sessionmaker, "a", a, up_votes=lambda c: 1 + c % 2, text=_varied, experiment=experiment
+    )
+    await stage(
+        sessionmaker, "b", b, up_votes=lambda c: 4 + c % 2, text=_varied, experiment=experiment
+    )
 
 
 async def test_a_clear_winner_is_promoted_and_the_decision_stored(
@@ -428,3 +439,38 @@ def test_policy_reads_back_what_it_stores_and_ignores_unknown_keys() -> None:
         Policy(min_chats=4)
     with pytest.raises(ValueError, match="safety_margin"):
         Policy(safety_margin=float("nan"))
+
+
+async def test_a_running_service_decides_and_serves_the_decision(
+    db_url: str,
+    tmp_path: Path,
+    api: FakeBotAPI,
+    tiny_model_file: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The service's own loop (Service.start) on a staged experiment "default" with a and b:
+    # `admin variants autopilot on` reaches it, it promotes b, and its router serves b as the
+    # control with all the weight, the decision's change followed like any admin change.
+    monkeypatch.setattr(autopilot, "POLL_S", 0.2)
+    vf = write_variants(tmp_path / "v.toml", tiny_model_file, {"a": 1, "b": 1})
+    settings = make_settings(db_url, api, tmp_path, variants_file=vf, model_workers="inline")
+    async with running_service(settings, None) as service:
+        engine = make_engine(db_url)
+        try:
+            sm = make_sessionmaker(engine)
+            await stage_winner(sm, experiment="default")
+            args = parse_admin("variants", "autopilot", "on", "--min-replies", "100")
+            args.settings = settings
+            seed = service.responder.experiment  # type: ignore[attr-defined]
+            assert await admin(db_url, args, io.StringIO(), experiment=seed) == 0
+
+            def follows() -> bool:
+                served = service.responder.experiment  # type: ignore[attr-defined]
+                return served.control.name == "b" and served.weights == {"a": 0.0, "b": 1.0}
+
+            await until(follows, within_s=20, what="the service serves b as the control")
+            [row] = await _decisions(sm)
+            assert (row.experiment, row.action, row.variant) == ("default", "promote", "b")
+            assert row.decided_by == service.owner
+        finally:
+            await engine.dispose()
