@@ -18,8 +18,8 @@ loopback Bot API with a real SQLite database, and runs until every step is done:
    add command returned (the change is committed by then). Probe chats do not vote and are left
    out of every figure.
 5. Compare: a fresh set of users (chat ids never seen before) chats with the same preference.
-6. Decide: `python -m bot admin variants --json --plot` (the two-proportion z-test of the 👍
-   rates, the 95% Wilson intervals; the sample-ratio check).
+6. Decide: `python -m bot admin variants --json --plot` (the chat-level 👍 rates and
+   intervals, the fixed-horizon and always-valid lift; the sample-ratio check).
 
 Only new chats count. The experiment stays the one the service runs (a new experiment would
 need a new VARIANTS_FILE, i.e. a restart), and `admin variants` has no filter by time, so the
@@ -401,6 +401,17 @@ def decide(env: Mapping[str, str], plot: Path | None) -> dict[str, Any]:
         "candidate_chats": candidate["chats"],
         "uplift_pp": 100 * comparison["up_rate_diff"],
         "p": comparison["p_value"],
+        # chat-level: the fixed-horizon interval, and the always-valid bound and p-value
+        # (None: fewer than 5 chats with votes on a side)
+        "lift_interval_pp": [
+            None if x is None else 100 * x
+            for x in (comparison.get("lift_low"), comparison.get("lift_high"))
+        ],
+        "always_valid_pp": [
+            100 * comparison["always_valid_low"],
+            100 * comparison["always_valid_high"],
+        ],
+        "always_valid_p": comparison["always_valid_p"],
         "candidate_chat_share": candidate["chats"] / max(1, control["chats"] + candidate["chats"]),
         "allocation": report.get("allocation"),
     }
@@ -563,6 +574,12 @@ def run(setup: Setup) -> dict[str, Any]:
     return results
 
 
+def _span(interval: Sequence[float | None]) -> str:
+    """A 0-1 interval in percent; the report gives none (null) below 5 chats with votes."""
+    low, high = interval
+    return "too few chats" if low is None or high is None else f"{100 * low:.1f}-{100 * high:.1f}"
+
+
 def report(results: dict[str, Any]) -> None:
     """Tables and RESULT lines."""
     w = results["weighted"]
@@ -572,7 +589,7 @@ def report(results: dict[str, Any]) -> None:
             w[f"{variant}_chats"],
             w[f"{variant}_votes"],
             100 * w[f"{variant}_up_rate"],
-            f"{100 * w[f'{variant}_interval'][0]:.1f}-{100 * w[f'{variant}_interval'][1]:.1f}",
+            _span(w[f"{variant}_interval"]),
         )
         for variant in (CONTROL, CANDIDATE)
     ]
@@ -587,6 +604,10 @@ def report(results: dict[str, Any]) -> None:
         "loop_uplift_pp": w["uplift_pp"],
         "loop_p": w["p"],
     }
+    if "always_valid_pp" in w:
+        out["loop_always_valid_low_pp"] = w["always_valid_pp"][0]
+        out["loop_always_valid_high_pp"] = w["always_valid_pp"][1]
+        out["loop_always_valid_p"] = w["always_valid_p"]
     print("RESULT " + " ".join(f"{k}={v:.4g}" for k, v in out.items()), flush=True)
     extra = {
         "loop_candidate_live_s": float(results["candidate_live_s"]),
