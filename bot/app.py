@@ -272,6 +272,7 @@ class Service:
             )
         self._commands_task: asyncio.Task[None] | None = None
         self._retention_task: asyncio.Task[None] | None = None
+        self._autopilot_task: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(
@@ -331,6 +332,15 @@ class Service:
             self._retention_task = asyncio.create_task(
                 run_forever(self.sessionmaker, self.settings.retention_days), name="retention"
             )
+        experiment = getattr(self.responder, "experiment", None)
+        if experiment is not None:
+            # Every replica watches `admin variants autopilot`; a decision is made once
+            # (bot/service/autopilot.py), and every replica follows it like any change.
+            from bot.service.autopilot import run_forever as autopilot
+
+            self._autopilot_task = asyncio.create_task(
+                autopilot(self.sessionmaker, experiment.name, owner=self.owner), name="autopilot"
+            )
         # The heartbeat row first: a peer judges our leases by it.
         await retry(
             self.heartbeat.start,
@@ -374,7 +384,7 @@ class Service:
         for leases in self.leases:
             await leases.stop()
         await self.heartbeat.stop()  # after the leases: peers need not wait for anything
-        for task in (self._commands_task, self._retention_task):
+        for task in (self._commands_task, self._retention_task, self._autopilot_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):

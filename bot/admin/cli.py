@@ -587,6 +587,106 @@ async def _variants_history(
     return 0
 
 
+# `admin variants autopilot on` options: flag -> bot.service.autopilot.Policy field.
+AUTOPILOT_OPTIONS = {
+    "min_chats": int,
+    "min_replies": int,
+    "distinct_ratio": float,
+    "repetition_margin": float,
+    "safety_margin": float,
+    "failed_margin": float,
+    "latency_ratio": float,
+    "interval_s": float,
+}
+
+
+def _autopilot_policy(args: argparse.Namespace) -> Any:
+    from bot.service.autopilot import Policy, PolicyError
+
+    given = {k: getattr(args, k) for k in AUTOPILOT_OPTIONS if getattr(args, k) is not None}
+    try:
+        return Policy(**given)
+    except PolicyError as err:
+        raise UsageError(str(err)) from err
+
+
+async def _variants_autopilot(
+    engine: AsyncEngine, args: argparse.Namespace, out: TextIO, seed: Experiment
+) -> int:
+    sessionmaker = make_sessionmaker(engine)
+    if args.state == "check":
+        return await _autopilot_dry_run(sessionmaker, args, out, seed)
+    given = [f"--{k.replace('_', '-')}" for k in AUTOPILOT_OPTIONS if getattr(args, k) is not None]
+    if args.state == "off" and given:
+        raise UsageError(f"{', '.join(given)} set(s) the policy: use them with `autopilot on`")
+    policy = _autopilot_policy(args).to_json() if args.state == "on" else None
+    experiment, previous = await live.set_autopilot(sessionmaker, seed, _settings(args), policy)
+    if policy is None:
+        line = "autopilot off" + ("" if previous is not None else " (it was off)")
+        line += "; its decisions stay as they are (undo one with `admin variants weight/promote`)"
+    else:
+        line = "autopilot on: " + ", ".join(f"{k} {v:g}" for k, v in policy.items())
+        line += "; every replica checks within a few seconds and then every interval_s"
+    return _changed(out, args, experiment, line, autopilot=policy, previous_autopilot=previous)
+
+
+async def _autopilot_dry_run(
+    sessionmaker: Any, args: argparse.Namespace, out: TextIO, seed: Experiment
+) -> int:
+    """What a check would decide now (nothing is changed): each candidate's verdict."""
+    from bot.db import autopilot as autopilot_rows
+    from bot.service.autopilot import Policy, evaluate
+
+    experiment = await live.current(sessionmaker, seed, _settings(args))
+    async with sessionmaker() as db:
+        state = await autopilot_rows.policy(db, experiment.name)
+        given = any(getattr(args, k) is not None for k in AUTOPILOT_OPTIONS)
+        stored_policy = state[1] if state is not None else None
+        policy = (
+            Policy.from_json(stored_policy)
+            if stored_policy is not None and not given
+            else _autopilot_policy(args)
+        )
+        candidates = [v.name for v in experiment.variants if not v.control and v.weight > 0]
+        judged = await evaluate(db, experiment.name, experiment.control.name, candidates, policy)
+    if args.json:
+        rows = [
+            {
+                "variant": j.variant,
+                "action": j.action,
+                "reason": j.reason,
+                "breaches": list(j.breaches),
+                "lift": asdict(j.lift),
+                "guards": {"control": asdict(j.control_guards), "candidate": asdict(j.guards)},
+            }
+            for j in judged
+        ]
+        payload = {"experiment": experiment.name, "policy": policy.to_json(), "candidates": rows}
+        print(dump_json(_no_nan(payload)), file=out)
+        return 0
+    state_word = "on" if stored_policy is not None else "off"
+    print(
+        f"autopilot {state_word}; a check now (nothing is changed) against control "
+        f"{experiment.control.name}:",
+        file=out,
+    )
+    if not judged:
+        print("  no candidate (no variant but the control has a weight above 0)", file=out)
+    for j in judged:
+        print(f"  {j.variant}: {j.action or 'no decision'}: {j.reason}", file=out)
+    return 0
+
+
+def _no_nan(value: Any) -> Any:
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_no_nan(v) for v in value]
+    return value
+
+
 _VARIANT_CHANGES: dict[str, Callable[..., Awaitable[int]]] = {
     "add": _variants_add,
     "weight": _variants_weight,
@@ -595,6 +695,7 @@ _VARIANT_CHANGES: dict[str, Callable[..., Awaitable[int]]] = {
     "allocation": _variants_allocation,
     "reload": _variants_reload,
     "list": _variants_list,
+    "autopilot": _variants_autopilot,
 }
 
 
@@ -973,6 +1074,38 @@ def _add_variant_changes(
         help="every identity each variant has had (a name added again, or given another "
         "model, starts a new one), with its replies and votes",
     )
+    autopilot = changes.add_parser(
+        "autopilot",
+        parents=[as_json],
+        help="promote a winning candidate and roll back one that breaks a guard, on its own",
+        description="on: every replica checks every --interval-s seconds and promotes a "
+        "candidate (it becomes the control and takes every new chat) when the always-valid "
+        "95%% lower bound on its 👍 lift over the control is above 0 and no guard regressed, "
+        "or rolls it back (weight 0) when a guard breaches; each decision is stored with its "
+        "figures and reason (shown by `admin variants`). off: no more decisions (the ones "
+        "made stay). check: what a check would decide now, changing nothing. The options set "
+        "the policy (docs/variants.md); unset ones take their defaults.",
+    )
+    autopilot.add_argument("state", choices=("on", "off", "check"), metavar="{on,off,check}")
+    defaults = {
+        "min_chats": "voting chats on each side before a promotion (default 30, at least 5)",
+        "min_replies": "replies on each side before the guards are judged (default 200)",
+        "distinct_ratio": "breach below this share of the control's distinct replies (0.9)",
+        "repetition_margin": "breach above the control's repetitive share + this (0.05)",
+        "safety_margin": "breach above the control's safety-gate share + this (0.02)",
+        "failed_margin": "breach above the control's failed-turn share + this (0.02)",
+        "latency_ratio": "breach above this multiple of the control's latency p95 (1.5)",
+        "interval_s": "seconds between two checks of a replica (default 60)",
+    }
+    for key, kind in AUTOPILOT_OPTIONS.items():
+        autopilot.add_argument(
+            "--" + key.replace("_", "-"),
+            dest=key,
+            type=kind,
+            default=None,
+            metavar="N" if kind is int else "X",
+            help=defaults[key],
+        )
 
 
 def admin_sql_url(settings: Settings) -> str:

@@ -384,6 +384,9 @@ class ExperimentRow(Base):
     version: Mapped[int] = mapped_column(Integer, nullable=False, default=1, server_default="1")
     created_at: Mapped[Stamp]
     updated_at: Mapped[Stamp]
+    # `admin variants autopilot on`: its policy as JSON (bot.service.autopilot.Policy); NULL:
+    # off. Every replica reads it before each check, so a change reaches all of them.
+    autopilot: Mapped[str | None] = mapped_column(Text)
 
 
 class VariantRow(Base):
@@ -574,3 +577,34 @@ class ChatSetting(Base):
     updated_at: Mapped[datetime] = mapped_column(
         UtcDateTime, nullable=False, default=utcnow, onupdate=utcnow
     )
+
+
+class AutopilotDecision(Base):
+    """One decision of the autopilot (bot/service/autopilot.py): a candidate promoted or rolled
+    back, with the figures it was decided on and why.
+
+    `based_on` is the experiment's version the check read; the decision's transaction moves
+    the version on only if it is still that one, and the unique key lets one decision in per
+    version: two replicas checking at the same moment make one decision.
+    """
+
+    __tablename__ = "autopilot_decisions"
+    __table_args__ = (
+        CheckConstraint("action IN ('promote', 'rollback')", name="action"),
+        UniqueConstraint("experiment", "based_on"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[Serial]
+    # Not a foreign key: the record outlives a removed variant (and names its experiment).
+    experiment: Mapped[str] = mapped_column(String(64), nullable=False)
+    based_on: Mapped[int] = mapped_column(Integer, nullable=False)
+    variant: Mapped[str] = mapped_column(String(64), nullable=False)
+    control: Mapped[str] = mapped_column(String(64), nullable=False)  # judged against this
+    action: Mapped[str] = mapped_column(String(16), nullable=False)
+    reason: Mapped[str] = mapped_column(Text, nullable=False)
+    # JSON: the lift and its always-valid bound, each guard's figures for both, the policy.
+    figures: Mapped[str] = mapped_column(Text, nullable=False)
+    # The replica (replicas.owner) or "admin" that made it.
+    decided_by: Mapped[str] = mapped_column(String(128), nullable=False)
+    created_at: Mapped[Stamp]

@@ -18,10 +18,12 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.config import Settings
+from bot.db import autopilot as autopilot_rows
 from bot.db import replicas
 from bot.db import variants as stored
 from bot.db.variants import StoredExperiment, StoredVariant
@@ -375,3 +377,20 @@ async def reload(
                 await stored.replace(db, seed.name, row, was[variant.name])
         await stored.set_control(db, seed.name, seed.control.name)
         return await _finish(db, seed.name, settings), changes
+
+
+async def set_autopilot(
+    sessionmaker: async_sessionmaker[AsyncSession],
+    seed: Experiment,
+    settings: Settings,
+    policy: dict[str, Any] | None,
+) -> tuple[Experiment, dict[str, Any] | None]:
+    """Turn the autopilot on with `policy` (bot.service.autopilot.Policy as JSON) or off
+    (None); the experiment after the change and the previous policy. Like every change it
+    moves the version on, so a check that read the figures before it decides nothing."""
+    async with sessionmaker.begin() as db:
+        _, experiment = await _begin_change(db, seed, settings)
+        state = await autopilot_rows.policy(db, experiment.name)
+        previous = state[1] if state is not None else None
+        await autopilot_rows.set_policy(db, experiment.name, policy)
+        return await _finish(db, experiment.name, settings), previous

@@ -16,16 +16,19 @@ import math
 import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from bot.db import autopilot as autopilot_rows
+from bot.db.autopilot import StoredDecision
 from bot.db.models import ArenaMatch, Assignment, AssignmentSource, Message, Rating, Role, Vote
 from bot.db.variants import current_identity
 from bot.engine.variants import Experiment
+from bot.reports.guards import guard_figures
 from bot.reports.variant_stats import (
     ALWAYS_VALID_NOTE,
     BANDIT_NOTE,
@@ -98,6 +101,15 @@ class VariantFigures:
     votes_counted: float = 0.0  # its votes after the per-user cap
     # How many independent votes the chat-level interval is worth (<= votes_counted)
     up_effective_votes: float = NAN
+    # Guard metrics (bot.reports.guards, what the autopilot judges): distinct and repetitive
+    # shares over its `guard_window` most recent replies, the safety gate's share of all its
+    # replies, and failed turns of its chats (share of replies + failed turns).
+    distinct_share: float = NAN
+    repetition_share: float = NAN
+    safety_share: float = NAN
+    failed_turns: int = 0
+    failed_share: float = NAN
+    guard_window: int = 0
 
     @property
     def votes(self) -> int:
@@ -166,6 +178,9 @@ class VariantReport:
     bandit: bool = False
     # /arena duels: variants ranked by Bradley-Terry strength, strongest first (none: no duels).
     arena: tuple[ArenaRank, ...] = ()
+    # `admin variants autopilot`: its policy (None: off), and its decisions, newest first.
+    autopilot: dict[str, Any] | None = None
+    decisions: tuple[StoredDecision, ...] = ()
 
     def get(self, name: str) -> VariantFigures | None:
         """The figures of variant `name`, if it is in the report."""
@@ -375,7 +390,7 @@ async def variant_report(
     bandit = weighted.bandit or experiment.allocation == "thompson"
     async with sessionmaker() as db:
         arena = await _arena_ranking(db, experiment.name)
-    return VariantReport(
+    report = VariantReport(
         experiment.name,
         control,
         tuple(figures),
@@ -387,6 +402,33 @@ async def variant_report(
         recorded=weighted.recorded,
         bandit=bandit,
     )
+    return await _with_guards(sessionmaker, report)
+
+
+async def _with_guards(
+    sessionmaker: async_sessionmaker[AsyncSession], report: VariantReport
+) -> VariantReport:
+    """The report with each variant's guard metrics, and the autopilot's policy and decisions."""
+    async with sessionmaker() as db:
+        names = [f.name for f in report.variants]
+        guards = await guard_figures(db, names, experiment=report.experiment)
+        state = await autopilot_rows.policy(db, report.experiment)
+        decided = await autopilot_rows.decisions(db, report.experiment)
+    figures = tuple(
+        replace(
+            f,
+            distinct_share=g.distinct_share,
+            repetition_share=g.repetition_share,
+            safety_share=g.safety_share,
+            failed_turns=g.failed_turns,
+            failed_share=g.failed_share,
+            guard_window=g.window,
+        )
+        for f in report.variants
+        for g in (guards[f.name],)
+    )
+    policy = state[1] if state is not None else None
+    return replace(report, variants=figures, autopilot=policy, decisions=tuple(decided))
 
 
 def _compare(
@@ -708,10 +750,49 @@ def format_variant_report(report: VariantReport) -> str:
                 f"  {i}. {r.name}: {r.strength:.2f} [{r.low:.2f}..{r.high:.2f}], "
                 f"{r.matches} duels, {r.wins} won, {r.ties} both bad"
             )
+    lines += ["", *format_guards(report)]
     if report.bandit:
         lines += ["", f"allocation: {report.allocation} (a bandit chose some of the chats)"]
     lines += ["", textwrap.fill(f"Note: {report.note}", width=NOTE_WIDTH)]
     return "\n".join(lines)
+
+
+GUARD_COLUMNS = ("variant", "replies read", "distinct", "repetitive", "safety", "failed", "p95 ms")
+
+
+def format_guards(report: VariantReport) -> list[str]:
+    """The guard metrics table, the autopilot's state and its recent decisions."""
+    rows = [
+        (
+            _label(f),
+            f"{f.guard_window:,}",
+            _pct(f.distinct_share),
+            _pct(f.repetition_share),
+            _pct(f.safety_share),
+            f"{_pct(f.failed_share)} ({f.failed_turns:,})",
+            _num(f.latency_p95_ms, ".0f"),
+        )
+        for f in report.variants
+    ]
+    lines = [
+        "guards (distinct, repetitive: of the replies read, the most recent; safety, failed: "
+        "of all):",
+        _table(GUARD_COLUMNS, rows),
+        "",
+    ]
+    if report.autopilot is None:
+        lines.append("autopilot: off (`admin variants autopilot on` turns it on)")
+    else:
+        policy = ", ".join(f"{k} {v:g}" for k, v in sorted(report.autopilot.items()))
+        lines.append(f"autopilot: on ({policy})")
+    if report.decisions:
+        lines.append("autopilot decisions, newest first:")
+    for d in report.decisions:
+        lines.append(
+            f"  {d.created_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} {d.action} {d.variant} "
+            f"(control {d.control}, version {d.based_on}, by {d.decided_by}): {d.reason}"
+        )
+    return lines
 
 
 # --- JSON ------------------------------------------------------------------------------------
@@ -740,6 +821,11 @@ def report_json(report: VariantReport) -> dict[str, Any]:
         "recorded_probabilities": report.recorded,
         "bandit": report.bandit,
         "note": report.note,
+        "autopilot": report.autopilot,
+        "decisions": [
+            {**asdict(d), "created_at": d.created_at.astimezone(UTC).isoformat()}
+            for d in report.decisions
+        ],
     }
     result: dict[str, Any] = _finite(data)
     return result

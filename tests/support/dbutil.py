@@ -92,6 +92,7 @@ TABLES = {
     "variants",
     "variant_versions",
     "chat_settings",
+    "autopilot_decisions",
     "alembic_version",
 }
 

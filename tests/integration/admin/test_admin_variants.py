@@ -341,7 +341,8 @@ async def test_report_text_shows_the_table_comparisons_srm_and_note(
     srm = next(i for i, line in enumerate(lines) if line.startswith("sample ratio"))
     assert lines[srm].endswith("chi2 = 10.00, df 1, p = 0.002")
     assert lines[srm + 1].startswith("  WARNING: sample ratio mismatch (p < 0.01)")
-    note = "\n".join(lines[lines.index("", srm) + 1 :])
+    # The note ends the report (after the guards and the autopilot's lines).
+    note = "\n".join(lines[next(i for i, line in enumerate(lines) if line.startswith("Note: ")) :])
     assert note.startswith("Note: ") and " ".join(note.split()) == f"Note: {REPORT_NOTE}"
     assert f"{ALWAYS_VALID_NOTE} {FIXED_SAMPLE_NOTE}" == REPORT_NOTE
 

@@ -471,6 +471,45 @@ async def test_variants_page_is_the_admin_variants_report(dash: Dash) -> None:
             assert "fixed horizon (read once)" in item.group(1)
 
 
+async def test_variants_page_shows_the_guards_and_the_autopilots_decisions(dash: Dash) -> None:
+    from bot.db import autopilot as autopilot_rows
+    from bot.reports.variants import report_json, variant_report
+
+    experiment = load_experiment(dash.settings)
+    engine = make_engine(dash.db_url)
+    try:
+        sessionmaker = make_sessionmaker(engine)
+        async with sessionmaker.begin() as db:
+            await autopilot_rows.record(
+                db,
+                experiment=experiment.name,
+                based_on=3,
+                variant="nucleus",
+                control="beam",
+                action="rollback",
+                reason="guard breached: <distinct> 10.0% < 0.9 x the control's",
+                figures={},
+                decided_by="replica-7",
+            )
+        report = report_json(await variant_report(sessionmaker, experiment))
+    finally:
+        await engine.dispose()
+    await login(dash.client)
+    body = await page(dash.client, "/variants")
+    for v in report["variants"]:
+        row = re.search(rf'<tr data-guard="{v["name"]}">(.*?)</tr>', body, re.S)
+        assert row is not None, v["name"]
+        share = v["distinct_share"]
+        assert ("n/a" if share is None else f"{100 * share:.1f}%") in row.group(1)
+    assert "Off (<code>python -m bot admin variants autopilot on</code>" in body
+    decision = re.search(r'<li data-decision="\d+">(.*?)</li>', body, re.S)
+    assert decision is not None
+    assert "<strong>rollback</strong> nucleus (control beam, version 3, by replica-7)" in (
+        decision.group(1)
+    )
+    assert "&lt;distinct&gt;" in decision.group(1)  # escaped
+
+
 async def test_health_page_shows_replicas_workers_and_leases(dash: Dash) -> None:
     await login(dash.client)
     body = await page(dash.client, "/health")

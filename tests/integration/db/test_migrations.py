@@ -341,7 +341,8 @@ def test_0012_gives_every_existing_row_the_identity_of_its_name(empty_db_url: st
     assert read("SELECT chat_id, source FROM assignments ORDER BY chat_id") == [
         (1, "admin"), (2, "hash"), (3, "hash"),
     ]  # fmt: skip
-    assert asyncio.run(table_names(empty_db_url)) == TABLES - {"variant_versions"}
+    later = {"variant_versions", "autopilot_decisions"}  # 0012's and 0013's
+    assert asyncio.run(table_names(empty_db_url)) == TABLES - later
     migrate.upgrade(empty_db_url)
 
 
@@ -352,3 +353,61 @@ async def _exec(url: str, sql: str) -> None:
             await conn.execute(text(sql))
     finally:
         await engine.dispose()
+
+
+# --- 0013: the autopilot's policy and decisions ---------------------------------------------
+
+
+async def _write(url: str, *statements: str) -> None:
+    engine = make_engine(url)
+    try:
+        async with engine.begin() as conn:
+            for sql in statements:
+                await conn.execute(text(sql))
+    finally:
+        await engine.dispose()
+
+
+def test_0013_adds_the_autopilot_off_and_one_decision_per_version(empty_db_url: str) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    cfg = migrate.alembic_config(empty_db_url)
+    before_0013 = ScriptDirectory.from_config(cfg).get_revision("0013").down_revision
+    assert isinstance(before_0013, str)
+    migrate.upgrade(empty_db_url, before_0013)
+    now = "'2026-03-01 12:00:00.000000'"
+    asyncio.run(
+        _write(
+            empty_db_url,
+            f"INSERT INTO experiments (name, allocation, version, created_at, updated_at) "
+            f"VALUES ('exp', 'weights', 7, {now}, {now})",
+            f"INSERT INTO variants (experiment, name, position, model, weight, is_control, "
+            f"options, created_at, updated_at) VALUES ('exp', 'a', 1, NULL, 1.0, true, '{{}}', "
+            f"{now}, {now})",
+        )
+    )
+    migrate.upgrade(empty_db_url, "0013")
+    # An existing experiment keeps its version and has the autopilot off.
+    assert asyncio.run(_read(empty_db_url, "SELECT name, version, autopilot FROM experiments")) == [
+        ("exp", 7, None)
+    ]
+    decision = (
+        "INSERT INTO autopilot_decisions (experiment, based_on, variant, control, action, "
+        "reason, figures, decided_by, created_at) VALUES ('exp', 7, 'b', 'a', 'ACTION', 'r', "
+        f"'{{}}', 'replica', {now})"
+    )
+    asyncio.run(_write(empty_db_url, decision.replace("ACTION", "promote")))
+    # One decision per (experiment, version it was based on); only promote and rollback.
+    for action in ("rollback", "pause"):
+        try:
+            asyncio.run(_write(empty_db_url, decision.replace("ACTION", action)))
+        except IntegrityError:
+            pass
+        else:
+            raise AssertionError(f"a second decision on version 7 ({action}) was stored")
+    assert asyncio.run(_read(empty_db_url, "SELECT COUNT(*) FROM autopilot_decisions")) == [(1,)]
+    migrate.downgrade(empty_db_url, before_0013)
+    assert "autopilot_decisions" not in asyncio.run(table_names(empty_db_url))
+    # The experiment and its variant stay (no cascade from a rebuilt table).
+    assert asyncio.run(_read(empty_db_url, "SELECT name, version FROM experiments")) == [("exp", 7)]
+    assert asyncio.run(_read(empty_db_url, "SELECT COUNT(*) FROM variants")) == [(1,)]
