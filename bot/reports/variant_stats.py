@@ -1,7 +1,16 @@
-"""Pure statistics for comparing model variants in an A/B experiment: confidence intervals for
-rates and means, the two-proportion z-test, a sample-ratio-mismatch check on the assignment,
-latency percentiles, and Bradley-Terry strengths (with bootstrap intervals) from pairwise
-judgements. No I/O and no state: every function maps numbers to numbers."""
+"""Pure statistics for comparing model variants in an A/B experiment: chat-level (cluster-robust)
+intervals and tests for 👍 rates, always-valid (anytime) bounds on the lift, bounded intervals
+for 1-5 ratings, a sample-ratio-mismatch check on the assignment, latency percentiles, and
+Bradley-Terry strengths (with bootstrap intervals) from pairwise judgements. No I/O and no
+state: every function maps numbers to numbers.
+
+The unit is the chat. Chats are what the experiment randomises, and one chat votes many times
+with its own propensity, so its votes are not independent: a test that counts votes as
+independent trials (`two_proportion_test`, kept for contrast and for the benchmark) calls far
+too many A/A differences significant. Every 👍-rate figure of the report therefore takes one
+`(up, votes)` pair per chat (after the per-user cap, `USER_VOTE_CAP`) and uses the ratio
+estimator sum(up) / sum(votes) with its cluster-robust (CR1 sandwich, chats as clusters)
+variance; see `clustered_rate`."""
 
 from __future__ import annotations
 
@@ -33,6 +42,32 @@ FIXED_SAMPLE_NOTE = (
     "inflates the false-positive rate well above 5%."
 )
 
+ALWAYS_VALID_NOTE = (
+    "The always-valid bound and p-value may be read at any time, as often as you like: "
+    "stopping at the first always-valid p < 0.05 (or bound that excludes 0) keeps the "
+    "false-positive rate at 5%."
+)
+
+#: Fewer chats than this with votes (or with ratings) in a group: no interval and no test
+#: ("n/a (too few)"). The cluster-robust variance is estimated from the spread between chats;
+#: with two to four chats that spread is too noisy to be worth a number.
+MIN_CHATS = 5
+
+#: The per-user cap: within one variant, one user's votes count as at most this many votes
+#: (a user with m > 10 votes has each vote weighted 10 / m), so a thousand votes from one
+#: account weigh like ten. Applied where the report reads the votes (`chat_votes` in
+#: bot/reports/variants.py), before any figure is computed.
+USER_VOTE_CAP = 10
+
+#: The always-valid bound is tuned to be tightest at this many chats with votes (both groups
+#: together); it stays valid at every other sample size, only a little wider there. See
+#: `always_valid_lift`.
+PLANNED_CHATS = 1000
+
+#: The level the always-valid boundary's mixing parameter is tuned at (the tuning is fixed in
+#: advance, so the p-value is one number for every level).
+DESIGN_ALPHA = 0.05
+
 #: Default weight of the Bradley-Terry prior: one virtual tie of every player against a
 #: reference player of strength 1.
 BT_PRIOR = 1.0
@@ -55,11 +90,16 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
         raise ValueError(f"z must be positive, got {z}")
     if n == 0:
         return (0.0, 1.0)
-    p = successes / n
+    return _wilson(successes / n, n, z)
+
+
+def _wilson(p: float, n: float, z: float) -> tuple[float, float]:
+    """The Wilson score interval around a proportion `p` from `n` > 0 trials; `n` may be an
+    effective (fractional) number of trials."""
     z2 = z * z
     denominator = 1.0 + z2 / n
     centre = (p + z2 / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denominator
+    half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z2 / (4 * n * n)) / denominator
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
@@ -75,6 +115,10 @@ class ProportionTest:
 
 def two_proportion_test(x1: int, n1: int, x2: int, n2: int) -> ProportionTest:
     """Two-sided z-test of p1 == p2 for `x1` successes of `n1` against `x2` of `n2`.
+
+    Counts every trial as independent. Votes are not (a chat votes many times with its own
+    propensity), so the report no longer uses this test for 👍 rates (see `chat_lift_test`);
+    it stays for contrast, in the tests and in bench/aa.py.
 
     The standard error is the pooled one, sqrt(p(1-p)(1/n1 + 1/n2)) with p = (x1+x2)/(n1+n2),
     and `z = (p2 - p1) / se`, so a positive z means the second group converts more.
@@ -98,6 +142,245 @@ def two_proportion_test(x1: int, n1: int, x2: int, n2: int) -> ProportionTest:
     z = (p2 - p1) / se
     p_value = float(2.0 * scipy.stats.norm.sf(abs(z)))
     return ProportionTest(difference=p2 - p1, z=z, p_value=min(1.0, p_value))
+
+
+# --- chat-level rates (the chat is the unit) ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClusteredRate:
+    """A 👍 rate with the chat as the unit (see `clustered_rate`)."""
+
+    rate: float  # sum(w * up) / sum(w * votes); NaN without votes
+    low: float  # 95% interval within [0, 1]; NaN with fewer than MIN_CHATS chats
+    high: float
+    se: float  # cluster-robust (CR1) standard error of `rate`; NaN below two chats
+    chats: int  # chats with votes
+    votes: float  # their votes (after the per-user cap), unweighted
+    effective_votes: float  # how many independent votes the interval is worth (<= votes)
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    rate: float
+    var: float  # CR1 variance of `rate`; NaN below two chats
+    chats: int
+    votes: float
+
+
+def _group(chats: Sequence[tuple[float, float]], weights: Sequence[float] | None = None) -> _Group:
+    """The ratio estimator sum(w up) / sum(w votes) of per-chat (up, votes) pairs, with its
+    CR1 variance G / (G - 1) * sum(w^2 (up - r votes)^2) / (sum w votes)^2 over the G chats
+    that have votes (and a weight above 0)."""
+    if weights is not None and len(weights) != len(chats):
+        raise ValueError(f"need one weight per chat, got {len(weights)} for {len(chats)} chats")
+    up_l: list[float] = []
+    n_l: list[float] = []
+    w_l: list[float] = []
+    for i, (up, n) in enumerate(chats):
+        w = 1.0 if weights is None else float(weights[i])
+        if not (0.0 <= up <= n) or not math.isfinite(n):
+            raise ValueError(f"need 0 <= up <= votes per chat, got up={up}, votes={n}")
+        if not (w >= 0.0 and math.isfinite(w)):
+            raise ValueError(f"weights must be finite and >= 0, got {w}")
+        if n > 0 and w > 0:
+            up_l.append(float(up))
+            n_l.append(float(n))
+            w_l.append(w)
+    g = len(up_l)
+    if g == 0:
+        return _Group(math.nan, math.nan, 0, 0.0)
+    ups, ns, ws = (np.asarray(x, dtype=np.float64) for x in (up_l, n_l, w_l))
+    total = float((ws * ns).sum())
+    rate = float((ws * ups).sum()) / total
+    if g < 2:
+        return _Group(rate, math.nan, 1, float(ns.sum()))
+    residual = ws * (ups - rate * ns)
+    var = g / (g - 1) * float((residual * residual).sum()) / (total * total)
+    return _Group(rate, var, g, float(ns.sum()))
+
+
+def clustered_rate(
+    chats: Sequence[tuple[float, float]],
+    weights: Sequence[float] | None = None,
+    *,
+    z: float = Z95,
+    min_chats: int = MIN_CHATS,
+) -> ClusteredRate:
+    """The 👍 rate of per-chat `(up, votes)` pairs with a chat-level 95% interval.
+
+    Estimate: the ratio estimator r = sum(w up) / sum(w votes) (w = 1, or each chat's
+    inverse-propensity weight: then it is the Hajek estimator). Variance: the ratio estimator's
+    linearisation with chats as clusters, which is the cluster-robust sandwich of a regression
+    of each vote on a constant clustered by chat, with the usual CR1 small-sample factor
+    G / (G - 1) over the G chats:
+
+        var(r) = G / (G - 1) * sum_i w_i^2 (up_i - r votes_i)^2 / (sum_i w_i votes_i)^2
+
+    (tests/unit/reports/test_variant_stats.py checks it by hand and against a generic sandwich
+    computation). A chat that votes 👍 ten times in a row adds one chat's worth of evidence,
+    not ten votes' worth.
+
+    Interval: a Wilson score interval with the effective number of votes
+    n_eff = r (1 - r) / var(r) (the design-effect construction of Korn and Graubard, 1998),
+    capped at the real number of votes (never more precise than independent votes; this also
+    covers r = 0 or 1, where the sandwich is 0). Unlike r +- z se it stays inside [0, 1] and
+    behaves near 0 and 1. With fewer than `min_chats` chats the spread between chats cannot be
+    estimated usefully and the interval is NaN ("n/a (too few)") rather than a wrong one.
+    """
+    group = _group(chats, weights)
+    if group.chats == 0:
+        return ClusteredRate(math.nan, math.nan, math.nan, math.nan, 0, 0.0, 0.0)
+    r = group.rate
+    se = math.sqrt(group.var) if math.isfinite(group.var) else math.nan
+    if group.chats < max(min_chats, 2):
+        return ClusteredRate(r, math.nan, math.nan, se, group.chats, group.votes, math.nan)
+    spread = r * (1.0 - r)
+    n_eff = group.votes if spread <= 0.0 or group.var <= 0.0 else spread / group.var
+    n_eff = min(n_eff, group.votes)
+    low, high = _wilson(r, n_eff, z)
+    return ClusteredRate(r, low, high, se, group.chats, group.votes, n_eff)
+
+
+@dataclass(frozen=True, slots=True)
+class LiftTest:
+    """Fixed-horizon chat-level comparison of two 👍 rates: variant minus control."""
+
+    lift: float  # difference of the chat-level rates; NaN when a group has no votes
+    low: float  # 95% interval, within [-1, 1]; NaN with fewer than MIN_CHATS chats in a group
+    high: float
+    z: float  # lift / se; 0.0 when nothing is known
+    p_value: float  # two-sided; 1.0 when nothing is known. See FIXED_SAMPLE_NOTE.
+    chats: tuple[int, int]  # (control chats, variant chats) with votes
+
+
+def _lift(
+    control: Sequence[tuple[float, float]],
+    variant: Sequence[tuple[float, float]],
+    control_weights: Sequence[float] | None,
+    variant_weights: Sequence[float] | None,
+    min_chats: int,
+) -> tuple[float, float, tuple[int, int]]:
+    """(lift, its variance or NaN when too few chats, chats per group).
+
+    The variance is the sum of the two groups' CR1 variances (independent chats), each floored
+    at the pooled rate's binomial variance p (1 - p) / votes: chats are never worth more than
+    independent votes, and two groups that both voted all 👍 (or all 👎) carry no spread to
+    divide by."""
+    a, b = _group(control, control_weights), _group(variant, variant_weights)
+    chats = (a.chats, b.chats)
+    lift = b.rate - a.rate if a.chats and b.chats else math.nan
+    if min(chats) < max(min_chats, 2):
+        return lift, math.nan, chats
+    pooled = (a.rate * a.votes + b.rate * b.votes) / (a.votes + b.votes)
+    spread = pooled * (1.0 - pooled)
+    var = max(a.var, spread / a.votes) + max(b.var, spread / b.votes)
+    return lift, var, chats
+
+
+def chat_lift_test(
+    control: Sequence[tuple[float, float]],
+    variant: Sequence[tuple[float, float]],
+    *,
+    control_weights: Sequence[float] | None = None,
+    variant_weights: Sequence[float] | None = None,
+    z: float = Z95,
+    min_chats: int = MIN_CHATS,
+) -> LiftTest:
+    """The fixed-horizon chat-level test of the 👍-rate lift (variant minus control).
+
+    Takes per-chat `(up, votes)` pairs (optionally inverse-propensity weights per chat) and
+    compares the two ratio estimators of `clustered_rate`: lift = r_variant - r_control,
+    se = sqrt(var_control + var_variant) with each variance the CR1 cluster-robust one (floored,
+    see `_lift`), the interval lift +- z se clipped to [-1, 1], and the two-sided normal
+    p-value of lift / se (the delta-method Wald test with chats as clusters).
+
+    This replaces the vote-level `two_proportion_test` as the report's p-value: counting votes
+    as independent trials, that one called about half of simulated A/A experiments
+    significant when each chat votes many times (bench/aa.py measures both).
+
+    See FIXED_SAMPLE_NOTE: valid when read once, at a sample size fixed in advance; for a
+    figure that may be watched, use `always_valid_lift`. Fewer than `min_chats` chats with
+    votes in either group: interval NaN, z 0, p-value 1.0 (nothing known).
+    """
+    lift, var, chats = _lift(control, variant, control_weights, variant_weights, min_chats)
+    if not math.isfinite(var) or var <= 0.0:
+        return LiftTest(lift, math.nan, math.nan, 0.0, 1.0, chats)
+    se = math.sqrt(var)
+    stat = lift / se
+    p_value = min(1.0, float(2.0 * scipy.stats.norm.sf(abs(stat))))
+    low, high = max(-1.0, lift - z * se), min(1.0, lift + z * se)
+    return LiftTest(lift, low, high, stat, p_value, chats)
+
+
+@dataclass(frozen=True, slots=True)
+class SequentialLift:
+    """Variant minus control 👍-rate lift with the chat as the unit."""
+
+    lift: float  # chat-level difference of 👍 rates (variant - control), 0.05 = +5 pp; NaN
+    # when a group has no votes
+    low: float  # always-valid (anytime) 95% lower bound on the lift; -1.0 when nothing is known
+    high: float  # always-valid 95% upper bound; 1.0 when nothing is known
+    p_value: float  # always-valid p-value for "no difference"; 1.0 when nothing is known
+    chats: tuple[int, int]  # (control chats, variant chats) that had votes
+
+
+def _mixing(chats: int, planned_chats: int) -> float:
+    """s = tau^2 / var: the normal mixture's variance over the estimator's, at `chats` chats.
+
+    Howard et al. (2021, eq. 3.11 and section 3.5) choose the mixture so that the boundary is
+    tightest at a planned intrinsic time m: rho = m / (-2 log a + log(1 - 2 log a)). In the
+    estimator's scale (var ~ sigma^2 / chats) that is tau^2 = c var(planned_chats) with
+    c = -2 log a + log(1 - 2 log a), i.e. s = c chats / planned_chats, a = DESIGN_ALPHA."""
+    c = -2.0 * math.log(DESIGN_ALPHA) + math.log(1.0 - 2.0 * math.log(DESIGN_ALPHA))
+    return c * chats / planned_chats
+
+
+def always_valid_lift(
+    control: Sequence[tuple[float, float]],
+    variant: Sequence[tuple[float, float]],
+    alpha: float = 0.05,
+    *,
+    planned_chats: int = PLANNED_CHATS,
+    min_chats: int = MIN_CHATS,
+) -> SequentialLift:
+    """An always-valid (anytime) 95% confidence sequence and p-value for the 👍-rate lift.
+
+    Construction: the asymptotic confidence sequence of Waudby-Smith et al. (2021,
+    "Time-uniform central limit theory") built on the normal-mixture boundary of Howard et al.
+    (2021, "Time-uniform, nonparametric, nonasymptotic confidence sequences"), the one
+    GrowthBook's sequential testing uses; it is the mixture SPRT (mSPRT, Johari et al. 2017)
+    for the lift with a normal mixture N(0, tau^2), written with an estimated variance.
+    With lift d and its chat-level (CR1, see `chat_lift_test`) variance v over G chats:
+
+        s = tau^2 / v = c G / PLANNED_CHATS   (c from DESIGN_ALPHA; see `_mixing`)
+        bound:   d +- sqrt(v (1 + s) / s * log((1 + s) / alpha^2))
+        p-value: min(1, sqrt(1 + s) * exp(-d^2 s / (2 v (1 + s))))   (1 / the mixture
+                 likelihood ratio; 0 lies outside the bound exactly when p < alpha)
+
+    Why this one: it needs only the estimate and its variance, so it takes the chat-level
+    (cluster-robust) variance directly, and with chats as the unit the asymptotic CLT
+    behind it is about chats, which is what the experiment randomises; the mixing parameter is
+    set once for a planned number of chats (PLANNED_CHATS), and the bound is valid, only wider,
+    at any other number. The guarantee is time-uniform: over all the times it is read, the
+    chance that the bound ever excludes the true lift (or that p ever drops below alpha in
+    an A/A test) is at most alpha, so an operator may watch it every minute and stop at the
+    first decision. Each call uses only the data at that time (no running intersection); the
+    guarantee holds for "stop at the first time it excludes 0", which is how it is read.
+
+    Fewer than `min_chats` chats with votes in either group: nothing is known (-1, 1, p 1).
+    """
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    if planned_chats < 1:
+        raise ValueError(f"planned_chats must be >= 1, got {planned_chats}")
+    lift, var, chats = _lift(control, variant, None, None, min_chats)
+    if not math.isfinite(var) or var <= 0.0 or not math.isfinite(lift):
+        return SequentialLift(lift, -1.0, 1.0, 1.0, chats)
+    s = _mixing(sum(chats), planned_chats)
+    half = math.sqrt(var * (1.0 + s) / s * math.log((1.0 + s) / (alpha * alpha)))
+    p_value = min(1.0, math.sqrt(1.0 + s) * math.exp(-lift * lift * s / (2.0 * var * (1.0 + s))))
+    return SequentialLift(lift, max(-1.0, lift - half), min(1.0, lift + half), p_value, chats)
 
 
 # --- means and latency -----------------------------------------------------------------------
@@ -134,6 +417,48 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> MeanInte
     se = float(data.std(ddof=1)) / math.sqrt(n)
     t = float(scipy.stats.t.ppf((1.0 + confidence) / 2.0, n - 1))
     return MeanInterval(mean=mean, low=mean - t * se, high=mean + t * se, n=n)
+
+
+def rating_interval(
+    chats: Sequence[Sequence[float]],
+    *,
+    scale: tuple[float, float] = (1.0, 5.0),
+    z: float = Z95,
+    min_chats: int = MIN_CHATS,
+) -> MeanInterval:
+    """The mean rating with a 95% interval that stays on the `scale`, the chat as the unit.
+
+    `chats` holds each chat's ratings (a chat may rate several conversations). The ratings
+    are mapped to [0, 1] by x = (rating - lo) / (hi - lo) and treated like 👍 shares: the
+    ratio estimator sum(x) / count with its cluster-robust variance and a Wilson interval with
+    the effective count (`clustered_rate`), mapped back to the scale. Why Wilson: a variable
+    in [0, 1] with mean m has variance at most m (1 - m), the Bernoulli's, so the interval of
+    a Bernoulli with that mean and effective n is a fair bound for it, and it lies inside
+    [0, 1] by construction, also at all-1s and all-5s. A t-interval (even clipped) can leave
+    the scale or collapse to a point; a percentile bootstrap stays inside but is unreliable at
+    the small samples where it matters. Fewer than `min_chats` rated chats: bounds NaN.
+    """
+    lo, hi = scale
+    if not hi > lo:
+        raise ValueError(f"need a scale with high > low, got {scale}")
+    pairs: list[tuple[float, float]] = []
+    n = 0
+    for ratings in chats:
+        for value in ratings:
+            if not lo <= value <= hi:
+                raise ValueError(f"rating {value} lies outside the scale {lo:g}..{hi:g}")
+        if len(ratings):
+            pairs.append((sum((v - lo) / (hi - lo) for v in ratings), float(len(ratings))))
+            n += len(ratings)
+    if n == 0:
+        return MeanInterval(mean=math.nan, low=math.nan, high=math.nan, n=0)
+    rate = clustered_rate(pairs, z=z, min_chats=min_chats)
+    mean = lo + (hi - lo) * rate.rate
+    if math.isnan(rate.low):
+        return MeanInterval(mean=mean, low=math.nan, high=math.nan, n=n)
+    return MeanInterval(
+        mean=mean, low=lo + (hi - lo) * rate.low, high=lo + (hi - lo) * rate.high, n=n
+    )
 
 
 def latency_percentiles(values: Sequence[float]) -> tuple[float, float]:
