@@ -9,18 +9,18 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from bot.admin.cli import admin
 from bot.conversations.store import ConversationStore
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.training.feedback import (
-    CollapseError,
     FeedbackRecipe,
     collapse_verdict,
     finetune_from_feedback,
@@ -28,6 +28,7 @@ from bot.training.feedback import (
 )
 from tests.integration.admin.test_admin import parse_admin
 
+ROOT = Path(__file__).resolve().parents[3]
 LIKED = "what do you like to do?"
 DISLIKED = "no."
 HEAVY_CHAT = 777  # one account that votes on every reply it gets
@@ -125,9 +126,12 @@ def test_unlikelihood_makes_the_disliked_reply_less_likely(
     tmp_path: Path, tiny_model_file: str
 ) -> None:
     export = _export(tmp_path, chats=12, heavy=0)
+    # Random weights need a higher learning rate than the default, and every update the
+    # minutes allow; the loss is the default's (alpha 0.3).
     recipe = FeedbackRecipe(
-        batch_size=8, validation_max_exs=20, base_valid_examples=20, min_distinct_ratio=0.0
-    )
+        batch_size=8, validation_max_exs=20, base_valid_examples=20, min_distinct_ratio=0.0,
+        learning_rate=1e-3, max_steps=0,
+    )  # fmt: skip
     data = read_feedback(export, recipe)
     assert data.negatives, "the export must have disliked replies to train away from"
     liked = [(ex.text, ex.label) for ex in data.train]
@@ -154,17 +158,20 @@ def test_unlikelihood_makes_the_disliked_reply_less_likely(
 def test_a_refused_candidate_is_not_installed(tmp_path: Path, tiny_model_file: str) -> None:
     # Staged: a random tiny model's replies are degenerate either way, so the refusal is staged
     # with a guard no candidate can pass (100 times the base's distinct share); the real
-    # threshold is test_the_guard_verdict's.
+    # threshold is test_the_guard_verdict's. Through the command an operator runs.
     export = _export(tmp_path, chats=12, heavy=0)
-    recipe = FeedbackRecipe(
-        batch_size=8, validation_max_exs=20, base_valid_examples=20, min_distinct_ratio=100.0
-    )
     out = tmp_path / "candidate"
-    with pytest.raises(CollapseError, match=r"the candidate collapsed: .* not installed"):
-        finetune_from_feedback(
-            export, tiny_model_file, out, minutes=0.2, recipe=recipe, progress=False,
-            datapath=tmp_path / "parlai",
-        )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DATA_DIR": str(tmp_path / "data")}
+    argv = ["--from-feedback", str(export), "--base", tiny_model_file, "--out", str(out),
+            "--minutes", "0.2", "--min-distinct-ratio", "100"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "bot", "train", *argv],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "the candidate collapsed" in errors[0], proc.stderr[-3000:]
+    assert "not installed" in errors[0] and "Traceback" not in proc.stderr
     assert not (out / "model").exists() and not (out / "model.opt").exists()
     record = json.loads((out / "recipe.json").read_text())
     guard = record["guard"]

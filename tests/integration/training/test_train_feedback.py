@@ -31,9 +31,11 @@ from tests.integration.training.test_training import _reply
 ROOT = Path(__file__).resolve().parents[3]
 # The guard is off: a random tiny model's replies are not worth guarding (its own test is in
 # test_feedback_negatives.py).
+# Random weights need the old learning rate and every update the minutes allow.
 TINY = FeedbackRecipe(
-    batch_size=8, validation_max_exs=20, base_valid_examples=20, min_distinct_ratio=0.0
-)
+    batch_size=8, validation_max_exs=20, base_valid_examples=20, min_distinct_ratio=0.0,
+    learning_rate=1e-3, max_steps=0,
+)  # fmt: skip
 LIKED = ("what do you like to do?", "do you have a dog?", "where do you work?")
 DISLIKED = ("no.", "bad.", "i do not know.")
 
