@@ -450,8 +450,9 @@ def collapse_verdict(base_share: float, candidate_share: float, min_ratio: float
         f"the candidate collapsed: {100 * candidate_share:.0f}% of its replies to the guard's "
         f"prompts are distinct against the base's {100 * base_share:.0f}% (it must keep at "
         f"least {100 * min_ratio:.0f}% of the base's share), so it was not installed; train "
-        "for fewer --minutes, on an export with more conversations, or with --negatives "
-        "unlikelihood if it was none (recipe.json has the figures and replies under `guard`)"
+        "on an export with more conversations, for fewer --minutes, or with --negatives "
+        "unlikelihood if it was none; to install it anyway, read its replies under `guard` "
+        "in recipe.json and pass --min-distinct-ratio 0"
     )
 
 
