@@ -466,9 +466,11 @@ def decide(env: Mapping[str, str], plot: Path | None, db: Path | None = None) ->
             "chats": candidate["chats"],
             "vote_diff_pp": 100 * comparison["up_rate_diff"],
             "p": comparison["p_value"],
-            "lift_pp": 100 * float(comparison.get("lift", comparison["up_rate_diff"])),
-            "always_valid_low_pp": 100 * float(comparison.get("always_valid_low", float("nan"))),
-            "always_valid_high_pp": 100 * float(comparison.get("always_valid_high", float("nan"))),
+            # chat-level: the lift, its fixed-horizon interval, the always-valid bounds
+            "lift_pp": _pp(comparison.get("lift", comparison["up_rate_diff"])),
+            "lift_interval_pp": [_pp(comparison.get("lift_low")), _pp(comparison.get("lift_high"))],
+            "always_valid_low_pp": _pp(comparison.get("always_valid_low")),
+            "always_valid_high_pp": _pp(comparison.get("always_valid_high")),
             "always_valid_p": float(comparison.get("always_valid_p", float("nan"))),
             "chat_share": candidate["chats"] / max(1, all_chats),
             "guards": candidate.get("guards"),
@@ -666,6 +668,17 @@ def run(setup: Setup) -> dict[str, Any]:
 PREFIX = {CANDIDATE: "loop", LIKES_ONLY: "loop_likes_only"}
 
 
+def _span(interval: Sequence[float | None]) -> str:
+    """A 0-1 interval in percent; the report gives none (null) below 5 chats with votes."""
+    low, high = interval
+    return "too few chats" if low is None or high is None else f"{100 * low:.1f}-{100 * high:.1f}"
+
+
+def _pp(value: float | None) -> float:
+    """A 0-1 figure of the report in percentage points (NaN where it gives none)."""
+    return float("nan") if value is None else 100 * float(value)
+
+
 def report(results: dict[str, Any]) -> None:
     """Tables and RESULT lines."""
     w = results["weighted"]
@@ -676,7 +689,7 @@ def report(results: dict[str, Any]) -> None:
             w["control_chats"],
             w["control_votes"],
             100 * w["control_up_rate"],
-            f"{100 * w['control_interval'][0]:.1f}-{100 * w['control_interval'][1]:.1f}",
+            _span(w["control_interval"]),
             "",
             "",
             100 * w["control_distinct_share"],
@@ -690,7 +703,7 @@ def report(results: dict[str, Any]) -> None:
                 a["chats"],
                 a["votes"],
                 100 * a["up_rate"],
-                f"{100 * a['interval'][0]:.1f}-{100 * a['interval'][1]:.1f}",
+                _span(a["interval"]),
                 f"{a['lift_pp']:+.1f}",
                 f"{a['always_valid_low_pp']:+.1f}",
                 100 * a["distinct_share"],
@@ -714,6 +727,7 @@ def report(results: dict[str, Any]) -> None:
             f"{name}_uplift_pp": a["lift_pp"],
             f"{name}_always_valid_low_pp": a["always_valid_low_pp"],
             f"{name}_distinct_ratio": a["distinct_ratio"],
+            f"{name}_always_valid_high_pp": a["always_valid_high_pp"],
             f"{name}_up_rate": a["up_rate"],
             f"{name}_always_valid_p": a["always_valid_p"],
             f"{name}_vote_diff_pp": a["vote_diff_pp"],

@@ -808,9 +808,11 @@ def add_admin_parser(sub: Any) -> None:
         help="the A/B experiment: chats, replies, votes, ratings, latency per variant",
         description="Without CHANGE: the report. Per model variant (as stored in the "
         "database, seeded from VARIANTS_FILE): assigned chats, replies, 👍/👎 votes "
-        "with the 👍 rate and its 95% Wilson interval, 1-5 ratings with their mean and 95% "
-        "t interval, reply latency p50/p95, model time p50 and reply length; each variant "
-        "against the control (two-proportion z-test, difference in mean rating), and a "
+        "with the 👍 rate (one user counts for at most 10 votes) and its 95% chat-level "
+        "interval, 1-5 ratings with their mean and 95% interval, reply latency p50/p95, model "
+        "time p50 and reply length; each variant against the control (the 👍 lift with its "
+        "always-valid bound and p-value, which may be read at any time, and its fixed-horizon "
+        "interval and p-value, read once; difference in mean rating), and a "
         "sample-ratio-mismatch check of the hash-assigned chats against the weights (or the "
         "probabilities recorded at assignment), inverse-propensity 👍 rates where they are "
         "recorded. With CHANGE: add, weight, promote, remove, allocation, reload, list.",

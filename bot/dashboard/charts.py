@@ -183,11 +183,12 @@ def latency_chart(points: Sequence[DayPoint]) -> Chart:
 
 @dataclass(frozen=True, slots=True)
 class Interval:
-    """One variant in the interval chart: its thumbs-up rate and 95% Wilson interval."""
+    """One variant in the interval chart: its thumbs-up rate and 95% chat-level interval."""
 
     name: str
     x: float
     y: float | None  # None: no votes (only the 0-100% interval is drawn)
+    # y_low == y_high == y: votes from too few chats for an interval (only the rate is drawn)
     y_low: float
     y_high: float
     control: bool
@@ -208,13 +209,29 @@ class IntervalChart(_PlotArea):
 
 
 def interval_chart(report: VariantReport) -> IntervalChart:
-    """Each variant's thumbs-up rate with its 95% Wilson interval (from the report, not
+    """Each variant's thumbs-up rate with its 95% chat-level interval (from the report, not
     recomputed)."""
     width = max(360, LEFT + RIGHT + 150 * len(report.variants))
     slot = (width - LEFT - RIGHT) / max(1, len(report.variants))
     intervals = []
     for i, f in enumerate(report.variants):
         has = f.votes > 0
+        few = has and (math.isnan(f.up_low) or math.isnan(f.up_high))
+        label = f"{100 * f.up_rate:.0f}% ({f.vote_chats} chats)" if has else "no votes"
+        if few:
+            intervals.append(
+                Interval(
+                    name=f.name + (" (control)" if f.control else ""),
+                    x=round(LEFT + (i + 0.5) * slot, 1),
+                    y=_y(100 * f.up_rate, 100),
+                    y_low=_y(100 * f.up_rate, 100),
+                    y_high=_y(100 * f.up_rate, 100),
+                    control=f.control,
+                    served=f.served,
+                    label=f"{label}, too few for an interval",
+                )
+            )
+            continue
         intervals.append(
             Interval(
                 name=f.name + (" (control)" if f.control else ""),
@@ -224,12 +241,14 @@ def interval_chart(report: VariantReport) -> IntervalChart:
                 y_high=_y(100 * f.up_high, 100) if has else _y(100, 100),
                 control=f.control,
                 served=f.served,
-                label=f"{100 * f.up_rate:.0f}% (n={f.votes})" if has else "no votes",
+                label=label,
             )
         )
     base = report.get(report.control)
     return IntervalChart(
-        title=f"Thumbs-up rate per variant, 95% Wilson interval (experiment {report.experiment})",
+        title=(
+            f"Thumbs-up rate per variant, 95% chat-level interval (experiment {report.experiment})"
+        ),
         intervals=intervals,
         ticks=[Tick(_y(t, 100), f"{t:g}%") for t in range(0, 101, 20)],
         control_y=_y(100 * base.up_rate, 100) if base is not None and base.votes else None,

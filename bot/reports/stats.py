@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -20,9 +21,10 @@ from bot.db.models import (
     Role,
     Session,
     SessionStatus,
-    Vote,
     utcnow,
 )
+from bot.reports.variant_stats import clustered_rate
+from bot.reports.variants import chat_vote_table
 
 DEFAULT_LATENCY_WINDOW = timedelta(hours=24)
 
@@ -39,7 +41,14 @@ class VariantStats:
     replies: int  # bot replies it produced
     votes_up: int
     votes_down: int
-    up_rate: float | None  # votes_up / (votes_up + votes_down); None without votes
+    # The same 👍 rate as `admin variants` (after the per-user cap, bot/reports/variants.py
+    # chat_votes): votes_up / (votes_up + votes_down) when no user has more than the cap.
+    # None without votes.
+    up_rate: float | None
+    # Its 95% chat-level interval (None: no votes, or fewer than MIN_CHATS chats with votes)
+    up_low: float | None = None
+    up_high: float | None = None
+    vote_chats: int = 0  # chats that voted on its replies
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,32 +138,30 @@ async def _variant_stats(db: AsyncSession) -> tuple[VariantStats, ...]:
             .group_by(Message.variant)
         )
     }
-    votes = {
-        name: (int(up or 0), int(down or 0))
-        for name, up, down in await db.execute(
-            select(
-                Vote.variant,
-                func.sum(case((Vote.value == 1, 1), else_=0)),
-                func.sum(case((Vote.value == -1, 1), else_=0)),
-            )
-            .where(Vote.variant.is_not(None))
-            .group_by(Vote.variant)
-        )
-    }
+    # The votes as the variants report reads them (one pair per chat, the per-user cap).
+    votes = await chat_vote_table(db)
     result = []
     for name in sorted({*chats, *replies, *votes}, key=lambda n: (-chats.get(n, 0), n)):
-        up, down = votes.get(name, (0, 0))
+        mine = votes.get(name, {}).values()
+        rate = clustered_rate([v.pair for v in mine])
         result.append(
             VariantStats(
                 name=str(name),
                 chats=int(chats.get(name, 0)),
                 replies=int(replies.get(name, 0)),
-                votes_up=up,
-                votes_down=down,
-                up_rate=up / (up + down) if up + down else None,
+                votes_up=sum(v.up for v in mine),
+                votes_down=sum(v.down for v in mine),
+                up_rate=_none(rate.rate),
+                up_low=_none(rate.low),
+                up_high=_none(rate.high),
+                vote_chats=rate.chats,
             )
         )
     return tuple(result)
+
+
+def _none(value: float) -> float | None:
+    return None if math.isnan(value) else value
 
 
 async def stats(
@@ -275,9 +282,16 @@ def format_stats(stats: Stats) -> str:
 
 
 def format_variant_line(v: VariantStats) -> str:
-    """`variant beam: 120 chats, 3,400 replies, 👍 71% (n=200)`."""
-    rate = "n/a" if v.up_rate is None else f"{100 * v.up_rate:.0f}%"
+    """`variant beam: 120 chats, 3,400 replies, 👍 71% (200 votes in 40 chats; 95% CI 64-77%)`:
+    the rate and interval of `admin variants` (the chat as the unit)."""
+    votes = v.votes_up + v.votes_down
+    if v.up_rate is None:
+        return f"variant {v.name}: {v.chats:,} chats, {v.replies:,} replies, 👍 n/a (no votes)"
+    if v.up_low is None or v.up_high is None:
+        interval = "too few for a CI"
+    else:
+        interval = f"95% CI {100 * v.up_low:.0f}-{100 * v.up_high:.0f}%"
     return (
         f"variant {v.name}: {v.chats:,} chats, {v.replies:,} replies, "
-        f"👍 {rate} (n={v.votes_up + v.votes_down:,})"
+        f"👍 {100 * v.up_rate:.0f}% ({votes:,} votes in {v.vote_chats:,} chats; {interval})"
     )

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-import scipy.stats  # type: ignore[import-untyped]
 
 #: z for a two-sided 95% interval: the 0.975 quantile of the standard normal.
 Z95 = 1.959963984540054
@@ -29,17 +28,18 @@ Z95 = 1.959963984540054
 SRM_ALPHA = 0.01
 
 BANDIT_NOTE = (
-    "Bandit allocation: these figures are not a fixed-sample test, because the shares of new "
-    "chats followed the votes as they came in. The naive rates are biased where a variant's share "
-    "moved while users changed; the IPW rates weight each chat by 1 / the probability it was "
-    "assigned with to correct for that, but their intervals, the z-tests and the p-values "
-    "still assume a sample that was not chosen by looking at the data."
+    "Bandit allocation: the shares of new chats followed the votes as they came in. The plain "
+    "rates are biased where a variant's share moved while users changed; the IPW rates and the "
+    "IPW lift weight each chat by 1 / the probability it was assigned with to correct for that. "
+    "The fixed-horizon figures also assume a sample that was not chosen by looking at the data; "
+    "the always-valid ones allow that, but like the plain rates assume users did not change "
+    "while the shares moved."
 )
 
 FIXED_SAMPLE_NOTE = (
-    "The p-value assumes the sample size was fixed in advance and the test is read once. "
-    "Checking it repeatedly while data arrive and stopping at the first p < 0.05 ('peeking') "
-    "inflates the false-positive rate well above 5%."
+    "The fixed-horizon p-value and lift interval assume the sample size was fixed in advance "
+    "and are read once. Checking them repeatedly while data arrive and stopping at the first "
+    "p < 0.05 ('peeking') inflates the false-positive rate well above 5%."
 )
 
 ALWAYS_VALID_NOTE = (
@@ -73,6 +73,14 @@ DESIGN_ALPHA = 0.05
 BT_PRIOR = 1.0
 
 _FloatArray = npt.NDArray[np.float64]
+
+# scipy is imported where a function needs it (the t and chi-square tails), so that the /stats
+# line, which shows a chat-level 👍 interval, does not load it.
+
+
+def _two_sided(z: float) -> float:
+    """The two-sided standard normal tail P(|Z| >= |z|) = erfc(|z| / sqrt 2)."""
+    return min(1.0, math.erfc(abs(z) / math.sqrt(2.0)))
 
 
 # --- rates -----------------------------------------------------------------------------------
@@ -140,7 +148,7 @@ def two_proportion_test(x1: int, n1: int, x2: int, n2: int) -> ProportionTest:
         return ProportionTest(difference=p2 - p1, z=0.0, p_value=1.0)
     se = math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
     z = (p2 - p1) / se
-    p_value = float(2.0 * scipy.stats.norm.sf(abs(z)))
+    p_value = _two_sided(z)
     return ProportionTest(difference=p2 - p1, z=z, p_value=min(1.0, p_value))
 
 
@@ -308,7 +316,7 @@ def chat_lift_test(
         return LiftTest(lift, math.nan, math.nan, 0.0, 1.0, chats)
     se = math.sqrt(var)
     stat = lift / se
-    p_value = min(1.0, float(2.0 * scipy.stats.norm.sf(abs(stat))))
+    p_value = _two_sided(stat)
     low, high = max(-1.0, lift - z * se), min(1.0, lift + z * se)
     return LiftTest(lift, low, high, stat, p_value, chats)
 
@@ -415,6 +423,8 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> MeanInte
     if n < 2:
         return MeanInterval(mean=mean, low=math.nan, high=math.nan, n=n)
     se = float(data.std(ddof=1)) / math.sqrt(n)
+    import scipy.stats  # type: ignore[import-untyped]
+
     t = float(scipy.stats.t.ppf((1.0 + confidence) / 2.0, n - 1))
     return MeanInterval(mean=mean, low=mean - t * se, high=mean + t * se, n=n)
 
@@ -520,6 +530,8 @@ def sample_ratio_against(observed: Mapping[str, int], expected: Mapping[str, flo
     for name, count in zip(active, counts, strict=True):
         want = total * expected[name] / mass
         chi2 += (count - want) ** 2 / want
+    import scipy.stats
+
     p_value = float(scipy.stats.chi2.sf(chi2, dof))
     return SrmResult(chi2=chi2, dof=dof, p_value=p_value, warn=p_value < SRM_ALPHA)
 
@@ -529,29 +541,31 @@ class WeightedRate:
     """A 👍 rate from chats weighted by 1 / their assignment probability."""
 
     rate: float  # NaN without votes
-    low: float  # 95% normal interval from the linearised (sandwich) variance, within [0, 1]
+    low: float  # 95% chat-level interval within [0, 1] (see ipw_rate); NaN: too few chats
     high: float
     chats: int  # chats whose votes entered
     effective_chats: float  # (sum w)^2 / sum w^2: how many equally weighted chats it is worth
 
 
-def ipw_rate(chats: Sequence[tuple[int, int, float]], z: float = Z95) -> WeightedRate:
+def ipw_rate(
+    chats: Sequence[tuple[float, float, float]], z: float = Z95, min_chats: int = MIN_CHATS
+) -> WeightedRate:
     """The self-normalised inverse-propensity (Hajek) 👍 rate of (up, down, probability) per
     chat: sum(w * up) / sum(w * votes) with w = 1 / probability, the ratio of the
     Horvitz-Thompson totals of 👍 and of votes. With one probability for every chat it is
-    the plain rate. The variance is the ratio estimator's linearisation,
-    sum(w^2 (up - r * votes)^2) / (sum(w * votes))^2."""
-    used = [(up, down, 1.0 / p) for up, down, p in chats if up + down > 0 and p > 0]
+    the plain rate. The chat is the unit: the interval is `clustered_rate`'s (the ratio
+    estimator's linearised CR1 variance, sum(w^2 (up - r * votes)^2) / (sum(w * votes))^2 times
+    G / (G - 1), in a Wilson interval with the effective number of votes), NaN with fewer than
+    `min_chats` chats."""
+    used = [(up, down, p) for up, down, p in chats if up + down > 0 and p > 0]
     if not used:
         return WeightedRate(math.nan, math.nan, math.nan, 0, 0.0)
-    ups = sum(w * up for up, _, w in used)
-    votes = sum(w * (up + down) for up, down, w in used)
-    rate = ups / votes
-    var = sum(w * w * (up - rate * (up + down)) ** 2 for up, down, w in used) / votes**2
-    half = z * math.sqrt(var)
-    weights = [w for *_, w in used]
+    weights = [1.0 / p for *_, p in used]
+    rate = clustered_rate(
+        [(up, up + down) for up, down, _ in used], weights, z=z, min_chats=min_chats
+    )
     ess = sum(weights) ** 2 / sum(w * w for w in weights)
-    return WeightedRate(rate, max(0.0, rate - half), min(1.0, rate + half), len(used), ess)
+    return WeightedRate(rate.rate, rate.low, rate.high, len(used), ess)
 
 
 # --- Bradley-Terry ---------------------------------------------------------------------------

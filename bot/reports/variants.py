@@ -2,7 +2,11 @@
 each non-control variant against the control, and the sample-ratio-mismatch check.
 
 Read-only: a handful of aggregate queries (and the latency columns of the bot replies, for
-the percentiles), then pure arithmetic from bot.reports.variant_stats.
+the percentiles), then pure arithmetic from bot.reports.variant_stats. The chat is the unit of
+every 👍-rate figure: all votes are read through `chat_vote_table` (one (up, votes) pair per
+chat and variant, with the per-user cap), and the intervals and tests are chat-level
+(cluster-robust, and always-valid beside the fixed-horizon ones); docs/variants.md says what
+each figure means for an operator.
 """
 
 from __future__ import annotations
@@ -22,23 +26,29 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from bot.db.models import ArenaMatch, Assignment, AssignmentSource, Message, Rating, Role, Vote
 from bot.engine.variants import Experiment
 from bot.reports.variant_stats import (
+    ALWAYS_VALID_NOTE,
     BANDIT_NOTE,
     FIXED_SAMPLE_NOTE,
+    MIN_CHATS,
     SRM_ALPHA,
     USER_VOTE_CAP,
     SrmResult,
+    always_valid_lift,
     bradley_terry_bootstrap,
+    chat_lift_test,
+    clustered_rate,
     ipw_rate,
     latency_percentiles,
-    mean_interval,
+    rating_interval,
     sample_ratio_against,
     sample_ratio_mismatch,
-    two_proportion_test,
-    wilson_interval,
 )
 
 NAN = math.nan
 NOTE_WIDTH = 96
+#: The report's note: which figures may be read at any time, and which only once.
+REPORT_NOTE = f"{ALWAYS_VALID_NOTE} {FIXED_SAMPLE_NOTE}"
+TOO_FEW = "n/a (too few)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,14 +62,20 @@ class VariantFigures:
     chats: int  # assigned chats, from any source
     chats_hash: int  # of those, assigned by the weighted hash (what the SRM check counts)
     turns: int  # bot replies it produced
-    votes_up: int
+    votes_up: int  # as cast
     votes_down: int
-    up_rate: float  # votes_up / (votes_up + votes_down)
-    up_low: float  # 95% Wilson interval of up_rate ((0, 1) with no votes)
+    # The 👍 share of its votes after the per-user cap (USER_VOTE_CAP): sum of the chats'
+    # capped 👍 over their capped votes; votes_up / votes when no user has more than the cap.
+    up_rate: float
+    # 95% chat-level interval of up_rate (cluster-robust, see variant_stats.clustered_rate);
+    # NaN with fewer than MIN_CHATS chats with votes ("n/a (too few)")
+    up_low: float
     up_high: float
     ratings: int
     rating_mean: float
-    rating_low: float  # 95% Student-t interval of the mean (NaN below two ratings)
+    # 95% interval of the mean rating that stays within 1..5, chats as the unit
+    # (variant_stats.rating_interval); NaN with fewer than MIN_CHATS rated chats
+    rating_low: float
     rating_high: float
     latency_p50_ms: float  # messages.latency_ms of its replies
     latency_p95_ms: float
@@ -75,6 +91,10 @@ class VariantFigures:
     # What the sample-ratio check expects: the sum of the recorded allocation probabilities
     # (and, for older rows without one, the weights' share).
     expected_chats: float = NAN
+    vote_chats: int = 0  # chats that voted on its replies (the unit of the 👍 figures)
+    votes_counted: float = 0.0  # its votes after the per-user cap
+    # How many independent votes the chat-level interval is worth (<= votes_counted)
+    up_effective_votes: float = NAN
 
     @property
     def votes(self) -> int:
@@ -84,14 +104,33 @@ class VariantFigures:
 
 @dataclass(frozen=True, slots=True)
 class Comparison:
-    """A non-control variant against the control: differences are variant minus control."""
+    """A non-control variant against the control: differences are variant minus control, all
+    with the chat as the unit (bot/reports/variant_stats.py)."""
 
     variant: str
     control: str
-    up_rate_diff: float  # NaN when either has no votes
-    z: float
-    p_value: float  # two-sided two-proportion z-test; see FIXED_SAMPLE_NOTE
+    up_rate_diff: float  # the same as `lift` (the older name); NaN when either has no votes
+    z: float  # lift / its chat-level standard error (0 when nothing is known)
+    p_value: float  # fixed-horizon chat-level test (read once; see FIXED_SAMPLE_NOTE)
     rating_diff: float  # NaN when either has no ratings
+    # The 👍-rate lift with its fixed-horizon chat-level (cluster-robust) 95% interval, NaN
+    # with fewer than MIN_CHATS chats with votes on either side.
+    lift: float = NAN
+    lift_low: float = NAN
+    lift_high: float = NAN
+    # The always-valid 95% bounds and p-value (variant_stats.always_valid_lift): may be read
+    # at any time. (-1, 1, 1.0) when nothing is known yet.
+    always_valid_low: float = -1.0
+    always_valid_high: float = 1.0
+    always_valid_p: float = 1.0
+    control_chats: int = 0  # chats with votes on each side
+    variant_chats: int = 0
+    # The lift of the inverse-propensity rates (hash-assigned chats with a recorded
+    # probability), fixed-horizon chat-level: what to read when a bandit moved the shares.
+    ipw_lift: float = NAN
+    ipw_lift_low: float = NAN
+    ipw_lift_high: float = NAN
+    ipw_p_value: float = NAN
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +155,7 @@ class VariantReport:
     variants: tuple[VariantFigures, ...]  # the file's order, then ones only the database has
     comparisons: tuple[Comparison, ...]
     srm: SrmResult  # hash-assigned chats against their recorded probabilities (or the weights)
-    note: str = FIXED_SAMPLE_NOTE
+    note: str = REPORT_NOTE
     allocation: str = "weights"  # the experiment's allocation now
     # Whether any assignment recorded its allocation (the SRM line says against what).
     recorded: bool = False
@@ -214,8 +253,6 @@ async def variant_report(
 ) -> VariantReport:
     """Read assignments, replies, votes and ratings per variant and compare them."""
     is_hash = case((Assignment.source == AssignmentSource.HASH, 1), else_=0)
-    is_up = case((Vote.value == 1, 1), else_=0)
-    is_down = case((Vote.value == -1, 1), else_=0)
     replies = (Message.role == Role.BOT, Message.variant.is_not(None))
     async with sessionmaker() as db:
         assigned = await _grouped(
@@ -230,12 +267,7 @@ async def variant_report(
             .where(*replies)
             .group_by(Message.variant),
         )
-        votes = await _grouped(
-            db,
-            select(Vote.variant, func.sum(is_up), func.sum(is_down))
-            .where(Vote.variant.is_not(None))
-            .group_by(Vote.variant),
-        )
+        votes = await chat_vote_table(db)
         latency: dict[str, list[float]] = {}
         model: dict[str, list[float]] = {}
         timed = select(Message.variant, Message.latency_ms, Message.model_ms).where(
@@ -246,12 +278,12 @@ async def variant_report(
                 latency.setdefault(str(name), []).append(float(latency_ms))
             if model_ms is not None:
                 model.setdefault(str(name), []).append(float(model_ms))
-        ratings: dict[str, list[float]] = {}
-        for name, value in await db.execute(
-            select(Rating.variant, Rating.value).where(Rating.variant.is_not(None))
+        ratings: dict[str, dict[int, list[float]]] = {}
+        for name, chat, value in await db.execute(
+            select(Rating.variant, Rating.chat_id, Rating.value).where(Rating.variant.is_not(None))
         ):
-            ratings.setdefault(str(name), []).append(float(value))
-        weighted = await _weighted(db)
+            ratings.setdefault(str(name), {}).setdefault(int(chat), []).append(float(value))
+        weighted = await _weighted(db, votes)
 
     served = experiment.names
     extra = sorted((set(assigned) | set(turns) | set(votes) | set(ratings)) - set(served))
@@ -261,9 +293,11 @@ async def variant_report(
         variant = experiment.get(name)
         chats, chats_hash = assigned.get(name, (0, 0))
         n_turns, chars = turns.get(name, (0, None))
-        up, down = (int(x or 0) for x in votes.get(name, (0, 0)))
-        up_low, up_high = wilson_interval(up, up + down)
-        rating = mean_interval(ratings.get(name, []))
+        mine = votes.get(name, {})
+        up = sum(v.up for v in mine.values())
+        down = sum(v.down for v in mine.values())
+        rate = clustered_rate([v.pair for v in mine.values()])
+        rating = rating_interval(list(ratings.get(name, {}).values()))
         p50, p95 = latency_percentiles(latency.get(name, []))
         model_p50, _ = latency_percentiles(model.get(name, []))
         figures.append(
@@ -277,9 +311,9 @@ async def variant_report(
                 turns=int(n_turns or 0),
                 votes_up=up,
                 votes_down=down,
-                up_rate=up / (up + down) if up + down else NAN,
-                up_low=up_low,
-                up_high=up_high,
+                up_rate=rate.rate,
+                up_low=rate.low,
+                up_high=rate.high,
                 ratings=rating.n,
                 rating_mean=rating.mean,
                 rating_low=rating.low,
@@ -288,24 +322,13 @@ async def variant_report(
                 latency_p95_ms=p95,
                 model_p50_ms=model_p50,
                 reply_chars=NAN if chars is None else float(chars),
+                vote_chats=rate.chats,
+                votes_counted=rate.votes,
+                up_effective_votes=rate.effective_votes,
             )
         )
     base = next(f for f in figures if f.control)
-    comparisons = []
-    for f in figures:
-        if f.control:
-            continue
-        test = two_proportion_test(base.votes_up, base.votes, f.votes_up, f.votes)
-        comparisons.append(
-            Comparison(
-                variant=f.name,
-                control=control,
-                up_rate_diff=test.difference,
-                z=test.z,
-                p_value=test.p_value,
-                rating_diff=f.rating_mean - base.rating_mean,
-            )
-        )
+    comparisons = [_compare(base, f, votes, weighted.chats) for f in figures if not f.control]
     weights = {f.name: f.weight for f in figures}
     observed = {f.name: f.chats_hash for f in figures}
     if weighted.recorded:
@@ -324,7 +347,7 @@ async def variant_report(
         }
         srm = sample_ratio_mismatch(observed, weights)
     figures = [
-        _with_weighted(f, weighted.chats.get(f.name, []), expected.get(f.name, NAN))
+        _with_weighted(f, weighted.chats.get(f.name, {}), expected.get(f.name, NAN))
         for f in figures
     ]
     bandit = weighted.bandit or experiment.allocation == "thompson"
@@ -336,7 +359,7 @@ async def variant_report(
         tuple(figures),
         tuple(comparisons),
         srm,
-        note=f"{BANDIT_NOTE} {FIXED_SAMPLE_NOTE}" if bandit else FIXED_SAMPLE_NOTE,
+        note=f"{BANDIT_NOTE} {REPORT_NOTE}" if bandit else REPORT_NOTE,
         arena=arena,
         allocation=experiment.allocation,
         recorded=weighted.recorded,
@@ -344,32 +367,66 @@ async def variant_report(
     )
 
 
+def _compare(
+    base: VariantFigures,
+    f: VariantFigures,
+    votes: dict[str, dict[int, ChatVotes]],
+    weighted: dict[str, dict[int, tuple[ChatVotes, float]]],
+) -> Comparison:
+    """`f` against the control `base`: the fixed-horizon and the always-valid chat-level lift,
+    and the lift of the inverse-propensity rates."""
+    control = [v.pair for v in votes.get(base.name, {}).values()]
+    variant = [v.pair for v in votes.get(f.name, {}).values()]
+    test = chat_lift_test(control, variant)
+    seq = always_valid_lift(control, variant)
+    c_ipw = list(weighted.get(base.name, {}).values())
+    v_ipw = list(weighted.get(f.name, {}).values())
+    ipw = chat_lift_test(
+        [v.pair for v, _ in c_ipw],
+        [v.pair for v, _ in v_ipw],
+        control_weights=[1.0 / p for _, p in c_ipw],
+        variant_weights=[1.0 / p for _, p in v_ipw],
+    )
+    return Comparison(
+        variant=f.name,
+        control=base.name,
+        up_rate_diff=test.lift,
+        z=test.z,
+        p_value=test.p_value,
+        rating_diff=f.rating_mean - base.rating_mean,
+        lift=test.lift,
+        lift_low=test.low,
+        lift_high=test.high,
+        always_valid_low=seq.low,
+        always_valid_high=seq.high,
+        always_valid_p=seq.p_value,
+        control_chats=test.chats[0],
+        variant_chats=test.chats[1],
+        ipw_lift=ipw.lift,
+        ipw_lift_low=ipw.low,
+        ipw_lift_high=ipw.high,
+        ipw_p_value=ipw.p_value if c_ipw and v_ipw else NAN,
+    )
+
+
 @dataclass
 class _Weighted:
-    chats: dict[str, list[tuple[int, int, float]]]  # variant -> (up, down, probability)
+    # variant -> chat -> (its votes, the probability it was assigned with)
+    chats: dict[str, dict[int, tuple[ChatVotes, float]]]
     expected: dict[str, float]  # variant -> sum of the recorded probabilities
     unrecorded: int  # hash-assigned chats without a recorded split
     recorded: bool
     bandit: bool  # some split was not fixed shares (a Thompson draw)
 
 
-async def _weighted(db: AsyncSession) -> _Weighted:
+async def _weighted(db: AsyncSession, votes: dict[str, dict[int, ChatVotes]]) -> _Weighted:
     """Per variant, its hash-assigned chats' votes on its replies with the probability each
     chat was assigned with; and the sample-ratio check's expected counts."""
-    is_up = case((Vote.value == 1, 1), else_=0)
-    is_down = case((Vote.value == -1, 1), else_=0)
-    votes = {
-        (int(chat), str(variant)): (int(up or 0), int(down or 0))
-        for chat, variant, up, down in await db.execute(
-            select(Vote.chat_id, Vote.variant, func.sum(is_up), func.sum(is_down))
-            .where(Vote.variant.is_not(None))
-            .group_by(Vote.chat_id, Vote.variant)
-        )
-    }
     out = _Weighted({}, {}, 0, False, False)
     hashed = select(
         Assignment.chat_id, Assignment.variant, Assignment.probability, Assignment.allocation
     ).where(Assignment.source == AssignmentSource.HASH)
+    none = ChatVotes(0, 0, 0.0, 0.0)
     for chat, variant, probability, allocation in await db.execute(hashed):
         if allocation is None:
             out.unrecorded += 1
@@ -380,15 +437,15 @@ async def _weighted(db: AsyncSession) -> _Weighted:
                 out.expected[str(name)] = out.expected.get(str(name), 0.0) + float(share)
             out.bandit = out.bandit or recorded.get("by") == "thompson"
         if probability is not None:
-            up, down = votes.get((int(chat), str(variant)), (0, 0))
-            out.chats.setdefault(str(variant), []).append((up, down, float(probability)))
+            mine = votes.get(str(variant), {}).get(int(chat), none)
+            out.chats.setdefault(str(variant), {})[int(chat)] = (mine, float(probability))
     return out
 
 
 def _with_weighted(
-    f: VariantFigures, chats: list[tuple[int, int, float]], expected: float
+    f: VariantFigures, chats: dict[int, tuple[ChatVotes, float]], expected: float
 ) -> VariantFigures:
-    rate = ipw_rate(chats)
+    rate = ipw_rate([(v.capped_up, v.capped_votes - v.capped_up, p) for v, p in chats.values()])
     return replace(
         f,
         ipw_up_rate=rate.rate,
@@ -431,10 +488,30 @@ def _num(value: float, spec: str, suffix: str = "") -> str:
     return "n/a" if math.isnan(value) else f"{value:{spec}}{suffix}"
 
 
-def _interval(low: float, high: float, spec: str, suffix: str = "") -> str:
+def _interval(low: float, high: float, spec: str, suffix: str = "", *, known: bool = False) -> str:
+    """`low..high`; without bounds "n/a", or "n/a (too few)" when there is data (`known`)
+    but too little for an interval."""
     if math.isnan(low) or math.isnan(high):
-        return "n/a"
+        return TOO_FEW if known else "n/a"
     return f"{low:{spec}}..{high:{spec}}{suffix}"
+
+
+def _pp(low: float, high: float) -> str:
+    """A lift interval in percentage points: `-1.2..+3.4 pp`."""
+    if math.isnan(low) or math.isnan(high):
+        return TOO_FEW
+    return f"{100 * low:+.1f}..{100 * high:+.1f} pp"
+
+
+def verdict(c: Comparison) -> str:
+    """What the always-valid bound says now, in words (it may be read at any time)."""
+    if c.always_valid_low > 0:
+        return f"{c.variant} is better (the bound is above 0)"
+    if c.always_valid_high < 0:
+        return f"{c.variant} is worse (the bound is below 0)"
+    if min(c.control_chats, c.variant_chats) < MIN_CHATS:
+        return f"no decision (fewer than {MIN_CHATS} chats with votes on a side)"
+    return "no decision yet (the bound contains 0)"
 
 
 def _pct(value: float) -> str:
@@ -497,10 +574,10 @@ def format_variant_report(report: VariantReport) -> str:
             f"{f.votes_up:,}",
             f"{f.votes_down:,}",
             _pct(f.up_rate),
-            _interval(100 * f.up_low, 100 * f.up_high, ".1f", "%") if f.votes else "n/a",
+            _interval(100 * f.up_low, 100 * f.up_high, ".1f", "%", known=f.votes > 0),
             f"{f.ratings:,}",
             _num(f.rating_mean, ".2f"),
-            _interval(f.rating_low, f.rating_high, ".2f"),
+            _interval(f.rating_low, f.rating_high, ".2f", known=f.ratings > 0),
             _num(f.latency_p50_ms, ".0f"),
             _num(f.latency_p95_ms, ".0f"),
             _num(f.model_p50_ms, ".0f"),
@@ -518,34 +595,53 @@ def format_variant_report(report: VariantReport) -> str:
     base = by_name[report.control]
     for c in report.comparisons:
         f = by_name[c.variant]
-        if math.isnan(c.up_rate_diff):
-            vote_part = f"up rate n/a (votes: {f.votes} vs {base.votes})"
-        else:
-            vote_part = (
-                f"up rate {100 * c.up_rate_diff:+.1f} pp ({_pct(f.up_rate)} vs "
-                f"{_pct(base.up_rate)}), z = {c.z:.2f}, {_p(c.p_value)}"
-            )
         rating_part = (
             "mean rating n/a"
             if math.isnan(c.rating_diff)
             else f"mean rating {c.rating_diff:+.2f} ({f.rating_mean:.2f} vs {base.rating_mean:.2f})"
         )
-        lines.append(f"{c.variant} vs {c.control}: {vote_part}; {rating_part}")
+        if math.isnan(c.lift):
+            lines.append(
+                f"{c.variant} vs {c.control}: up rate n/a (votes: {f.votes} vs {base.votes}); "
+                f"{rating_part}"
+            )
+            continue
+        lines.append(
+            f"{c.variant} vs {c.control}: up rate {100 * c.lift:+.1f} pp ({_pct(f.up_rate)} vs "
+            f"{_pct(base.up_rate)}), chats with votes {c.variant_chats} vs {c.control_chats}; "
+            f"{rating_part}"
+        )
+        if min(c.control_chats, c.variant_chats) < MIN_CHATS:
+            lines.append(f"  always valid and fixed horizon: {TOO_FEW}: {verdict(c)}")
+            continue
+        lines += [
+            f"  always valid (read any time): {_pp(c.always_valid_low, c.always_valid_high)}, "
+            f"{_p(c.always_valid_p)}: {verdict(c)}",
+            f"  fixed horizon (read once): 95% CI {_pp(c.lift_low, c.lift_high)}, "
+            f"z = {c.z:.2f}, {_p(c.p_value)}",
+        ]
     if report.recorded:
         lines.append(
             "inverse-propensity 👍 rates (each chat's votes weighted by 1 / the probability it "
-            "was assigned with; naive rate in brackets):"
+            "was assigned with; plain rate in brackets):"
         )
         for f in report.variants:
             if f.ipw_chats:
                 lines.append(
                     f"  {f.name}: {_pct(f.ipw_up_rate)} "
-                    f"[{_interval(100 * f.ipw_low, 100 * f.ipw_high, '.1f', '%')}] "
+                    f"[{_interval(100 * f.ipw_low, 100 * f.ipw_high, '.1f', '%', known=True)}] "
                     f"({_pct(f.up_rate)}), {f.ipw_chats} chats "
                     f"(worth {f.ipw_effective_chats:.1f} equally weighted)"
                 )
             else:
                 lines.append(f"  {f.name}: n/a (no votes from chats with a recorded probability)")
+        for c in report.comparisons:
+            if not math.isnan(c.ipw_lift):
+                lines.append(
+                    f"  {c.variant} vs {c.control} (IPW, fixed horizon): "
+                    f"{100 * c.ipw_lift:+.1f} pp, 95% CI {_pp(c.ipw_lift_low, c.ipw_lift_high)}, "
+                    f"{_p(c.ipw_p_value)}"
+                )
     srm = report.srm
     against = "their recorded allocation probabilities" if report.recorded else "the weights"
     if srm.dof:
@@ -609,9 +705,10 @@ def report_json(report: VariantReport) -> dict[str, Any]:
 
 
 def plot_variants(report: VariantReport, path: str | Path) -> None:
-    """A PNG: each variant's 👍 rate with its 95% Wilson interval; the control stands out.
+    """A PNG: each variant's 👍 rate with its 95% chat-level interval; the control stands out.
 
-    Variants without votes show only their (0-100%) interval. Needs matplotlib.
+    Variants without votes show only a (0-100%) bar, those with too few chats for an interval
+    only their rate. Needs matplotlib.
     """
     try:
         import matplotlib
@@ -629,17 +726,21 @@ def plot_variants(report: VariantReport, path: str | Path) -> None:
         for x, f in enumerate(report.variants):
             colour = "tab:red" if f.control else ("tab:blue" if f.served else "tab:gray")
             if f.votes:
+                few = math.isnan(f.up_low) or math.isnan(f.up_high)
                 ax.errorbar(
                     [x],
                     [100 * f.up_rate],
-                    yerr=[[100 * (f.up_rate - f.up_low)], [100 * (f.up_high - f.up_rate)]],
+                    yerr=None
+                    if few
+                    else [[100 * (f.up_rate - f.up_low)], [100 * (f.up_high - f.up_rate)]],
                     fmt="D" if f.control else "o",
                     color=colour,
                     capsize=6,
                     markersize=8,
                 )
                 ax.annotate(
-                    f"{100 * f.up_rate:.0f}% (n={f.votes})",
+                    f"{100 * f.up_rate:.0f}% ({f.vote_chats} chats"
+                    + (", too few for an interval)" if few else ")"),
                     (x, 100 * f.up_rate),
                     textcoords="offset points",
                     xytext=(10, 0),
@@ -655,7 +756,7 @@ def plot_variants(report: VariantReport, path: str | Path) -> None:
         ax.set_xlim(-0.6, len(names) - 0.4)
         ax.set_ylim(0, 105)
         ax.set_yticks(range(0, 101, 20))
-        ax.set_ylabel("thumbs-up rate, % (95% Wilson interval)")
+        ax.set_ylabel("thumbs-up rate, % (95% chat-level interval)")
         ax.set_title(f"experiment {report.experiment}")
         ax.grid(axis="y", alpha=0.3)
         fig.tight_layout()

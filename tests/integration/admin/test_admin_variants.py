@@ -34,8 +34,9 @@ from bot.db.models import Assignment, Message, Rating, Session, Vote
 from bot.engine.variants import Experiment, Variant
 from bot.reports import stats as service_stats
 from bot.reports.admin import AdminError
-from bot.reports.variant_stats import FIXED_SAMPLE_NOTE
+from bot.reports.variant_stats import ALWAYS_VALID_NOTE, FIXED_SAMPLE_NOTE
 from bot.reports.variants import (
+    REPORT_NOTE,
     format_variant_report,
     plot_variants,
     report_json,
@@ -215,24 +216,11 @@ async def run(db_url: str, *argv: str, experiment: Experiment = EXPERIMENT) -> t
 
 # --- the hand-computed figures -----------------------------------------------------------------
 
-Z2 = 1.959963984540054**2  # 3.841458820694124
-# Wilson: centre (x + z²/2) / (n + z²), half-width z·sqrt(x(n-x)/n + z²/4) / (n + z²).
-# 6 of 8: (7.920729410347062 ∓ 1.959963984540054·sqrt(1.5 + 0.960364705173531)) / 11.8414588207
-WILSON_6_OF_8 = (0.40927543031016883, 0.9285207872478909)
-# 2 of 8 is the mirror image: 1 - 0.9285207872478909, 1 - 0.40927543031016883
-WILSON_2_OF_8 = (0.071479212752109, 0.5907245696898311)
-# 1 of 1: centre (1 + z²/2)/(1 + z²), half (z²/2)/(1 + z²): low 1/(1 + z²), high 1
-WILSON_1_OF_1 = (1 / (1 + 3.841458820694124), 1.0)
-# Ratings 4, 5, 3: mean 4, s = sqrt((0 + 1 + 1)/2) = 1, t(0.975, 2) = 4.302652729749464,
-# half-width 4.302652729749464/sqrt(3) = 2.4841377117503313
-BEAM_RATING = (4.0, 1.5158622882496688, 6.484137711750331)
-# Ratings 2, 4: mean 3, s = sqrt((1 + 1)/1) = sqrt(2), se = sqrt(2)/sqrt(2) = 1,
-# t(0.975, 1) = 12.706204736174707
-NUCLEUS_RATING = (3.0, 3.0 - 12.706204736174707, 3.0 + 12.706204736174707)
-# Two proportions 6/8 (beam) and 2/8 (nucleus): pooled 8/16 = 0.5,
-# se = sqrt(0.5·0.5·(1/8 + 1/8)) = 0.25, z = (0.25 - 0.75)/0.25 = -2,
-# p = 2·(1 - Φ(2)) = erfc(2/sqrt(2)) = erfc(sqrt(2))
-P_NUCLEUS_VS_BEAM = 0.045500263896358396
+# Every variant's votes (and ratings) come from one chat: the chat is the unit, and one chat
+# is fewer than MIN_CHATS (5), so there is no interval and no evidence (p 1.0) however many
+# votes it cast. (The vote-level z-test used to call 6/8 against 2/8 significant, p = 0.046,
+# from two chats.) tests/integration/reports/test_report_chat_level.py has a seed with enough
+# chats for intervals, worked out by hand.
 # SRM over hash-assigned chats: beam 30, nucleus 10 (chat 41 was an admin's move; "old" has
 # weight 0): expected 20 and 20, chi² = 10²/20 + 10²/20 = 10, 1 degree of freedom,
 # p = P(χ²₁ > 10) = erfc(sqrt(10/2))
@@ -255,10 +243,11 @@ async def test_report_figures_match_the_hand_computed_values(
     assert (beam.weight, beam.control, beam.served) == (1.0, True, True)
     assert (beam.chats, beam.chats_hash, beam.turns) == (30, 30, 8)
     assert (beam.votes_up, beam.votes_down, beam.up_rate) == (6, 2, 0.75)  # 6/8
-    assert close(beam.up_low, WILSON_6_OF_8[0]) and close(beam.up_high, WILSON_6_OF_8[1])
+    assert (beam.vote_chats, beam.votes_counted) == (1, 8.0)  # user 1's 8 votes: under the cap
+    assert math.isnan(beam.up_low) and math.isnan(beam.up_high)  # one chat: too few
     assert beam.ratings == 3
-    assert close(beam.rating_mean, BEAM_RATING[0])
-    assert close(beam.rating_low, BEAM_RATING[1]) and close(beam.rating_high, BEAM_RATING[2])
+    assert close(beam.rating_mean, 4.0)  # (4 + 5 + 3) / 3
+    assert math.isnan(beam.rating_low) and math.isnan(beam.rating_high)  # one rated chat
     # 100..800: p50 halfway between 400 and 500; p95 at rank 0.95·7 = 6.65: 700 + 0.65·100
     assert close(beam.latency_p50_ms, 450.0) and close(beam.latency_p95_ms, 765.0)
     assert close(beam.model_p50_ms, 225.0)  # half of 450
@@ -267,10 +256,10 @@ async def test_report_figures_match_the_hand_computed_values(
     assert (nucleus.weight, nucleus.control, nucleus.served) == (1.0, False, True)
     assert (nucleus.chats, nucleus.chats_hash, nucleus.turns) == (11, 10, 9)
     assert (nucleus.votes_up, nucleus.votes_down, nucleus.up_rate) == (2, 6, 0.25)  # 2/8
-    assert close(nucleus.up_low, WILSON_2_OF_8[0]) and close(nucleus.up_high, WILSON_2_OF_8[1])
+    assert math.isnan(nucleus.up_low) and math.isnan(nucleus.up_high)
     assert nucleus.ratings == 2 and close(nucleus.rating_mean, 3.0)
-    assert close(nucleus.rating_low, NUCLEUS_RATING[1])
-    assert close(nucleus.rating_high, NUCLEUS_RATING[2])
+    # the old t-interval gave 3 -+ 12.7 on a 1..5 scale from two ratings
+    assert math.isnan(nucleus.rating_low) and math.isnan(nucleus.rating_high)
     # the reply without timings is left out: 1000..8000 gives 4500 and 7000 + 0.65·1000
     assert close(nucleus.latency_p50_ms, 4500.0) and close(nucleus.latency_p95_ms, 7650.0)
     assert close(nucleus.model_p50_ms, 2250.0)
@@ -278,7 +267,7 @@ async def test_report_figures_match_the_hand_computed_values(
 
     assert (old.weight, old.control, old.served) == (0.0, False, False)
     assert (old.chats, old.turns, old.votes_up, old.votes_down, old.up_rate) == (2, 2, 1, 0, 1.0)
-    assert close(old.up_low, WILSON_1_OF_1[0]) and old.up_high == 1.0
+    assert math.isnan(old.up_low) and math.isnan(old.up_high)
     assert old.ratings == 0 and math.isnan(old.rating_mean)
     # 50 and 70: p50 60, p95 50 + 0.95·20 = 69; model 20 and 30: p50 25; lengths 3 and 5
     assert close(old.latency_p50_ms, 60.0) and close(old.latency_p95_ms, 69.0)
@@ -287,15 +276,18 @@ async def test_report_figures_match_the_hand_computed_values(
     vs_nucleus, vs_old = report.comparisons
     assert (vs_nucleus.variant, vs_nucleus.control) == ("nucleus", "beam")
     assert close(vs_nucleus.up_rate_diff, -0.5)  # 0.25 - 0.75
-    assert close(vs_nucleus.z, -2.0)
-    assert close(vs_nucleus.p_value, P_NUCLEUS_VS_BEAM)
+    assert close(vs_nucleus.lift, -0.5) and math.isnan(vs_nucleus.lift_low)
+    assert (vs_nucleus.z, vs_nucleus.p_value) == (0.0, 1.0)  # one chat a side: nothing known
+    assert (vs_nucleus.always_valid_low, vs_nucleus.always_valid_high) == (-1.0, 1.0)
+    assert vs_nucleus.always_valid_p == 1.0
+    assert (vs_nucleus.control_chats, vs_nucleus.variant_chats) == (1, 1)
     assert close(vs_nucleus.rating_diff, -1.0)  # 3 - 4
     assert vs_old.variant == "old" and close(vs_old.up_rate_diff, 0.25)  # 1/1 - 6/8
     assert math.isnan(vs_old.rating_diff)  # "old" has no ratings
 
     assert (report.srm.dof, report.srm.warn) == (1, True)
     assert close(report.srm.chi2, 10.0) and close(report.srm.p_value, SRM_P)
-    assert report.note == FIXED_SAMPLE_NOTE
+    assert report.note == REPORT_NOTE
 
 
 async def test_report_text_shows_the_table_comparisons_srm_and_note(
@@ -309,7 +301,7 @@ async def test_report_text_shows_the_table_comparisons_srm_and_note(
     rows = lines[header + 2 : header + 5]
     # fixed width: every row of the table is as wide as its rule
     assert all(len(r) <= len(lines[header + 1]) for r in rows)
-    assert rows[0].split()[:9] == [
+    assert rows[0].split()[:11] == [
         "beam",
         "(control)",
         "1",
@@ -318,10 +310,12 @@ async def test_report_text_shows_the_table_comparisons_srm_and_note(
         "6",
         "2",
         "75.0%",
-        "40.9..92.9%",
+        "n/a",
+        "(too",
+        "few)",
     ]
-    assert rows[0].split()[9:] == ["3", "4.00", "1.52..6.48", "450", "765", "225", "4.5"]
-    assert rows[1].split()[:9] == [
+    assert rows[0].split()[11:] == ["3", "4.00", "n/a", "(too", "few)", "450", "765", "225", "4.5"]
+    assert rows[1].split()[:10] == [
         "nucleus",
         "1",
         "11",
@@ -329,21 +323,27 @@ async def test_report_text_shows_the_table_comparisons_srm_and_note(
         "2",
         "6",
         "25.0%",
-        "7.1..59.1%",
-        "2",
+        "n/a",
+        "(too",
+        "few)",
     ]
     assert rows[2].split()[:4] == ["old", "(not", "served)", "0"]
     assert rows[2].split()[-7:-3] == ["0", "n/a", "n/a", "60"]  # no ratings: n/a
-    assert (
-        "nucleus vs beam: up rate -50.0 pp (25.0% vs 75.0%), z = -2.00, p = 0.046; "
+    at = lines.index(
+        "nucleus vs beam: up rate -50.0 pp (25.0% vs 75.0%), chats with votes 1 vs 1; "
         "mean rating -1.00 (3.00 vs 4.00)"
-    ) in lines
+    )
+    assert lines[at + 1] == (
+        "  always valid and fixed horizon: n/a (too few): "
+        "no decision (fewer than 5 chats with votes on a side)"
+    )
     assert any(line.startswith("old vs beam: up rate +25.0 pp") for line in lines)
     srm = next(i for i, line in enumerate(lines) if line.startswith("sample ratio"))
     assert lines[srm].endswith("chi2 = 10.00, df 1, p = 0.002")
     assert lines[srm + 1].startswith("  WARNING: sample ratio mismatch (p < 0.01)")
     note = "\n".join(lines[lines.index("", srm) + 1 :])
-    assert note.startswith("Note: ") and " ".join(note.split()) == f"Note: {FIXED_SAMPLE_NOTE}"
+    assert note.startswith("Note: ") and " ".join(note.split()) == f"Note: {REPORT_NOTE}"
+    assert f"{ALWAYS_VALID_NOTE} {FIXED_SAMPLE_NOTE}" == REPORT_NOTE
 
 
 async def test_report_on_an_empty_database_has_no_numbers_to_show(
@@ -379,14 +379,17 @@ async def test_admin_variants_json_and_plot(
     assert list(by_name) == ["beam", "nucleus", "old"]
     assert (by_name["beam"]["votes_up"], by_name["beam"]["votes"]) == (6, 8)
     assert by_name["beam"]["up_rate"] == 0.75
-    assert close(by_name["nucleus"]["up_low"], WILSON_2_OF_8[0])
+    assert by_name["nucleus"]["up_low"] is None  # one chat: no interval (NaN, written as null)
+    assert by_name["nucleus"]["vote_chats"] == 1
     assert by_name["old"]["served"] is False and by_name["old"]["weight"] == 0.0
     assert by_name["old"]["rating_mean"] is None  # no ratings: NaN, written as null
     (vs_nucleus, vs_old) = data["comparisons"]
-    assert vs_nucleus["variant"] == "nucleus" and close(vs_nucleus["p_value"], P_NUCLEUS_VS_BEAM)
+    assert vs_nucleus["variant"] == "nucleus" and vs_nucleus["p_value"] == 1.0
+    assert (vs_nucleus["always_valid_low"], vs_nucleus["always_valid_high"]) == (-1.0, 1.0)
+    assert vs_nucleus["lift_low"] is None and close(vs_nucleus["lift"], -0.5)
     assert vs_old["rating_diff"] is None
     assert close(data["srm"]["chi2"], 10.0) and data["srm"]["warn"] is True
-    assert data["note"] == FIXED_SAMPLE_NOTE
+    assert data["note"] == REPORT_NOTE
 
     png = plot.read_bytes()
     assert png.startswith(PNG_SIGNATURE) and len(png) > 1000
@@ -551,10 +554,10 @@ async def test_stats_show_one_line_per_variant_once_chats_are_assigned(
         ("old", 2, 2, 1, 0),
     ]  # most chats first
     text = service_stats.format_stats(got).splitlines()
-    assert text[-3:] == [
-        "variant beam: 30 chats, 8 replies, 👍 75% (n=8)",  # 6/8
-        "variant nucleus: 11 chats, 9 replies, 👍 25% (n=8)",  # 2/8
-        "variant old: 2 chats, 2 replies, 👍 100% (n=1)",
+    assert text[-3:] == [  # the figures of admin variants: one chat each, too few for intervals
+        "variant beam: 30 chats, 8 replies, 👍 75% (8 votes in 1 chats; too few for a CI)",
+        "variant nucleus: 11 chats, 9 replies, 👍 25% (8 votes in 1 chats; too few for a CI)",
+        "variant old: 2 chats, 2 replies, 👍 100% (1 votes in 1 chats; too few for a CI)",
     ]
 
     status, out = await run(db_url, "stats", "--json")
@@ -568,6 +571,9 @@ async def test_stats_show_one_line_per_variant_once_chats_are_assigned(
         "votes_up": 2,
         "votes_down": 6,
         "up_rate": 0.25,
+        "up_low": None,
+        "up_high": None,
+        "vote_chats": 1,
     }
 
 
@@ -575,7 +581,13 @@ def test_variant_line_formats_thousands_and_no_votes() -> None:
     line = service_stats.format_variant_line(
         service_stats.VariantStats("beam", 120, 3400, 0, 0, None)
     )
-    assert line == "variant beam: 120 chats, 3,400 replies, 👍 n/a (n=0)"
+    assert line == "variant beam: 120 chats, 3,400 replies, 👍 n/a (no votes)"
+    line = service_stats.format_variant_line(
+        service_stats.VariantStats("beam", 120, 3400, 1500, 500, 0.75, 0.7012, 0.7951, 40)
+    )
+    assert line == (
+        "variant beam: 120 chats, 3,400 replies, 👍 75% (2,000 votes in 40 chats; 95% CI 70-80%)"
+    )
 
 
 # --- the per-variant SQL of docs/administration.md -------------------------------------------

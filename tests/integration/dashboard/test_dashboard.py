@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import math
 import os
 import re
 import socket
@@ -452,6 +453,22 @@ async def test_variants_page_is_the_admin_variants_report(dash: Dash) -> None:
     assert 'id="chart-variants"' in body
     assert body.count('class="rate"') == sum(1 for v in report["variants"] if v["votes"])
     assert "nucleus vs beam" in body and "Sample ratio" in body
+    # Each comparison with the same verdict as the text report: always valid beside fixed horizon.
+    from bot.reports.variants import Comparison, verdict
+
+    for c in report["comparisons"]:
+        item = re.search(rf'<li data-variant="{c["variant"]}">(.*?)</li>', body, re.S)
+        assert item is not None
+        if c["lift"] is None:
+            continue
+        fields = {k: (math.nan if v is None else v) for k, v in c.items()}
+        words = verdict(Comparison(**fields))
+        assert words in item.group(1), (words, item.group(1))
+        if min(c["control_chats"], c["variant_chats"]) < 5:
+            assert "n/a (too few)" in item.group(1)
+        else:
+            assert "always valid (read any time)" in item.group(1)
+            assert "fixed horizon (read once)" in item.group(1)
 
 
 async def test_health_page_shows_replicas_workers_and_leases(dash: Dash) -> None:

@@ -16,6 +16,7 @@ from bot.reports.variant_stats import (
     always_valid_lift,
     chat_lift_test,
     clustered_rate,
+    ipw_rate,
     rating_interval,
     two_proportion_test,
 )
@@ -180,6 +181,33 @@ def test_always_valid_keeps_false_positives_under_peeking_and_the_vote_test_does
     assert vote >= 0.4, vote
     # The chat-level fixed-horizon test read once at the end is near its nominal 5%.
     assert fixed <= 0.1, fixed
+
+
+def test_ipw_rate_is_the_chat_level_rate_with_weights() -> None:
+    # One probability for every chat: the plain chat-level rate and interval.
+    plain = clustered_rate(CONTROL)
+    ipw = ipw_rate([(up, n - up, 0.5) for up, n in CONTROL])
+    assert (ipw.rate, ipw.low, ipw.high) == pytest.approx((plain.rate, plain.low, plain.high))
+    assert ipw.chats == 5 and ipw.effective_chats == pytest.approx(5.0)
+    assert math.isnan(ipw_rate([(1, 1, 0.5)]).low)  # one chat: too few for an interval
+
+
+def test_ipw_rate_by_hand() -> None:
+    # (up, down, probability): weights w = 1/p = 2, 2, 4, 2, 1.
+    chats = [(2, 0, 0.5), (0, 2, 0.5), (1, 1, 0.25), (2, 0, 0.5), (0, 2, 1.0)]
+    # sum w up = 4 + 0 + 4 + 4 + 0 = 12, sum w votes = 4 + 4 + 8 + 4 + 2 = 22, r = 6/11.
+    # w (up - r votes) with r votes = 12/11: 2 * 10/11, 2 * -12/11, 4 * -1/11, 2 * 10/11,
+    # 1 * -12/11; squares (400 + 576 + 16 + 400 + 144) / 121 = 1536/121.
+    # CR1: 5/4 * (1536/121) / 22^2 = 1920/58564 = 0.0327846.
+    # n_eff = r (1 - r) / var = (30/121) / (1920/58564) = 7.5625 (< 10 votes).
+    # Wilson(6/11, 7.5625): z^2 / n = 0.5079615, centre = (0.5454545 + 0.2539807) / 1.5079615
+    # = 0.5301430; half = 1.959964 * sqrt(0.2479339 / 7.5625 + 3.841459 / 228.765625)
+    # / 1.5079615 = 1.959964 * sqrt(0.0327846 + 0.0167921) / 1.5079615 = 0.2893989
+    rate = ipw_rate(chats)
+    assert rate.rate == pytest.approx(6 / 11)
+    assert (rate.low, rate.high) == pytest.approx((0.5301430 - 0.2893989, 0.5301430 + 0.2893989))
+    # effective chats (sum w)^2 / sum w^2 = 11^2 / 29
+    assert rate.chats == 5 and rate.effective_chats == pytest.approx(121 / 29)
 
 
 @pytest.mark.parametrize(
