@@ -134,7 +134,8 @@ def test_each_arm_trains_with_its_own_negatives_and_is_parsed_by_the_cli() -> No
 def test_the_report_prints_each_arms_figures(capsys: pytest.CaptureFixture[str]) -> None:
     def arm(lift: float, low: float, distinct: float) -> dict[str, object]:
         return {"chats": 50, "votes": 250, "up_rate": 0.5, "interval": [0.4, 0.6],
-                "lift_pp": lift, "always_valid_low_pp": low, "always_valid_p": 0.01,
+                "lift_pp": lift, "always_valid_low_pp": low, "always_valid_high_pp": 30.0,
+                "always_valid_p": 0.01,
                 "vote_diff_pp": lift, "p": 0.001, "chat_share": 0.34,
                 "distinct_share": distinct, "distinct_ratio": distinct / 0.8,
                 "guards": None}  # fmt: skip
