@@ -13,6 +13,9 @@ Negatives (`--negatives`, recipe.negatives):
   why not the Cringe loss). Likelihood on the liked replies stays in every batch: that is what
   keeps the model a language model while the disliked replies push it away.
 - `none`: the liked replies only (what this command did before); disliked replies are left out.
+Either way the training data also holds `base_mix` examples of the base's own training data per
+liked example (likelihood), and the recipe moves the model a short way (learning rate 3e-5, at
+most 30 updates): FeedbackRecipe says what the earlier recipe (1e-3 for the whole budget) did.
 Either way the disliked replies of the held-out conversations are measured before and after
 (recipe.json, perplexity.heldout_disliked).
 
@@ -95,7 +98,7 @@ class FeedbackRecipe:
     max_per_chat: int = MAX_PER_CHAT  # liked, and disliked, examples kept per chat
     min_distinct_ratio: float = 0.9  # the collapse guard (0 turns it off)
     # Examples of the base's own training data (chitchat-dataset's train split) mixed in per
-    # feedback example, with likelihood: they keep the model answering each context its own way.
+    # liked example, with likelihood: they keep the model answering each context its own way.
     base_mix: float = 1.0
     max_steps: int = 30  # updates at most (<= 0: as many as the minutes allow)
 
@@ -313,9 +316,11 @@ def _write(path: Path, examples: list[FeedbackExample], extra: list[str] | None 
 
 
 def _base_mix(train_file: Path, data: FeedbackData, recipe: FeedbackRecipe) -> list[str]:
-    """recipe.base_mix examples of the base's own training data per feedback example, a seeded
-    sample of the chitchat-dataset train split (ParlAI lines, each its own episode)."""
-    want = round(recipe.base_mix * (len(data.train) + len(data.negatives)))
+    """recipe.base_mix examples of the base's own training data per liked example, a seeded
+    sample of the chitchat-dataset train split (ParlAI lines, each its own episode). Per liked
+    example, not per example: with or without negatives the liked replies then weigh the same
+    against the base's data, and the negatives are all the two runs differ by."""
+    want = round(recipe.base_mix * len(data.train))
     if want <= 0:
         return []
     lines = [line for line in train_file.read_text(encoding="utf-8").splitlines() if line]
