@@ -3,6 +3,11 @@ running service: the candidate joins it live, as an operator adds it, without a 
 
     python -m bench.loop [--quick] [--allocation thompson]
 
+Three arms: the control, a 👍+👎 candidate (`train --from-feedback`'s default: unlikelihood on
+the disliked replies beside likelihood on the liked ones, with its collapse guard) and a 👍-only
+candidate (`--negatives none --min-distinct-ratio 0`: the liked replies only and no guard, what
+the command did before), both fine-tuned from the same export and added live beside the control.
+
 `python -m bot run` starts once, serving the control (the shipped model by default) against the
 loopback Bot API with a real SQLite database, and runs until every step is done:
 
@@ -10,16 +15,23 @@ loopback Bot API with a real SQLite database, and runs until every step is done:
    back (it contains "?") and 👎 under any other, each vote flipped with probability `--noise`
    (seeded per chat and turn).
 2. Export, while the service runs: `python -m bot admin export --format parlai`.
-3. Fine-tune, while the service runs: `python -m bot train --from-feedback ... --base CONTROL`.
-4. Add, live: `python -m bot admin variants add candidate --model OUT/model --weight 1` (the
-   control keeps its weight 1: half of the new chats). Then new "probe" chats, a few at a time,
-   send one message each until one of them is answered by the candidate: the service picked it
-   up. `loop_candidate_live_s` = that reply's arrival at the loopback server minus the moment the
-   add command returned (the change is committed by then). Probe chats do not vote and are left
-   out of every figure.
+3. Fine-tune, while the service runs, twice from the same export: `python -m bot train
+   --from-feedback ... --base CONTROL` (👍+👎) and the same with `--negatives none
+   --min-distinct-ratio 0` (👍 only).
+4. Add, live: `python -m bot admin variants add candidate --model OUT/model --weight 1`, then
+   `... add likes-only ...` (the control keeps its weight 1: a third of the new chats each).
+   After each add, new "probe" chats, a few at a time, send one message each until one of them
+   is answered by the new variant: the service picked it up. `loop_candidate_live_s` = that
+   reply's arrival at the loopback server minus the moment the add command returned (the
+   change is committed by then). Probe chats do not vote and are left out of every figure.
 5. Compare: a fresh set of users (chat ids never seen before) chats with the same preference.
-6. Decide: `python -m bot admin variants --json --plot` (the chat-level 👍 rates and
-   intervals, the fixed-horizon and always-valid lift; the sample-ratio check).
+6. Decide: `python -m bot admin variants --json --plot`: each candidate's 👍-rate lift over the
+   control and its always-valid 95% lower bound (`always_valid_low`, chat-level: see
+   docs/variants.md), the fixed-horizon test, the sample-ratio check; and each variant's share
+   of distinct replies among the new chats' replies (`loop_distinct_ratio`: the 👍+👎
+   candidate's over the control's). Where the report has no `always_valid_low` yet, the bench
+   computes it with the same code the report uses (bot.reports.variants.chat_votes and
+   bot.reports.variant_stats.always_valid_lift) on the same snapshot.
 
 Only new chats count. The experiment stays the one the service runs (a new experiment would
 need a new VARIANTS_FILE, i.e. a restart), and `admin variants` has no filter by time, so the
@@ -66,7 +78,12 @@ from typing import Any
 from bench import common, e2e
 
 EXPERIMENT = "bench-loop"
-CONTROL, CANDIDATE = "control", "candidate"
+CONTROL, CANDIDATE, LIKES_ONLY = "control", "candidate", "likes-only"
+# The candidates: name -> `train --from-feedback` options beyond the shared ones.
+ARMS: dict[str, list[str]] = {
+    CANDIDATE: [],  # the default: --negatives unlikelihood, the collapse guard on
+    LIKES_ONLY: ["--negatives", "none", "--min-distinct-ratio", "0"],
+}
 SHIPPED = common.ROOT / "models" / "chitchat" / "model"
 DB_FILE = "bot.sqlite3"
 # Chat ids of each group of users: never reused, so that every group's chats are new.
@@ -179,9 +196,9 @@ def variants_file(path: Path, model: str) -> None:
     path.write_text("\n".join([*lines, "control = true"]) + "\n", encoding="utf-8")
 
 
-def add_argv(model: str, weight: float = 1.0) -> list[str]:
-    """`python -m bot` arguments that add the candidate to the running experiment."""
-    return ["admin", "variants", "add", CANDIDATE, "--model", model, "--weight", f"{weight:g}"]
+def add_argv(model: str, weight: float = 1.0, name: str = CANDIDATE) -> list[str]:
+    """`python -m bot` arguments that add a candidate to the running experiment."""
+    return ["admin", "variants", "add", name, "--model", model, "--weight", f"{weight:g}"]
 
 
 def allocation_argv(allocation: str) -> list[str]:
@@ -257,6 +274,14 @@ def allocated_by(allocation: str | None) -> str | None:
 def on_candidate(variant: str, by: str | None) -> bool:
     """The service picked up the add: a new chat went to the candidate."""
     return variant == CANDIDATE
+
+
+def on_likes_only(variant: str, by: str | None) -> bool:
+    """The service picked up the add: a new chat went to the 👍-only candidate."""
+    return variant == LIKES_ONLY
+
+
+ON_ARM = {CANDIDATE: on_candidate, LIKES_ONLY: on_likes_only}
 
 
 def by_bandit(variant: str, by: str | None) -> bool:
@@ -382,39 +407,75 @@ def mean_split(allocations: Sequence[str], variant: str) -> float | None:
     return sum(shares) / len(shares) if shares else None
 
 
-def decide(env: Mapping[str, str], plot: Path | None) -> dict[str, Any]:
-    """`admin variants --json` (and `--plot`): the control and the candidate, compared."""
+def always_valid_from_rows(db: Path) -> dict[str, dict[str, float]]:
+    """Per candidate, the always-valid lift over the control from the snapshot's rows, with
+    the report's own code (chat_votes, always_valid_lift): for a report that does not show it."""
+    from bot.db.engine import make_engine, make_sessionmaker
+    from bot.reports.variant_stats import always_valid_lift
+    from bot.reports.variants import chat_votes
+
+    async def read() -> dict[str, list[tuple[float, float]]]:
+        engine = make_engine(f"sqlite+aiosqlite:///{db}")
+        try:
+            async with make_sessionmaker(engine)() as session:
+                return await chat_votes(session)
+        finally:
+            await engine.dispose()
+
+    pairs = asyncio.run(read())
+    out = {}
+    for arm in ARMS:
+        lift = always_valid_lift(pairs.get(CONTROL, []), pairs.get(arm, []))
+        out[arm] = {"always_valid_low": lift.low, "always_valid_high": lift.high,
+                    "always_valid_p": lift.p_value, "lift": lift.lift}  # fmt: skip
+    return out
+
+
+def decide(env: Mapping[str, str], plot: Path | None, db: Path | None = None) -> dict[str, Any]:
+    """`admin variants --json` (and `--plot`): the control and each candidate, compared;
+    `db` (the snapshot the report read) for the always-valid bound where the report has none."""
     report = json.loads(
         bot(env, "admin", "variants", "--json", *(["--plot", str(plot)] if plot else []))
     )
     figures = {v["name"]: v for v in report["variants"]}
-    comparison = next(c for c in report["comparisons"] if c["variant"] == CANDIDATE)
-    control, candidate = figures[CONTROL], figures[CANDIDATE]
-    return {
+    control = figures[CONTROL]
+    out: dict[str, Any] = {
         "control_up_rate": control["up_rate"],
         "control_interval": [control["up_low"], control["up_high"]],
         "control_votes": control["votes_up"] + control["votes_down"],
         "control_chats": control["chats"],
-        "candidate_up_rate": candidate["up_rate"],
-        "candidate_interval": [candidate["up_low"], candidate["up_high"]],
-        "candidate_votes": candidate["votes_up"] + candidate["votes_down"],
-        "candidate_chats": candidate["chats"],
-        "uplift_pp": 100 * comparison["up_rate_diff"],
-        "p": comparison["p_value"],
-        # chat-level: the fixed-horizon interval, and the always-valid bound and p-value
-        # (None: fewer than 5 chats with votes on a side)
-        "lift_interval_pp": [
-            None if x is None else 100 * x
-            for x in (comparison.get("lift_low"), comparison.get("lift_high"))
-        ],
-        "always_valid_pp": [
-            100 * comparison["always_valid_low"],
-            100 * comparison["always_valid_high"],
-        ],
-        "always_valid_p": comparison["always_valid_p"],
-        "candidate_chat_share": candidate["chats"] / max(1, control["chats"] + candidate["chats"]),
         "allocation": report.get("allocation"),
+        "always_valid_from": "admin variants --json",
     }
+    computed: dict[str, dict[str, float]] | None = None
+    all_chats = sum(int(figures[n]["chats"]) for n in (CONTROL, *ARMS) if n in figures)
+    for arm in ARMS:
+        candidate = figures.get(arm)
+        if candidate is None:
+            continue
+        comparison = next(c for c in report["comparisons"] if c["variant"] == arm)
+        if "always_valid_low" not in comparison:
+            if computed is None and db is not None:
+                computed = always_valid_from_rows(db)
+                out["always_valid_from"] = "chat_votes + always_valid_lift on the snapshot"
+            comparison = {**comparison, **(computed or {}).get(arm, {})}
+        out[arm] = {
+            "up_rate": candidate["up_rate"],
+            "interval": [candidate["up_low"], candidate["up_high"]],
+            "votes": candidate["votes_up"] + candidate["votes_down"],
+            "chats": candidate["chats"],
+            "vote_diff_pp": 100 * comparison["up_rate_diff"],
+            "p": comparison["p_value"],
+            # chat-level: the lift, its fixed-horizon interval, the always-valid bounds
+            "lift_pp": _pp(comparison.get("lift", comparison["up_rate_diff"])),
+            "lift_interval_pp": [_pp(comparison.get("lift_low")), _pp(comparison.get("lift_high"))],
+            "always_valid_low_pp": _pp(comparison.get("always_valid_low")),
+            "always_valid_high_pp": _pp(comparison.get("always_valid_high")),
+            "always_valid_p": float(comparison.get("always_valid_p", float("nan"))),
+            "chat_share": candidate["chats"] / max(1, all_chats),
+            "guards": candidate.get("guards"),
+        }
+    return out
 
 
 def distinct_shares(db: Path) -> dict[str, float]:
@@ -441,11 +502,27 @@ class Window:
     followed_s: float | None = None  # the change (allocation) to its first chat assigned by it
 
 
+async def fine_tune(
+    env: Mapping[str, str], setup: Setup, export: Path, out: Path, extra: Sequence[str]
+) -> dict[str, Any]:
+    """`train --from-feedback` while the service runs; its recipe.json (written also when the
+    collapse guard refused the candidate: `installed` false)."""
+    argv = ["train", "--from-feedback", str(export), "--base", setup.model, "--out", str(out)]
+    argv += ["--minutes", str(setup.minutes), *extra]
+    try:
+        await bot_async(env, *argv)
+    except RuntimeError:
+        if not (out / "recipe.json").is_file():
+            raise
+    recipe: dict[str, Any] = json.loads((out / "recipe.json").read_text())
+    return recipe
+
+
 async def serve_loop(
     setup: Setup, tmp: Path, env: Mapping[str, str]
-) -> tuple[Phase, dict[str, Any], Path, float, int, list[Window]]:
-    """Steps 1-5 on one running service; (collected, recipe, candidate dir, live_s, probe
-    chats, windows)."""
+) -> tuple[Phase, dict[str, dict[str, Any]], Path, dict[str, float], int, list[Window]]:
+    """Steps 1-5 on one running service; (collected, recipe per arm, candidates' dir, live_s
+    per arm, probe chats, windows)."""
     db = tmp / DB_FILE
     windows: list[Window] = []
     async with e2e.loopback_bot(env, tmp) as replies:
@@ -462,42 +539,43 @@ async def serve_loop(
         await bot_async(env, "admin", "export", "--format", "parlai", "-o", str(export))
         print(f"2. export (service running): {len(export.read_text().splitlines())} replies")
 
-        out = tmp / "candidate"
-        t0 = time.monotonic()
-        print(f"3. fine-tune the control for {setup.minutes:g} minutes (service running)")
-        await bot_async(
-            env,
-            "train",
-            "--from-feedback",
-            str(export),
-            "--base",
-            setup.model,
-            "--out",
-            str(out),
-            "--minutes",
-            str(setup.minutes),
-        )
-        recipe = json.loads((out / "recipe.json").read_text())
-        ppl = recipe["perplexity"]
-        print(
-            f"   {recipe['data']['train_examples']} liked replies, "
-            f"{time.monotonic() - t0:.0f}s; held-out liked ppl "
-            f"{ppl['heldout_feedback']['before'].get('ppl')} -> "
-            f"{ppl['heldout_feedback']['after'].get('ppl')}",
-            flush=True,
-        )
+        out = tmp / "candidates"
+        recipes: dict[str, dict[str, Any]] = {}
+        print(f"3. fine-tune the control, {setup.minutes:g} minutes per arm (service running)")
+        for arm, extra in ARMS.items():
+            t0 = time.monotonic()
+            recipe = recipes[arm] = await fine_tune(env, setup, export, out / arm, extra)
+            ppl, guard = recipe["perplexity"], recipe.get("guard", {})
+            print(
+                f"   {arm} ({' '.join(extra) or 'defaults'}): {recipe['data']['train_examples']} "
+                f"liked, {recipe['data'].get('negative_examples', 0)} disliked trained on, "
+                f"{time.monotonic() - t0:.0f}s; held-out liked ppl "
+                f"{ppl['heldout_feedback']['before'].get('ppl')} -> "
+                f"{ppl['heldout_feedback']['after'].get('ppl')}; guard: distinct "
+                f"{guard.get('candidate_distinct_share')} vs the base's "
+                f"{guard.get('base_distinct_share')} -> {guard.get('verdict')}",
+                flush=True,
+            )
 
-        argv = add_argv(str(out / "model"))
-        await bot_async(env, *argv)
-        added_at = time.time()
         probes: list[int] = []
-        live_s = await wait_until_served(replies, db, added_at, setup, on_candidate, probes)
-        print(
-            f"4. `python -m bot {' '.join(argv)}`: the running service answered a new chat "
-            f"with the candidate {live_s:.1f}s after the command returned "
-            f"({len(probes)} probe chats)",
-            flush=True,
-        )
+        live_s: dict[str, float] = {}
+        added_at = 0.0
+        for arm in ARMS:
+            if not recipes[arm].get("installed", True):
+                print(f"4. {arm}: refused by the collapse guard, not added", flush=True)
+                continue
+            argv = add_argv(str(out / arm / "model"), name=arm)
+            await bot_async(env, *argv)
+            added_at = time.time()
+            live_s[arm] = await wait_until_served(replies, db, added_at, setup, ON_ARM[arm], probes)
+            print(
+                f"4. `python -m bot {' '.join(argv)}`: the running service answered a new "
+                f"chat with {arm} {live_s[arm]:.1f}s after the command returned "
+                f"({len(probes)} probe chats so far)",
+                flush=True,
+            )
+        if not live_s:
+            raise RuntimeError("the collapse guard refused every candidate: nothing to compare")
 
         followed_s: dict[str, float] = {}
         runs: list[tuple[str, str | None, int]] = [("weighted", None, COMPARE_CHATS)]
@@ -523,7 +601,7 @@ async def serve_loop(
             snapshot(db, copy)
             windows.append(Window(label, new, since, phase, copy, allocation or "weights"))
             windows[-1].followed_s = followed_s.get(label)
-    return collected, recipe, out, live_s, len(probes), windows
+    return collected, recipes, out, live_s, len(probes), windows
 
 
 def run(setup: Setup) -> dict[str, Any]:
@@ -538,8 +616,8 @@ def run(setup: Setup) -> dict[str, Any]:
         seed_file = tmp / "variants.toml"
         variants_file(seed_file, setup.model)
         env = env_for(tmp, seed_file, setup.model, log_level=setup.log_level)
-        collected, recipe, out, live_s, probes, windows = asyncio.run(serve_loop(setup, tmp, env))
-        results["candidate_live_s"] = live_s
+        collected, recipes, out, live_s, probes, windows = asyncio.run(serve_loop(setup, tmp, env))
+        results["live_s"] = live_s
         results["probe_chats"] = probes
         for w in windows:
             keep_only_chats(w.copy, w.chats)
@@ -548,30 +626,46 @@ def run(setup: Setup) -> dict[str, Any]:
                 f"{name}.png" if w.label == "weighted" else f"{name}-{w.label}.png"
             )
             distinct = distinct_shares(w.copy)
-            figures = decide(env_for(tmp, seed_file, setup.model, w.copy), plot)
-            if figures["candidate_chats"] == 0:
-                raise RuntimeError(f"{w.label}: no new chat went to the candidate")
+            figures = decide(env_for(tmp, seed_file, setup.model, w.copy), plot, w.copy)
+            for arm in ARMS:
+                if arm in figures:
+                    figures[arm]["distinct_share"] = distinct.get(arm, 0.0)
+                    figures[arm]["distinct_ratio"] = distinct.get(arm, 0.0) / max(
+                        distinct.get(CONTROL, 0.0), 1e-9
+                    )
+            if not any(figures.get(arm, {}).get("chats") for arm in ARMS):
+                raise RuntimeError(f"{w.label}: no new chat went to a candidate")
             results[w.label] = {
                 "control_distinct_share": distinct.get(CONTROL, 0.0),
-                "candidate_distinct_share": distinct.get(CANDIDATE, 0.0),
                 **figures,
                 "new_chats": n_chats,
-                "recorded_candidate_share": recorded_share(w.copy, CANDIDATE),
+                "recorded_shares": {arm: recorded_share(w.copy, arm) for arm in ARMS},
                 "followed_s": w.followed_s,
                 "replies": w.phase.replies,
                 "wall_s": round(w.phase.wall_s),
             }
         results["collect"] = collected.__dict__
-        results["recipe"] = recipe
+        results["recipes"] = {
+            arm: {k: v for k, v in r.items() if k != "guard"}
+            | {"guard": {k: v for k, v in r.get("guard", {}).items() if k != "replies"}}
+            for arm, r in recipes.items()
+        }
         results["wall_s"] = round(time.monotonic() - started)
         if setup.keep is not None:
             setup.keep.mkdir(parents=True, exist_ok=True)
-            kept = [tmp / "feedback.txt", out / "recipe.json", tmp / "bot.log"]
+            kept = [tmp / "feedback.txt", tmp / "bot.log"]
             for path in [*kept, *(w.copy for w in windows)]:
                 if path.exists():
                     shutil.copyfile(path, setup.keep / path.name)
+            for arm in ARMS:
+                if (out / arm / "recipe.json").exists():
+                    shutil.copyfile(out / arm / "recipe.json", setup.keep / f"{arm}-recipe.json")
     common.write_json(name, results)
     return results
+
+
+# RESULT name prefix of each arm: the 👍+👎 candidate is the issue's `loop_*`.
+PREFIX = {CANDIDATE: "loop", LIKES_ONLY: "loop_likes_only"}
 
 
 def _span(interval: Sequence[float | None]) -> str:
@@ -580,53 +674,89 @@ def _span(interval: Sequence[float | None]) -> str:
     return "too few chats" if low is None or high is None else f"{100 * low:.1f}-{100 * high:.1f}"
 
 
+def _pp(value: float | None) -> float:
+    """A 0-1 figure of the report in percentage points (NaN where it gives none)."""
+    return float("nan") if value is None else 100 * float(value)
+
+
 def report(results: dict[str, Any]) -> None:
     """Tables and RESULT lines."""
     w = results["weighted"]
+    arms = [arm for arm in ARMS if arm in w]
     rows = [
         (
-            variant,
-            w[f"{variant}_chats"],
-            w[f"{variant}_votes"],
-            100 * w[f"{variant}_up_rate"],
-            _span(w[f"{variant}_interval"]),
+            CONTROL,
+            w["control_chats"],
+            w["control_votes"],
+            100 * w["control_up_rate"],
+            _span(w["control_interval"]),
+            "",
+            "",
+            100 * w["control_distinct_share"],
         )
-        for variant in (CONTROL, CANDIDATE)
     ]
+    for arm in arms:
+        a = w[arm]
+        rows.append(
+            (
+                arm,
+                a["chats"],
+                a["votes"],
+                100 * a["up_rate"],
+                _span(a["interval"]),
+                f"{a['lift_pp']:+.1f}",
+                f"{a['always_valid_low_pp']:+.1f}",
+                100 * a["distinct_share"],
+            )
+        )
     common.print_table(
-        "👍 rate of new users, control vs candidate (weight 1 each, added live)",
-        ["variant", "chats", "votes", "👍 %", "95% interval"],
+        "👍 rate of new users: control, 👍+👎 candidate, 👍-only candidate (weight 1 each, "
+        "added live)",
+        ["variant", "chats", "votes", "👍 %", "95% interval", "lift pp", "always-valid low pp",
+         "distinct %"],
         rows,
-    )
-    out = {
+    )  # fmt: skip
+    out: dict[str, float] = {
         "loop_control_up_rate": w["control_up_rate"],
-        "loop_candidate_up_rate": w["candidate_up_rate"],
-        "loop_uplift_pp": w["uplift_pp"],
-        "loop_p": w["p"],
-    }
-    if "always_valid_pp" in w:
-        out["loop_always_valid_low_pp"] = w["always_valid_pp"][0]
-        out["loop_always_valid_high_pp"] = w["always_valid_pp"][1]
-        out["loop_always_valid_p"] = w["always_valid_p"]
-    print("RESULT " + " ".join(f"{k}={v:.4g}" for k, v in out.items()), flush=True)
-    extra = {
-        "loop_candidate_live_s": float(results["candidate_live_s"]),
-        "loop_wall_s": float(results["wall_s"]),
-        "loop_candidate_chat_share": w["candidate_chat_share"],
         "loop_control_distinct_share": w["control_distinct_share"],
-        "loop_candidate_distinct_share": w["candidate_distinct_share"],
     }
+    for arm in arms:
+        a, name = w[arm], PREFIX[arm]
+        guard = results["recipes"][arm].get("guard", {})
+        out |= {
+            f"{name}_uplift_pp": a["lift_pp"],
+            f"{name}_always_valid_low_pp": a["always_valid_low_pp"],
+            f"{name}_distinct_ratio": a["distinct_ratio"],
+            f"{name}_always_valid_high_pp": a["always_valid_high_pp"],
+            f"{name}_up_rate": a["up_rate"],
+            f"{name}_always_valid_p": a["always_valid_p"],
+            f"{name}_vote_diff_pp": a["vote_diff_pp"],
+            f"{name}_p": a["p"],
+            f"{name}_distinct_share": a["distinct_share"],
+            f"{name}_chat_share": a["chat_share"],
+            f"{name}_guard_distinct_ratio": float(guard.get("distinct_ratio", float("nan"))),
+            f"{name}_live_s": float(results["live_s"].get(arm, float("nan"))),
+        }
+        for key, value in (a.get("guards") or {}).items():
+            if isinstance(value, int | float):
+                out[f"{name}_guard_{key}"] = float(value)
+    for arm in ARMS:
+        if arm not in arms:
+            out[f"{PREFIX[arm]}_refused_by_guard"] = 1.0
+    out["loop_wall_s"] = float(results["wall_s"])
     if "thompson" in results:
         t = results["thompson"]
-        extra["loop_thompson_followed_s"] = t["followed_s"]
-        extra["loop_thompson_candidate_share"] = t["candidate_chat_share"]
-        if t["recorded_candidate_share"] is not None:
-            extra["loop_thompson_recorded_split"] = t["recorded_candidate_share"]
-        extra["loop_thompson_control_up_rate"] = t["control_up_rate"]
-        extra["loop_thompson_candidate_up_rate"] = t["candidate_up_rate"]
-        extra["loop_thompson_uplift_pp"] = t["uplift_pp"]
-        extra["loop_thompson_p"] = t["p"]
-    common.emit_results(extra)
+        out["loop_thompson_followed_s"] = t["followed_s"]
+        for arm in ARMS:
+            if arm in t:
+                name = PREFIX[arm].replace("loop", "loop_thompson")
+                out[f"{name}_chat_share"] = t[arm]["chat_share"]
+                out[f"{name}_uplift_pp"] = t[arm]["lift_pp"]
+                out[f"{name}_always_valid_low_pp"] = t[arm]["always_valid_low_pp"]
+                share = t["recorded_shares"].get(arm)
+                if share is not None:
+                    out[f"{name}_recorded_split"] = share
+    common.emit_results(out)
 
 
 def parse(argv: Sequence[str] | None = None) -> Setup:

@@ -65,7 +65,22 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="EXPORT",
         default=None,
         help="fine-tune --base on the replies users liked in EXPORT (`admin export --format "
-        "parlai`), leaving out the disliked ones",
+        "parlai`), and away from the disliked ones (see --negatives)",
+    )
+    train.add_argument(
+        "--negatives",
+        choices=("unlikelihood", "none"),
+        default=None,
+        help="with --from-feedback: what the disliked replies do: unlikelihood (default: "
+        "token-level unlikelihood beside likelihood on the liked ones) or none (left out)",
+    )
+    train.add_argument(
+        "--min-distinct-ratio",
+        type=float,
+        default=None,
+        metavar="R",
+        help="with --from-feedback: refuse a candidate whose share of distinct replies to the "
+        "guard's prompts is below R times the base's (default 0.9; 0 turns the guard off)",
     )
     train.add_argument(
         "--base",
@@ -243,9 +258,14 @@ def _ensure_model(
 def _train(settings: Settings, args: argparse.Namespace) -> int:
     from bot.training import TrainingError, train_cli
 
-    if args.base is not None and args.from_feedback is None:
-        print("error: --base goes with --from-feedback EXPORT", file=sys.stderr)
-        return 2
+    for given, flag in (
+        (args.base, "--base"),
+        (args.negatives, "--negatives"),
+        (args.min_distinct_ratio, "--min-distinct-ratio"),
+    ):
+        if given is not None and args.from_feedback is None:
+            print(f"error: {flag} goes with --from-feedback EXPORT", file=sys.stderr)
+            return 2
     if args.from_feedback is not None:
         from bot.training.cli import feedback_cli
 

@@ -16,7 +16,9 @@ so far. A conversation whose persona never changed between its replies stays one
 Each example carries its reply's feedback as fields: `votes_up`, `votes_down`, the
 conversation's `rating`, `arena` (`won` when the reply was the pick of an /arena duel, with the
 other reply as `arena_lost_text` and its variant), `variant`, `safety`, and
-`session_id`/`message_id` to find it again (no chat or user ids: a dataset does not need them).
+`session_id`/`message_id` to find it again, and `chat`: the chat's number within this export (1
+for the first chat the export meets, 2 for the next, ...), so that `train --from-feedback` can cap
+what one user contributes (bot.training.feedback) without the dataset carrying chat or user ids.
 
 Only what is stored can be learnt from: the export is one query over the database as it is when
 it runs, so what `/forget` or RETENTION_DAYS deleted is not there. It is streamed (`yield_per`, a
@@ -112,6 +114,7 @@ class Episode:
     rating: int | None
     created_at: datetime
     examples: list[Example] = field(default_factory=list)
+    chat: int = 0  # the chat's number within the export (no chat id: see the module docstring)
 
     def messages(self) -> list[dict[str, Any]]:
         """The examples as ParlAI messages, the last one with episode_done."""
@@ -123,6 +126,7 @@ class Episode:
                 "labels": [r.text],
                 "episode_done": i == len(self.examples) - 1,
                 "session_id": self.session_id,
+                "chat": self.chat,
                 "message_id": r.message_id,
                 "votes_up": r.votes_up,
                 "votes_down": r.votes_down,
@@ -153,6 +157,7 @@ def _statement(flt: EpisodeFilter) -> Any:
     stmt = (
         select(
             Session.id,
+            Session.chat_id,
             Session.created_at,
             Rating.value,
             Message.id,
@@ -193,9 +198,10 @@ class _Builder:
     kept reply read differs from the one its episode started with."""
 
     def __init__(self, flt: EpisodeFilter, session_id: int, rating: int | None,
-                 created_at: datetime) -> None:  # fmt: skip
+                 created_at: datetime, chat: int = 0) -> None:  # fmt: skip
         self.flt = flt
         self.session_id = session_id
+        self.chat = chat
         self.rating = rating
         self.created_at = created_at
         self.done: list[Episode] = []
@@ -212,7 +218,9 @@ class _Builder:
             # The model read this persona, then the whole conversation so far.
             if self.episode is not None:
                 self.done.append(self.episode)
-            self.episode = Episode(self.session_id, persona, self.rating, self.created_at)
+            self.episode = Episode(
+                self.session_id, persona, self.rating, self.created_at, chat=self.chat
+            )
             parts = [head] if head else []
             parts += [t for _, t in join_turns(self.history + self.pending)]
         else:
@@ -232,16 +240,18 @@ async def episodes(engine: AsyncEngine, flt: EpisodeFilter) -> AsyncIterator[Epi
     docstring), oldest first, streamed; conversations with no example left after the filters
     are skipped."""
     builder: _Builder | None = None
+    numbers: dict[int, int] = {}  # chat id -> its number in this export
     async with engine.connect() as conn:
         result = await conn.stream(_statement(flt).execution_options(yield_per=YIELD_PER))
         async for row in result:
-            (sid, created, rating, mid, role, text, variant, safety, persona, up, down,
+            (sid, chat_id, created, rating, mid, role, text, variant, safety, persona, up, down,
              winner, var_a, text_a, var_b, text_b) = row  # fmt: skip
             if builder is None or builder.session_id != sid:
                 if builder is not None:
                     for episode in builder.episodes():
                         yield episode
-                builder = _Builder(flt, sid, rating, created)
+                chat = numbers.setdefault(int(chat_id), len(numbers) + 1)
+                builder = _Builder(flt, sid, rating, created, chat)
             reply = None
             if role == Role.BOT:
                 reply = Reply(mid, text, variant, safety, int(up), int(down))
@@ -276,6 +286,7 @@ def conversation_json(episode: Episode) -> str:
     record = {
         "dialog": [dialog],
         "session_id": episode.session_id,
+        "chat": episode.chat,
         "persona": episode.persona,
         "rating": episode.rating,
         "created_at": episode.created_at.isoformat(),

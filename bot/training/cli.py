@@ -86,9 +86,17 @@ def feedback_cli(settings: Settings, args: argparse.Namespace) -> int:
     """`python -m bot train --from-feedback EXPORT --base MODEL --out DIR --minutes N`.
 
     Bad input (no export, an export with nothing liked, a base that is not a generator, no
-    --out) is one line on stderr and exit status 2; a failure while training, status 1.
+    --out) is one line on stderr and exit status 2; a failure while training, status 1; a
+    candidate the collapse guard refused (not installed), status 3.
     """
-    from bot.training.feedback import FeedbackInputError, finetune_from_feedback
+    from dataclasses import replace
+
+    from bot.training.feedback import (
+        DEFAULT_FEEDBACK_RECIPE,
+        CollapseError,
+        FeedbackInputError,
+        finetune_from_feedback,
+    )
 
     if not args.out:
         print("error: --from-feedback needs --out DIR (the candidate's directory)", file=sys.stderr)
@@ -98,17 +106,26 @@ def feedback_cli(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     base = args.base or settings.model_file
     minutes = clamp_minutes(args.minutes, settings.train_minutes)
+    recipe = DEFAULT_FEEDBACK_RECIPE
+    if getattr(args, "negatives", None) is not None:
+        recipe = replace(recipe, negatives=args.negatives)
+    if getattr(args, "min_distinct_ratio", None) is not None:
+        recipe = replace(recipe, min_distinct_ratio=args.min_distinct_ratio)
     try:
         finetune_from_feedback(
             Path(args.from_feedback),
             base,
             Path(args.out),
             minutes=minutes,
+            recipe=recipe,
             datapath=settings.data_dir / "parlai",
         )
     except FeedbackInputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except CollapseError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
     except Exception as err:  # whatever broke in ParlAI, one clear line (the log has more)
         log.debug("fine-tuning failed", exc_info=err)
         reason = str(err) or type(err).__name__

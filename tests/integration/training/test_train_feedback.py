@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,13 @@ from tests.integration.admin.test_admin import parse_admin
 from tests.integration.training.test_training import _reply
 
 ROOT = Path(__file__).resolve().parents[3]
-TINY = FeedbackRecipe(batch_size=8, validation_max_exs=20, base_valid_examples=20)
+# The guard is off: a random tiny model's replies are not worth guarding (its own test is in
+# test_feedback_negatives.py).
+# Random weights need the old learning rate and every update the minutes allow.
+TINY = FeedbackRecipe(
+    batch_size=8, validation_max_exs=20, base_valid_examples=20, min_distinct_ratio=0.0,
+    learning_rate=1e-3, max_steps=0,
+)  # fmt: skip
 LIKED = ("what do you like to do?", "do you have a dog?", "where do you work?")
 DISLIKED = ("no.", "bad.", "i do not know.")
 
@@ -59,11 +66,17 @@ def export_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_liked_replies_are_trained_on_and_disliked_ones_left_out(export_file: Path) -> None:
+def test_liked_replies_are_positives_and_disliked_ones_negatives(export_file: Path) -> None:
     data = read_feedback(export_file, TINY)
     assert (data.episodes, data.examples) == (12, 36)
     assert data.by_source == {"vote_up": 18, "arena_won": 0, "rating_4_5": 0}
-    assert data.left_out == {"disliked": 18, "neutral": 0, "unsafe": 0}
+    # The held-out conversations' disliked replies are measured, not trained on.
+    held = len(data.heldout_disliked)
+    assert data.left_out == {"disliked": held, "neutral": 0, "unsafe": 0}
+    assert len(data.negatives) + held == 18
+    assert {ex.label for ex in data.negatives + data.heldout_disliked} <= set(DISLIKED)
+    none = read_feedback(export_file, replace(TINY, negatives="none"))
+    assert none.negatives == [] and none.left_out["disliked"] == 18
     trained = data.train + data.heldout
     assert len(trained) == 18 and {ex.label for ex in trained} <= set(LIKED)
     assert {ex.session for ex in data.train}.isdisjoint({ex.session for ex in data.heldout})
@@ -84,7 +97,7 @@ def test_finetune_writes_a_model_the_service_serves(
     assert recipe == json.loads(json.dumps(record))
     assert recipe["base"] == tiny_model_file and recipe["seed"] == TINY.seed
     assert recipe["data"]["liked_by_source"]["vote_up"] == 18
-    assert recipe["data"]["left_out"]["disliked"] == 18
+    assert recipe["data"]["negative_examples"] + recipe["data"]["left_out"]["disliked"] == 18
     assert recipe["training"]["steps"] > 0
     feedback = recipe["perplexity"]["heldout_feedback"]
     # Random weights learn the liked replies at once: the held-out liked turns get likelier.

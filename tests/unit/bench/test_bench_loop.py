@@ -119,3 +119,46 @@ def test_the_mean_recorded_split() -> None:
     assert loop.mean_split(splits, "candidate") == pytest.approx(0.7)
     assert loop.mean_split(splits, "control") == 0.0
     assert loop.mean_split([], "candidate") is None
+
+
+def test_each_arm_trains_with_its_own_negatives_and_is_parsed_by_the_cli() -> None:
+    parser = _build_parser()
+    for arm, extra in loop.ARMS.items():
+        argv = ["train", "--from-feedback", "f.txt", "--out", "o", *extra]
+        args = parser.parse_args(argv)
+        negatives = "none" if arm == loop.LIKES_ONLY else None  # None: the default
+        assert args.negatives == negatives
+    assert loop.ARMS[loop.LIKES_ONLY] == ["--negatives", "none", "--min-distinct-ratio", "0"]
+
+
+def test_the_report_prints_each_arms_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    def arm(lift: float, low: float, distinct: float) -> dict[str, object]:
+        return {"chats": 50, "votes": 250, "up_rate": 0.5, "interval": [0.4, 0.6],
+                "lift_pp": lift, "always_valid_low_pp": low, "always_valid_high_pp": 30.0,
+                "always_valid_p": 0.01,
+                "vote_diff_pp": lift, "p": 0.001, "chat_share": 0.34,
+                "distinct_share": distinct, "distinct_ratio": distinct / 0.8,
+                "guards": None}  # fmt: skip
+
+    weighted = {"control_chats": 48, "control_votes": 240, "control_up_rate": 0.33,
+                "control_interval": [0.27, 0.39], "control_distinct_share": 0.8,
+                loop.CANDIDATE: arm(17.0, 1.5, 0.8),
+                loop.LIKES_ONLY: arm(16.0, -1.0, 0.6)}  # fmt: skip
+    results = {"weighted": weighted, "wall_s": 200,
+               "live_s": {loop.CANDIDATE: 7.0, loop.LIKES_ONLY: 5.0},
+               "recipes": {loop.CANDIDATE: {"guard": {"distinct_ratio": 0.98}},
+                           loop.LIKES_ONLY: {"guard": {"distinct_ratio": 0.9}}}}  # fmt: skip
+    loop.report(results)
+    lines = dict(
+        line.removeprefix("RESULT ").split("=", 1)
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("RESULT ")
+    )
+    assert float(lines["loop_uplift_pp"]) == 17.0
+    assert float(lines["loop_always_valid_low_pp"]) == 1.5
+    assert float(lines["loop_distinct_ratio"]) == 1.0
+    assert float(lines["loop_likes_only_uplift_pp"]) == 16.0
+    assert float(lines["loop_likes_only_always_valid_low_pp"]) == -1.0
+    assert float(lines["loop_likes_only_distinct_ratio"]) == 0.75
+    assert float(lines["loop_guard_distinct_ratio"]) == 0.98
+    assert "loop_refused_by_guard" not in lines
