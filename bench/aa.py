@@ -29,8 +29,8 @@ Decisions, per experiment:
 Prints the false-positive rates (A/A), the power and the median number of chats (with votes) at
 the always-valid decision (A/B, +5 pp), against the fixed-horizon test, as `RESULT` lines;
 writes bench/results/aa.json (aa-quick.json). `--quick` runs fewer and smaller experiments in a
-few minutes; `--example` prints `admin variants` for one simulated A/B experiment (the example
-of docs/variants.md).
+few minutes; `--example` prints `admin variants` for one simulated A/B experiment and draws its
+plot, bench/results/aa[-quick]-example.png (the example and image of docs/variants.md).
 """
 
 from __future__ import annotations
@@ -65,7 +65,13 @@ from bot.reports.variant_stats import (
     two_proportion_test,
     wilson_interval,
 )
-from bot.reports.variants import chat_vote_table, format_variant_report, variant_report
+from bot.reports.variants import (
+    VariantReport,
+    chat_vote_table,
+    format_variant_report,
+    plot_variants,
+    variant_report,
+)
 
 ALPHA = 0.05
 EXPERIMENT = Experiment(
@@ -223,7 +229,7 @@ async def insert_batch(
 
 async def run_experiment(
     template: Path, workdir: Path, setup: Setup, lift: float, rng: np.random.Generator, full: bool
-) -> tuple[Outcome, str | None]:
+) -> tuple[Outcome, VariantReport | None]:
     """One experiment on its own database: insert each batch, check, decide."""
     path = workdir / "experiment.sqlite3"
     shutil.copyfile(template, path)
@@ -232,7 +238,7 @@ async def run_experiment(
     sim = simulate(rng, setup, lift)
     out = Outcome(lift=lift)
     next_message = [0]
-    text = None
+    shown = None
     try:
         for batch in range(setup.batches):
             await insert_batch(sm, sim, batch, setup, next_message)
@@ -275,10 +281,10 @@ async def run_experiment(
                     )
                 out.full_checks += 1
                 if last:
-                    text = format_variant_report(report)
+                    shown = report
     finally:
         await engine.dispose()
-    return out, text
+    return out, shown
 
 
 @dataclass
@@ -350,10 +356,10 @@ async def run(setup: Setup, example: bool, base: str | None) -> dict[str, Any]:
         for name, count, lift in (("aa", setup.aa, 0.0), ("ab", setup.ab, 0.05)):
             for k in range(count):
                 full = k % setup.full_every == 0
-                outcome, text = await run_experiment(template, workdir, setup, lift, rng, full)
+                outcome, last = await run_experiment(template, workdir, setup, lift, rng, full)
                 groups[name].append(outcome)
-                if name == "ab" and text is not None and shown is None:
-                    shown = text
+                if name == "ab" and last is not None and shown is None:
+                    shown = last
                 if (k + 1) % max(1, count // 10) == 0:
                     print(
                         f"  {name}: {k + 1}/{count} experiments, "
@@ -361,7 +367,11 @@ async def run(setup: Setup, example: bool, base: str | None) -> dict[str, Any]:
                         flush=True,
                     )
     if example and shown is not None:
-        print("\n$ python -m bot admin variants\n" + shown + "\n")
+        print("\n$ python -m bot admin variants\n" + format_variant_report(shown) + "\n")
+        common.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        png = common.RESULTS_DIR / f"{setup.name}-example.png"
+        await asyncio.to_thread(plot_variants, shown, png)
+        print(f"wrote {png.relative_to(common.ROOT)}")
     return {
         "setup": asdict(setup),
         "aa": asdict(summarise(groups["aa"], null=True)),
