@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -165,9 +166,11 @@ def sqlite_restore(backup: Path, target: Path) -> None:
     try:
         dst = sqlite3.connect(target, timeout=SQLITE_TIMEOUT_S)
         try:
-            # Out of WAL while nobody else has it open, so that the page size may follow the
-            # backup's; the service's engine puts it back in WAL at its next connection.
-            dst.execute("PRAGMA journal_mode=DELETE")
+            # Out of WAL, so that the page size may follow the backup's; that needs the file
+            # to itself, so with --force beside a running service it stays in WAL (same page
+            # size: both made by SQLite's default).
+            with contextlib.suppress(sqlite3.OperationalError):
+                dst.execute("PRAGMA journal_mode=DELETE")
             src.backup(dst)
             dst.execute("PRAGMA journal_mode=WAL")
         finally:
@@ -411,13 +414,29 @@ def _check_manifest(path: Path) -> None:
 # --- the commands ------------------------------------------------------------------------------
 
 
-def _backup_target(path: Path) -> Path:
+BACKUP_PREFIX = "bot-"
+SUFFIXES = {FORMAT_SQLITE: ".sqlite3", FORMAT_PGDUMP: ".pgdump"}
+
+
+def _backup_target(path: Path, kind: str, now: datetime) -> Path:
+    """The file to write: PATH, or a new time-stamped name in the directory PATH."""
     path = path.expanduser()
     if path.is_dir():
-        raise BackupRefused(f"{path} is a directory: give the backup file's name")
+        return path / f"{BACKUP_PREFIX}{now:%Y%m%dT%H%M%SZ}{SUFFIXES[kind]}"
     if not path.parent.is_dir():
         raise BackupRefused(f"{path.parent} does not exist: create it first")
     return path
+
+
+def prune(directory: Path, kind: str, keep: int) -> list[Path]:
+    """Delete all but the `keep` newest time-stamped backups of this kind in `directory` (and
+    their manifests); returns the backups deleted. Names sort by time."""
+    found = sorted(directory.glob(f"{BACKUP_PREFIX}*{SUFFIXES[kind]}"))
+    gone = found[: max(len(found) - keep, 0)]
+    for old in gone:
+        old.unlink(missing_ok=True)
+        manifest_path(old).unlink(missing_ok=True)
+    return gone
 
 
 def _write_manifest(
@@ -438,17 +457,36 @@ def _write_manifest(
     return manifest
 
 
-async def backup(url: str, path: Path) -> Manifest:
-    """Write a backup of the database at `url` to `path`, and its manifest beside it."""
-    path = await asyncio.to_thread(_backup_target, path)
+@dataclass(frozen=True)
+class Written:
+    """What `backup` did."""
+
+    path: Path
+    manifest: Manifest
+    pruned: list[Path]
+
+
+async def backup(url: str, path: Path, *, keep: int | None = None) -> Written:
+    """Write a backup of the database at `url` to `path` (a file, or a new time-stamped file in
+    the directory `path`), and its manifest beside it; with `keep`, then delete all but the
+    `keep` newest time-stamped backups in that directory."""
     started = datetime.now(UTC)
-    if make_url(url).get_backend_name() == "sqlite":
+    sqlite = make_url(url).get_backend_name() == "sqlite"
+    kind = FORMAT_SQLITE if sqlite else FORMAT_PGDUMP
+    directory = await asyncio.to_thread(lambda: path.expanduser().is_dir())
+    if keep is not None and not directory:
+        raise BackupRefused(
+            f"--keep deletes older time-stamped backups in a directory, and {path} is not one: "
+            "give a directory, or leave --keep out"
+        )
+    path = await asyncio.to_thread(_backup_target, path, kind, started)
+    if sqlite:
         revision = await asyncio.to_thread(sqlite_backup, _sqlite_file(url), path)
-        kind = FORMAT_SQLITE
     else:
         revision = await asyncio.to_thread(pg_backup, url, path)
-        kind = FORMAT_PGDUMP
-    return await asyncio.to_thread(_write_manifest, path, kind, revision, url, started)
+    manifest = await asyncio.to_thread(_write_manifest, path, kind, revision, url, started)
+    pruned = await asyncio.to_thread(prune, path.parent, kind, keep) if keep is not None else []
+    return Written(path, manifest, pruned)
 
 
 @dataclass(frozen=True)
@@ -520,15 +558,24 @@ async def run(url: str, args: argparse.Namespace, out: TextIO) -> int:
     path = Path(args.path)
     try:
         if args.admin_command == "backup":
-            manifest = await backup(url, path)
+            written = await backup(url, path, keep=args.keep)
+            manifest = written.manifest
             if args.json:
-                print(json.dumps(manifest.__dict__, indent=2), file=out)
+                payload = {
+                    "path": str(written.path),
+                    **manifest.__dict__,
+                    "pruned": [str(p) for p in written.pruned],
+                }
+                print(json.dumps(payload, indent=2), file=out)
             else:
                 print(
                     f"backed up {manifest.database} (schema revision {manifest.revision}) to "
-                    f"{path}: {manifest.bytes:,} bytes, manifest {manifest_path(path)}",
+                    f"{written.path}: {manifest.bytes:,} bytes, manifest "
+                    f"{manifest_path(written.path)}",
                     file=out,
                 )
+                for old in written.pruned:
+                    print(f"deleted the older backup {old}", file=out)
             return 0
         done = await restore(url, path, force=args.force, alive_after_s=alive_after_s)
     except DBAPIError as err:

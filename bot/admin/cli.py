@@ -1003,9 +1003,21 @@ def add_admin_parser(sub: Any) -> None:
         description="SQLite: a copy made with SQLite's online backup API (one moment's "
         "database, while the service writes). PostgreSQL: a pg_dump custom-format archive "
         "(needs pg_dump: apt-get install postgresql-client). PATH.json, beside it, records the "
-        "schema revision, size and SHA-256.",
+        "schema revision, size and SHA-256. Written to a scratch file, renamed when complete.",
     )
-    backup.add_argument("path", metavar="PATH")
+    backup.add_argument(
+        "path",
+        metavar="PATH",
+        help="the file to write, or a directory: then a new file bot-YYYYMMDDTHHMMSSZ.sqlite3 "
+        "(or .pgdump) in it",
+    )
+    backup.add_argument(
+        "--keep",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="PATH a directory: then delete all but its N newest time-stamped backups",
+    )
     restore = cmds.add_parser(
         "restore",
         parents=[as_json],

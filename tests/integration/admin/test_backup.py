@@ -359,3 +359,33 @@ def test_pg_without_pg_dump_says_what_to_install_and_never_shows_the_password(
         assert "pg_restore is not installed" in capsys.readouterr().err
     finally:
         drop_pg_database(url)
+
+
+def test_backup_into_a_directory_keeps_the_newest(
+    sqlite_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "backups"
+    folder.mkdir()
+    old = [folder / f"bot-{year}0101T000000Z.sqlite3" for year in (2020, 2021, 2022)]
+    for path in old:
+        path.write_bytes(b"old")
+        manifest_path(path).write_text("{}")
+    others = [folder / "bot-20190101T000000Z.pgdump", folder / "notes.txt"]
+    for path in others:
+        path.write_bytes(b"keep me")
+
+    assert cli(sqlite_url, "backup", str(folder), "--keep", "2", "--json") == 0
+    written = json.loads(capsys.readouterr().out)
+    new = Path(written["path"])
+    assert new.parent == folder and new.name.startswith("bot-2") and new.suffix == ".sqlite3"
+    assert sorted(written["pruned"]) == [str(old[0]), str(old[1])]
+    left = sorted(p.name for p in folder.iterdir())
+    expected = [old[2], manifest_path(old[2]), new, manifest_path(new), *others]
+    assert left == sorted(p.name for p in expected)
+    # The new file is a backup restore takes.
+    restored = f"sqlite+aiosqlite:///{tmp_path / 'restored.sqlite3'}"
+    assert cli(restored, "restore", str(new)) == 0
+    assert asyncio.run(every_row(restored)) == asyncio.run(every_row(sqlite_url))
+
+    assert cli(sqlite_url, "backup", str(tmp_path / "one.backup"), "--keep", "2") == 2
+    assert "not one" in capsys.readouterr().err
