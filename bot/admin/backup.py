@@ -237,6 +237,13 @@ def _tool_error(stderr: str, url: str | URL, what: str) -> AdminError:
             f"{what} failed on {safe_url(url)}: {message}. The client tools are older than the "
             f"server or the backup: {PG_TOOLS_HINT}"
         )
+    role = re.search(r'role "([^"]+)" does not exist', message)
+    if role is not None and what == "pg_restore":
+        message += (
+            f". The backup grants to role {role.group(1)}, which this server lacks: create it "
+            f"first (`python -m bot db readonly-role {role.group(1)}` for the read-only role of "
+            "admin sql), then restore again (pg_restore changed nothing)"
+        )
     return AdminError(f"{what} failed on {safe_url(url)}: {message}")
 
 
@@ -301,21 +308,29 @@ async def pg_restore(backup: Path, url: str) -> None:
     if extra:
         await _drop_tables(url, extra)
     database = make_url(url).database or ""
-    await asyncio.to_thread(
-        _run_tool,
-        [
-            tool,
-            "--clean",
-            "--if-exists",
-            "--no-owner",
-            "--single-transaction",
-            "--exit-on-error",
-            f"--dbname={database}",
-            str(backup),
-        ],
-        url,
-        "pg_restore",
-    )
+    try:
+        await asyncio.to_thread(
+            _run_tool,
+            [
+                tool,
+                "--clean",
+                "--if-exists",
+                "--no-owner",
+                "--single-transaction",
+                "--exit-on-error",
+                f"--dbname={database}",
+                str(backup),
+            ],
+            url,
+            "pg_restore",
+        )
+    except AdminError as err:
+        if not extra:
+            raise
+        raise type(err)(
+            f"{err} (before it, the table(s) {', '.join(sorted(extra))} of a newer schema than "
+            "the backup's were dropped)"
+        ) from err
 
 
 # --- the checks --------------------------------------------------------------------------------

@@ -40,7 +40,14 @@ from bot.db.models import (
     utcnow,
 )
 from tests.integration.admin.test_admin import parse_admin, seed
-from tests.support.dbutil import TABLES, create_pg_database, drop_pg_database
+from tests.support.dbutil import (
+    TABLES,
+    create_pg_database,
+    drop_pg_database,
+    drop_pg_role,
+    make_readonly_role,
+    table_names,
+)
 
 HEAD = "0013"
 
@@ -389,3 +396,36 @@ def test_backup_into_a_directory_keeps_the_newest(
 
     assert cli(sqlite_url, "backup", str(tmp_path / "one.backup"), "--keep", "2") == 2
     assert "not one" in capsys.readouterr().err
+
+
+@pytest.mark.postgres
+def test_pg_grants_come_back_and_a_missing_role_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The backup carries the read-only role's grants: restored on the same server, admin sql
+    works as that role; on a server without the role, pg_restore fails naming it and leaves the
+    database as it was (one transaction)."""
+    url, other = create_pg_database(), create_pg_database()
+    role_url = None
+    try:
+        migrate.upgrade(url)
+        role_url = make_readonly_role(url)
+        path = tmp_path / "bot.backup"
+        assert cli(url, "backup", str(path)) == 0
+        assert cli(url, "restore", str(path)) == 0
+        settings = Settings(database_url=SecretStr(url), admin_database_url=SecretStr(role_url))
+        capsys.readouterr()
+        assert run_admin(settings, parse_admin("sql", "SELECT COUNT(*) AS n FROM sessions")) == 0
+        assert "(1 row)" in capsys.readouterr().out
+        drop_pg_role(role_url)
+        role_url = None
+        role = "bot_test_ro_"
+        assert cli(other, "restore", str(path)) == 1
+        err = capsys.readouterr().err
+        assert role in err and "create it first" in err and "db readonly-role" in err
+        assert asyncio.run(table_names(other)) == set()
+    finally:
+        if role_url is not None:
+            drop_pg_role(role_url)
+        drop_pg_database(url)
+        drop_pg_database(other)
