@@ -23,6 +23,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bot.admin import backup as admin_backup
 from bot.admin import export
 from bot.admin import sql as admin_sql
 from bot.config import Settings, get_settings
@@ -782,6 +783,8 @@ async def admin(
         _episode_filter(args)  # a usage error before anything touches the database
     if args.admin_command == "sql":
         return await _sql(sql_url or url, args, out)
+    if args.admin_command in ("backup", "restore"):
+        return await admin_backup.run(url, args, out)
     if needs_experiment(args) and experiment is None:
         raise AdminError(f"admin {args.admin_command} needs the experiment (VARIANTS_FILE)")
     if make_url(url).get_backend_name() == "sqlite":
@@ -993,6 +996,44 @@ def add_admin_parser(sub: Any) -> None:
     sql.add_argument("--max-rows", type=_positive, default=1000, metavar="N", help="default 1000")
     sql.add_argument("--timeout", type=_seconds, default=60.0, metavar="SECONDS", help="default 60")
 
+    backup = cmds.add_parser(
+        "backup",
+        parents=[as_json],
+        help="copy the database to a file, consistently, while the service runs",
+        description="SQLite: a copy made with SQLite's online backup API (one moment's "
+        "database, while the service writes). PostgreSQL: a pg_dump custom-format archive "
+        "(needs pg_dump: apt-get install postgresql-client). PATH.json, beside it, records the "
+        "schema revision, size and SHA-256. Written to a scratch file, renamed when complete.",
+    )
+    backup.add_argument(
+        "path",
+        metavar="PATH",
+        help="the file to write, or a directory: then a new file bot-YYYYMMDDTHHMMSSZ.sqlite3 "
+        "(or .pgdump) in it",
+    )
+    backup.add_argument(
+        "--keep",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="PATH a directory: then delete all but its N newest time-stamped backups",
+    )
+    restore = cmds.add_parser(
+        "restore",
+        parents=[as_json],
+        help="replace the database with a backup (stop the service first)",
+        description="Replace the database's contents with a backup made by `admin backup`. "
+        "Refused while a replica's heartbeat or a chat lease is live (stop the service, or "
+        "--force), for a backup of a schema revision newer than this release's, or of the "
+        "other kind of database; a backup of an older revision is migrated up after.",
+    )
+    restore.add_argument("path", metavar="PATH")
+    restore.add_argument(
+        "--force",
+        action="store_true",
+        help="restore even though a service seems to use the database (live heartbeat or lease)",
+    )
+
 
 def _weight(value: str) -> float:
     try:
@@ -1139,7 +1180,7 @@ def run_admin(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     except AdminError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2 if isinstance(err, UsageError) else 1
+        return 2 if isinstance(err, UsageError | admin_backup.BackupRefused) else 1
     except BrokenPipeError:
         # `admin export | head` closes the pipe early; that is not an error. Point stdout at
         # /dev/null so that flushing it at exit does not raise again.

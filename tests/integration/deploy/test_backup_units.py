@@ -1,0 +1,74 @@
+"""deploy/systemd/telegram-bot-backup.{service,timer}: `deploy/systemd/verify` checks both (and
+fails on a misspelt timer setting), the timer starts the backup service, and the service's
+command, run as systemd would run it (its Environment= lines, %S a scratch state directory),
+writes a backup that names the database's revision."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bot.db import migrate
+from tests.support.deployfiles import ROOT, require_tool
+
+SYSTEMD = ROOT / "deploy" / "systemd"
+SERVICE = SYSTEMD / "telegram-bot-backup.service"
+TIMER = SYSTEMD / "telegram-bot-backup.timer"
+VERIFY = SYSTEMD / "verify"
+
+
+def values(unit: Path, name: str) -> list[str]:
+    return [
+        line.split("=", 1)[1]
+        for line in unit.read_text().splitlines()
+        if line.startswith(f"{name}=")
+    ]
+
+
+def test_verify_checks_the_backup_units_and_a_misspelt_timer_setting_fails(
+    tmp_path: Path,
+) -> None:
+    require_tool("systemd-analyze", "sudo apt-get install systemd")
+    done = subprocess.run([str(VERIFY)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "telegram-bot-backup.service: OK" in done.stdout
+    assert "telegram-bot-backup.timer: OK" in done.stdout
+    broken = tmp_path / TIMER.name
+    broken.write_text(TIMER.read_text().replace("Persistent=", "Persistant="))
+    done = subprocess.run(
+        [str(VERIFY), str(SERVICE), str(broken)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert "Unknown key 'Persistant'" in done.stderr
+
+
+def test_the_timer_starts_the_service_whose_command_writes_a_backup(tmp_path: Path) -> None:
+    assert values(TIMER, "Unit") == [SERVICE.name]
+    state = tmp_path / "state"  # %S
+    for directory in values(SERVICE, "StateDirectory")[0].split():  # systemd makes them
+        (state / directory).mkdir(parents=True)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT)}
+    for line in values(SERVICE, "Environment"):
+        key, _, value = line.replace("%S", str(state)).partition("=")
+        env[key] = value
+    migrate.upgrade(f"sqlite+aiosqlite:///{Path(env['DATA_DIR']) / 'bot.sqlite3'}")
+    [command] = values(SERVICE, "ExecStart")
+    argv = command.replace("%S", str(state)).split()
+    assert argv[0] == "/opt/telegram-bot/.venv/bin/python"
+    argv[0] = sys.executable
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    [manifest] = (state / "telegram-bot-backups").glob("bot-*.sqlite3.json")
+    assert json.loads(manifest.read_text())["revision"] == migrate_head()
+    assert Path(str(manifest).removesuffix(".json")).is_file()
+
+
+def migrate_head() -> str:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(migrate.alembic_config("sqlite://")).get_current_head()
+    assert head is not None
+    return head
