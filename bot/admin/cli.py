@@ -766,7 +766,14 @@ async def _audit(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> 
 # Changes that are not: `variants list` and `variants autopilot check` only read.
 _READ_ONLY_VARIANTS = ("list", "")
 # Namespace entries that are not the operator's arguments.
-_NOT_ARGUMENTS = ("admin_command", "variants_command", "json", "retention_days", "settings")
+_NOT_ARGUMENTS = (
+    "command",
+    "admin_command",
+    "variants_command",
+    "json",
+    "retention_days",
+    "settings",
+)
 
 
 def audited(args: argparse.Namespace, experiment: Experiment | None) -> tuple[str, str] | None:
