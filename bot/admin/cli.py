@@ -765,6 +765,9 @@ async def _audit(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> 
 
 # Changes that are not: `variants list` and `variants autopilot check` only read.
 _READ_ONLY_VARIANTS = ("list", "")
+# Arguments the audit row leaves out, and masks in its result: `forget` deletes every row that
+# mentions the chat (docs/administration.md), and its audit row must not be one.
+_UNRECORDED = {"forget": ("chat_id",)}
 # Namespace entries that are not the operator's arguments.
 _NOT_ARGUMENTS = (
     "command",
@@ -776,13 +779,17 @@ _NOT_ARGUMENTS = (
 )
 
 
-def audited(args: argparse.Namespace, experiment: Experiment | None) -> tuple[str, str] | None:
+def audited(
+    args: argparse.Namespace, experiment: Experiment | None
+) -> tuple[str, str | None] | None:
     """(action, target) of a subcommand that changes data; None for one that only reads.
 
     A new subcommand that writes names itself here (and so is recorded by `admin`).
     """
     command = args.admin_command
-    if command in ("forget", "assign"):
+    if command == "forget":
+        return command, None  # no row may mention a forgotten chat: not even this one
+    if command == "assign":
         return command, str(args.chat_id)
     if command == "variants":
         change = getattr(args, "variants_command", None) or ""
@@ -805,18 +812,21 @@ async def _recorded(
     if what is None:
         return await run()
     sessionmaker = make_sessionmaker(engine)
+    unrecorded = _UNRECORDED.get(args.admin_command, ())
     pending = await audit.begin(
         sessionmaker,
         actor=audit.os_actor(),
         source=AuditSource.CLI,
         action=what[0],
         target=what[1],
-        details=audit.arguments(vars(args), leave_out=_NOT_ARGUMENTS),
+        details=audit.arguments(vars(args), leave_out=_NOT_ARGUMENTS + unrecorded),
     )
     try:
         status = await run()
     except BaseException as err:
-        shown = _hint(err) if isinstance(err, DBAPIError) else err
+        shown = _hint(err) if isinstance(err, DBAPIError) else str(err) or type(err).__name__
+        for name in unrecorded:
+            shown = shown.replace(str(getattr(args, name)), f"<{name}>")
         await _finish(sessionmaker, pending, audit.outcome(error=shown))
         raise
     await _finish(sessionmaker, pending, audit.outcome(status))

@@ -109,10 +109,11 @@ async def test_forget_and_assign_are_recorded_reads_are_not(db_url: str) -> None
     finally:
         await engine.dispose()
     assert [(r.action, r.target, r.result, r.source) for r in rows] == [
-        ("forget", "77", "ok", "cli"),
+        ("forget", None, "ok", "cli"),  # a forgotten chat is named nowhere
         ("assign", "77", "ok", "cli"),
     ]
-    assert rows[0].details == {"chat_id": 77, "yes": True}
+    assert rows[0].details == {"yes": True}
+    assert rows[1].details == {"chat_id": 77, "variant": "nucleus"}
     assert rows[0].actor == audit.os_actor()
 
 
