@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import math
 import os
 from dataclasses import dataclass
 from datetime import datetime
@@ -77,11 +78,20 @@ def _plain(value: Any) -> bool:
     return isinstance(value, list | tuple) and all(_plain(v) for v in value)
 
 
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # `weight nan` is refused, and recorded as typed: "nan"
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def arguments(values: dict[str, Any], leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
     """The plain, set values of a command's arguments (an argparse Namespace's vars): None
-    and anything that is not a string, number, boolean or list of them is left out."""
+    and anything that is not a string, number, boolean or list of them is left out; a float
+    that JSON cannot hold (nan, inf) becomes its text."""
     return {
-        k: (list(v) if isinstance(v, tuple) else v)
+        k: _json_safe(v)
         for k, v in sorted(values.items())
         if k not in leave_out and v is not None and _plain(v)
     }

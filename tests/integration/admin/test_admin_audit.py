@@ -165,3 +165,14 @@ async def test_a_result_is_kept_when_the_pending_row_is_gone(db_url: str) -> Non
     assert (row.actor, row.action, row.target, row.result) == (
         "alice", "restore", "backup.sqlite3", "ok",
     )  # fmt: skip
+
+
+def test_arguments_keep_plain_values_only_and_text_for_nan() -> None:
+    from bot.config import Settings
+
+    got = audit.arguments(
+        {"name": "a", "weight": float("nan"), "top": float("-inf"), "force": False, "model": None,
+         "settings": Settings.model_construct(), "ids": (1, 2), "json": True},
+        leave_out=("json",),
+    )  # fmt: skip
+    assert got == {"force": False, "ids": [1, 2], "name": "a", "top": "-inf", "weight": "nan"}
