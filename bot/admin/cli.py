@@ -11,6 +11,7 @@ import asyncio
 import csv
 import json
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, is_dataclass
@@ -765,8 +766,9 @@ async def _audit(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> 
 
 # Changes that are not: `variants list` and `variants autopilot check` only read.
 _READ_ONLY_VARIANTS = ("list", "")
-# Arguments the audit row leaves out, and masks in its result: `forget` deletes every row that
-# mentions the chat (docs/administration.md), and its audit row must not be one.
+# Arguments the audit row leaves out, and masks in its result ("chat N": the way every message
+# of `forget` names it): `forget` deletes every row that mentions the chat
+# (docs/administration.md), and its audit row must not be one.
 _UNRECORDED = {"forget": ("chat_id",)}
 # Namespace entries that are not the operator's arguments.
 _NOT_ARGUMENTS = (
@@ -825,8 +827,9 @@ async def _recorded(
         status = await run()
     except BaseException as err:
         shown = _hint(err) if isinstance(err, DBAPIError) else str(err) or type(err).__name__
-        for name in unrecorded:
-            shown = shown.replace(str(getattr(args, name)), f"<{name}>")
+        for name in unrecorded:  # the messages say "chat N"; a count that equals N stays
+            value = re.escape(str(getattr(args, name)))
+            shown = re.sub(rf"\bchat {value}(?!\d)", f"chat <{name}>", shown)
         await _finish(sessionmaker, pending, audit.outcome(error=shown))
         raise
     await _finish(sessionmaker, pending, audit.outcome(status))

@@ -5,6 +5,7 @@ are not recorded, and no change is made whose record cannot be written."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import subprocess
@@ -176,3 +177,23 @@ def test_arguments_keep_plain_values_only_and_text_for_nan() -> None:
         leave_out=("json",),
     )  # fmt: skip
     assert got == {"force": False, "ids": [1, 2], "name": "a", "top": "-inf", "weight": "nan"}
+
+
+async def test_a_refused_forget_is_recorded_without_its_chat_id(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chat 1 and a count of 1: the chat id is masked, the count is not."""
+    engine = make_engine(db_url)
+    try:
+        async with make_sessionmaker(engine).begin() as db:
+            db.add(Session(chat_id=1, user_id=5))
+        monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # not a terminal, no --yes
+        with pytest.raises(AdminError, match="--yes") as refusal:
+            await run(db_url, "forget", "1")
+        async with make_sessionmaker(engine)() as db:
+            [row] = await audit.recent(db)
+    finally:
+        await engine.dispose()
+    assert str(refusal.value).startswith("chat 1 has 1 session(s), 0 message(s)")
+    assert row.result == "error: " + str(refusal.value).replace("chat 1 ", "chat <chat_id> ", 1)
+    assert (row.action, row.target, row.details) == ("forget", None, {"yes": False})
