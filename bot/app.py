@@ -32,6 +32,7 @@ from bot.db.engine import make_engine, make_sessionmaker, safe_url
 from bot.engine.protocol import ResponderProtocol
 from bot.logs import settings_secrets
 from bot.model_files import unservable_model, zoo_refusal
+from bot.service.access import Access
 from bot.service.budget import BudgetedRateLimiter, SendBudget
 from bot.service.delivery import Delivery
 from bot.service.health import Health, OpsServer
@@ -173,7 +174,9 @@ class Service:
             # bot_model_process_*{variant}: the worker processes' memory, CPU, descriptors
             self.metrics.watch_model_processes(partial(worker_pids, variants))
         self.metrics.set_build_info(**build_labels(settings))
-        self.handlers = Handlers(self.chat, settings, sessionmaker, budget)
+        # ALLOWED_USERS / ALLOWED_CHATS / admin access, and the quotas (bot/service/access.py).
+        self.access = Access(settings, sessionmaker, metrics)
+        self.handlers = Handlers(self.chat, settings, sessionmaker, budget, self.access)
         self.handlers.register(application)
         bot = application.bot
         # Another process may use the same database (a second instance, or replicas): chat
@@ -238,6 +241,7 @@ class Service:
                 port=settings.webhook_port,
                 backoff=backoff,
                 metrics=self.metrics,
+                access=self.access,
             )
         else:
             # getUpdates allows one consumer: the replicas elect one poller; all of them process.
@@ -251,7 +255,12 @@ class Service:
                     on_takeover=took_over,
                 ),
                 lambda: PollingIngest(
-                    bot, self.store, self.inbox_worker.wake, backoff=backoff, metrics=self.metrics
+                    bot,
+                    self.store,
+                    self.inbox_worker.wake,
+                    backoff=backoff,
+                    metrics=self.metrics,
+                    access=self.access,
                 ),
             )
         self.health = Health(

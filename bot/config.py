@@ -9,7 +9,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path("data")
@@ -27,6 +34,9 @@ SECRET_MIN_CHARS = 12
 # The token as a systemd credential (deploy/systemd/telegram-bot@.service, LoadCredential=):
 # this file of $CREDENTIALS_DIRECTORY, read when TELEGRAM_BOT_TOKEN is not set.
 TOKEN_CREDENTIAL = "telegram-bot-token"
+# An ALLOWED_USERS / ALLOWED_CHATS entry: a Telegram id (chats' are negative) or an
+# @username (Telegram's are 5-32 characters of A-Za-z0-9_; shorter ones are let through).
+ACCESS_SUBJECT_RE = re.compile(r"-?[0-9]{1,19}|@[A-Za-z0-9_]{1,32}")
 # A DNS name or an IPv4 address, as a Host header carries it (less the port).
 HOST_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
 
@@ -72,6 +82,14 @@ class Settings(BaseSettings):
     webhook_port: int = Field(default=8443, ge=1, le=65535)
     admin_user_ids: Annotated[list[int], NoDecode] = Field(default_factory=list)
     group_policy: Literal["mention", "all", "ignore"] = "mention"
+    # Who may talk to the bot (bot/service/access.py): user ids or @usernames, and chat ids or
+    # @names; both empty (and no `admin access allow`): everyone. ADMIN_USER_IDS always pass.
+    allowed_users: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    allowed_chats: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Replies per user per UTC day and per minute (`admin access quota` sets a user's own);
+    # unset: no limit.
+    quota_per_day: int | None = Field(default=None, ge=1)
+    quota_per_minute: int | None = Field(default=None, ge=1)
 
     # --- storage --------------------------------------------------------------------------
     data_dir: Path = DEFAULT_DATA_DIR
@@ -206,6 +224,25 @@ class Settings(BaseSettings):
         if isinstance(value, int):
             return [value]
         return value
+
+    @field_validator("allowed_users", "allowed_chats", mode="before")
+    @classmethod
+    def _split_subjects(cls, value: object, info: ValidationInfo) -> object:
+        if isinstance(value, int):
+            value = str(value)
+        if not isinstance(value, str):
+            return value
+        parts = [p.strip() for p in value.replace(";", ",").split(",")]
+        subjects = [p for p in parts if p]
+        bad = [p for p in subjects if not ACCESS_SUBJECT_RE.fullmatch(p)]
+        if bad:
+            # The first bad entry's position, not its text: enough to find it.
+            raise ValueError(
+                f"{(info.field_name or '').upper()} must be numeric Telegram ids or @usernames "
+                f"separated by commas (e.g. 123456789,@alice); entry {subjects.index(bad[0]) + 1} "
+                "is neither"
+            )
+        return [p.lower() for p in subjects]
 
     @field_validator("dashboard_allowed_hosts", mode="before")
     @classmethod

@@ -24,6 +24,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bot.admin import access as admin_access
 from bot.admin import backup as admin_backup
 from bot.admin import export
 from bot.admin import sql as admin_sql
@@ -776,6 +777,7 @@ _NOT_ARGUMENTS = (
     "command",
     "admin_command",
     "variants_command",
+    "access_command",
     "json",
     "retention_days",
     "settings",
@@ -794,6 +796,8 @@ def audited(
         return command, None  # no row may mention a forgotten chat: not even this one
     if command == "assign":
         return command, str(args.chat_id)
+    if command == "access":
+        return admin_access.audited(args)
     if command == "variants":
         change = getattr(args, "variants_command", None) or ""
         if change in _READ_ONLY_VARIANTS or (change == "autopilot" and args.state == "check"):
@@ -858,6 +862,7 @@ _HANDLERS: dict[str, Handler] = {
     "export": _export,
     "forget": _forget,
     "audit": _audit,
+    "access": admin_access.run,
 }
 
 # Subcommands that need the experiment (VARIANTS_FILE).
@@ -1100,6 +1105,8 @@ def add_admin_parser(sub: Any) -> None:
     )
     assign.add_argument("chat_id", type=_chat_id, metavar="CHAT_ID")
     assign.add_argument("variant", metavar="VARIANT")
+
+    admin_access.add_parser(cmds, as_json)
 
     audit_log = cmds.add_parser(
         "audit",

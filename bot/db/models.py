@@ -644,3 +644,53 @@ class AuditEntry(Base):
     # JSON: the command's arguments (never a secret), or the autopilot's decision.
     details: Mapped[str] = mapped_column(Text, nullable=False)
     result: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+class AccessRule(Base):
+    """An operator's `admin access allow|deny` (bot/db/access.py), beside ALLOWED_USERS and
+    ALLOWED_CHATS: every replica reads these rows, so a change is followed without a restart.
+
+    `subject` is "user:<id>", "chat:<id>" or "@username" (lower case)."""
+
+    __tablename__ = "access_rules"
+    __table_args__ = (CheckConstraint("rule IN ('allow', 'deny')", name="rule"),)
+
+    subject: Mapped[str] = mapped_column(String(64), primary_key=True)
+    rule: Mapped[str] = mapped_column(String(8), nullable=False)
+    created_at: Mapped[Stamp]
+
+
+class AccessRefusal(Base):
+    """When a chat last got the refusal: one polite refusal, then silence for a while, agreed
+    on by every replica."""
+
+    __tablename__ = "access_refusals"
+
+    chat_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    refused_at: Mapped[Stamp]
+
+
+class UserQuota(Base):
+    """A user's own limits (`admin access quota`), in place of QUOTA_PER_DAY/QUOTA_PER_MINUTE;
+    NULL: no limit for that window."""
+
+    __tablename__ = "user_quotas"
+
+    user_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    per_day: Mapped[int | None] = mapped_column(Integer)
+    per_minute: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[Stamp]
+
+
+class QuotaCounter(Base):
+    """Replies counted per user and fixed window (a UTC day, a minute), shared by the
+    replicas (bot/db/access.py); `refused`: messages refused in the window (the first one is
+    told when to write again, the rest are not)."""
+
+    __tablename__ = "quota_counters"
+
+    user_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    span: Mapped[str] = mapped_column(String(8), primary_key=True)  # "day" | "minute"
+    start: Mapped[datetime] = mapped_column(UtcDateTime, primary_key=True)
+    replies: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
+    refused: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")

@@ -177,6 +177,19 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.access_refusals = Counter(
+            "bot_access_refusals",
+            "Updates refused at ingest because the sender and chat are not allowed "
+            "(ALLOWED_USERS, ALLOWED_CHATS, admin access); refused and silent ones alike.",
+            registry=r,
+        )
+        self.quota_hits = Counter(
+            "bot_quota_hits",
+            "Messages left unanswered because the user's quota was used up, by window "
+            "(day, minute).",
+            ["window"],
+            registry=r,
+        )
         self._model_metrics: tuple[Counter | Histogram, ...] = (
             self.model_time,
             self.batch_size,
@@ -190,6 +203,8 @@ class Metrics:
         # The series every dashboard plots exist from the start, at 0.
         for kind in ("inbox", "outbox", "poller"):
             self.lease_takeovers.labels(kind)
+        for window in ("day", "minute"):
+            self.quota_hits.labels(window)
         for method in DELIVERY_METHODS:
             for action in (RETRY, GAVE_UP):
                 self.telegram_failures.labels(method, action)
@@ -227,6 +242,14 @@ class Metrics:
     def received(self, kind: str) -> None:
         """Telegram delivered an update (before it is stored)."""
         self.updates_received.labels(kind).inc()
+
+    def access_refused(self) -> None:
+        """An update from a sender not allowed was dropped at ingest."""
+        self.access_refusals.inc()
+
+    def quota_hit(self, window: str) -> None:
+        """A message went unanswered over the user's quota of `window` (day, minute)."""
+        self.quota_hits.labels(window).inc()
 
     def duplicate(self) -> None:
         """A delivered update was in the inbox already."""

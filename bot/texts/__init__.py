@@ -148,6 +148,13 @@ class Texts:
         )
         self.UNKNOWN_COMMAND = _("I don't know that command. /help lists what I can do.")
 
+        # --- access (ALLOWED_USERS / ALLOWED_CHATS, `admin access`) ------------------------
+        self.NOT_ALLOWED = _(
+            "Sorry, this bot only talks to the people its operator has allowed, and you are "
+            "not on the list. If you think you should be, ask the bot's operator. I won't "
+            "reply to further messages for now."
+        )
+
         # --- /context --------------------------------------------------------------------
         self.CONTEXT_EMPTY = _(
             "We haven't talked yet: I read only my persona, if I have one (/persona)."
@@ -352,6 +359,27 @@ class Texts:
             "commands again). /forget always works.",
             max_messages,
         ).format(max_messages=max_messages, window_s=window_s)
+
+    def quota_reached(self, span: str, limit: int, when: str) -> str:
+        """The one notice a user over a quota gets per window: `span` "day" or "minute",
+        `when` the UTC time they can write again. Their message is kept for the next reply."""
+        if span == "day":
+            text = self._n(
+                "You've reached today's limit of {limit} reply. I've kept your message; you "
+                "can write again after {when} (UTC).",
+                "You've reached today's limit of {limit} replies. I've kept your message; you "
+                "can write again after {when} (UTC).",
+                limit,
+            )
+        else:
+            text = self._n(
+                "You've reached the limit of {limit} reply per minute. I've kept your message; "
+                "you can write again after {when} (UTC).",
+                "You've reached the limit of {limit} replies per minute. I've kept your "
+                "message; you can write again after {when} (UTC).",
+                limit,
+            )
+        return text.format(limit=limit, when=when)
 
     def pressing_too_fast(self, max_presses: int, window_s: float) -> str:
         """The answer (a toast, at most 200 characters) to the first button press over the

@@ -43,6 +43,7 @@ from bot.db.feedback import Outcome
 from bot.db.inbox import InboxRow, UpdateRef
 from bot.db.models import InboxStatus, VoteSource
 from bot.reports.stats import format_stats, stats
+from bot.service.access import Access
 from bot.service.budget import SendBudget
 from bot.service.metrics import Metrics
 from bot.tasks import cancel_and_wait
@@ -141,8 +142,10 @@ class Handlers:
         settings: Settings,
         sessionmaker: async_sessionmaker[AsyncSession],
         budget: SendBudget,
+        access: Access | None = None,
     ) -> None:
         self.chat = chat
+        self.access = access  # the reply quotas (bot/service/access.py); None: no quotas
         self.settings = settings
         self.sessionmaker = sessionmaker
         self.budget = budget  # the bot's, shared with the replies: drafts take what they leave
@@ -328,6 +331,8 @@ class Handlers:
                 telegram_message_id=message.message_id,
             )
             return
+        if self.access is not None and await self._over_quota(context, text, message):
+            return
         async with self._showing_progress(context.bot, context.turn, message.chat.type):
             await self.chat.text(
                 context.turn,
@@ -335,6 +340,29 @@ class Handlers:
                 telegram_message_id=message.message_id,
                 arena_markup=lambda match_id: feedback.duel_markup_json(match_id, context.texts),
             )
+
+    async def _over_quota(self, context: Context, text: str, message: Message) -> bool:
+        """Count the reply against the sender's quota; if it does not fit, keep the message
+        unanswered (as the flood gate does: it joins the next reply's context, so nothing is
+        lost and no model call is made) and, the first time in the window, say when the user
+        can write again. The update is closed either way (consumed, not retried)."""
+        assert self.access is not None
+        over = await self.access.take_reply(context.turn.user_id)
+        if over is None:
+            return False
+        log.info(
+            "user %s is over the %s quota (%d) until %s",
+            context.turn.user_id,
+            over.span,
+            over.limit,
+            over.until.isoformat(),
+        )
+        when = over.until.strftime("%H:%M:%S" if over.span == "minute" else "%Y-%m-%d %H:%M")
+        notice = context.texts.quota_reached(over.span, over.limit, when) if over.first else None
+        await self.chat.unanswered(
+            context.turn, text, notice=notice, telegram_message_id=message.message_id
+        )
+        return True
 
     @contextlib.asynccontextmanager
     async def _showing_progress(self, bot: Bot, turn: Turn, chat_type: str) -> AsyncIterator[None]:

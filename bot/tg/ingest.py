@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 from telegram import Bot, Update
+from telegram.constants import ChatType
 from telegram.error import (
     BadRequest,
     Conflict,
@@ -35,6 +36,7 @@ from telegram.warnings import PTBUserWarning
 
 from bot.conversations.store import ConversationStore
 from bot.db.models import InboxStatus
+from bot.service.access import Access, Sender
 from bot.service.metrics import Metrics
 from bot.service.retry import (
     Backoff,
@@ -185,9 +187,16 @@ def _clean(text: str) -> str:
 
 
 async def store_update(
-    store: ConversationStore, update: Update, payload: str, metrics: Metrics | None = None
+    store: ConversationStore,
+    update: Update,
+    payload: str,
+    metrics: Metrics | None = None,
+    access: Access | None = None,
 ) -> bool:
-    """Commit one update to the inbox; False if its update_id was there already."""
+    """Commit one update to the inbox; False if its update_id was there already.
+
+    With `access`, an update from a sender who is not allowed is stored closed and without
+    its content, and never handled (bot/service/access.py)."""
     payload = _clean(payload)
     data = json.loads(payload)
     kind = _clean(update_kind(data))[:32]
@@ -196,17 +205,32 @@ async def store_update(
     unusable = _unusable(data)
     if unusable:
         log.warning("update %s holds %s; stored as ignored", update.update_id, unusable)
+    handled = kind in HANDLED_KINDS and chat is not None and not unusable
+    if handled and access is not None and chat is not None:
+        sender = Sender(
+            user_id=user.id if user else None,
+            username=user.username if user else None,
+            chat_id=chat.id,
+            chat_username=chat.username,
+            private=chat.type == ChatType.PRIVATE,
+        )
+        if not await access.allows(sender):
+            new = await access.refuse(
+                sender,
+                update_id=update.update_id,
+                kind=kind,
+                language=user.language_code if user else None,
+            )
+            if not new and metrics is not None:
+                metrics.duplicate()
+            return new
     new = await store.ingest(
         update_id=update.update_id,
         chat_id=_db_int(chat.id) if chat else None,
         user_id=_db_int(user.id) if user else None,
         kind=kind,
         payload=payload,
-        status=(
-            InboxStatus.PENDING
-            if kind in HANDLED_KINDS and chat is not None and not unusable
-            else InboxStatus.IGNORED
-        ),
+        status=InboxStatus.PENDING if handled else InboxStatus.IGNORED,
     )
     if not new:
         log.info("update %s was delivered again; already stored", update.update_id)
@@ -242,11 +266,13 @@ class PollingIngest:
         *,
         backoff: Backoff | None = None,
         metrics: Metrics | None = None,
+        access: Access | None = None,
     ) -> None:
         self.bot = bot
         self.store = store
         self.on_stored = on_stored
         self.metrics = metrics
+        self.access = access
         self.backoff = backoff or Backoff(initial_s=0.5, cap_s=30.0)
         self._stopping = False
         self._stop = asyncio.Event()  # set by stop(): ends any retry wait at once
@@ -395,7 +421,8 @@ class PollingIngest:
         """Store one update, retrying until the database takes it; False if stopping first."""
         payload = json.dumps(update.to_dict(), ensure_ascii=False)
         return await self._retry_store(
-            lambda: store_update(self.store, update, payload, self.metrics), update.update_id
+            lambda: store_update(self.store, update, payload, self.metrics, self.access),
+            update.update_id,
         )
 
     async def _retry_store(self, store: Callable[[], Awaitable[object]], update_id: int) -> bool:
@@ -430,10 +457,12 @@ class WebhookIngest:
         max_connections: int = 40,
         backoff: Backoff | None = None,
         metrics: Metrics | None = None,
+        access: Access | None = None,
     ) -> None:
         if not secret:
             raise ValueError("webhook mode needs a secret")
         self.metrics = metrics
+        self.access = access
         self.bot = bot
         self.store = store
         self.on_stored = on_stored
@@ -517,7 +546,11 @@ class WebhookIngest:
             return self._acknowledge()
         try:
             await store_update(
-                self.store, update, json.dumps(data, ensure_ascii=False), self.metrics
+                self.store,
+                update,
+                json.dumps(data, ensure_ascii=False),
+                self.metrics,
+                self.access,
             )
         except Exception as err:  # noqa: BLE001 - any failure means "not stored"
             # Not stored, so not acknowledged: Telegram will post it again.

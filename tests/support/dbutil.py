@@ -94,6 +94,10 @@ TABLES = {
     "chat_settings",
     "autopilot_decisions",
     "audit_log",
+    "access_rules",
+    "access_refusals",
+    "user_quotas",
+    "quota_counters",
     "alembic_version",
 }
 
