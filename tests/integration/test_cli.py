@@ -247,3 +247,34 @@ def test_bot_model_without_weights_exits_2_before_the_network(
     )
     assert "getMe" not in proc.stderr + proc.stdout
     assert not (tmp_path / "bot.sqlite3").exists()
+
+
+async def test_bad_access_and_quota_settings_exit_2_before_the_network(tmp_path: Path) -> None:
+    """ALLOWED_USERS / ALLOWED_CHATS entries that are neither ids nor @usernames, and a quota
+    below 1, stop `run` with one line each and status 2, before getMe; the entry is not echoed
+    (a mistyped variable may hold a secret)."""
+    import asyncio
+
+    from tests.support.botprocess import TOKEN
+    from tests.support.fakebotapi import FakeBotAPI
+
+    async with FakeBotAPI(TOKEN) as api:
+        env = _env(
+            tmp_path, PYTHONPATH=str(ROOT), TELEGRAM_BOT_TOKEN=TOKEN,
+            TELEGRAM_BASE_URL=api.base_url, ALLOWED_USERS="123, alice smith",
+            ALLOWED_CHATS="https://t.me/x", QUOTA_PER_DAY="0",
+            DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'bot.sqlite3'}",
+        )  # fmt: skip
+        proc = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "bot", "run"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert api.calls == []
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "ALLOWED_USERS must be numeric Telegram ids or @usernames" in proc.stderr
+    assert "entry 2 is neither" in proc.stderr
+    assert "ALLOWED_CHATS must be numeric Telegram ids or @usernames" in proc.stderr
+    assert "QUOTA_PER_DAY" in proc.stderr
+    assert "alice smith" not in proc.stderr and "t.me" not in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from bot.config import ConfigError, Settings
 
@@ -177,3 +178,15 @@ def test_a_missing_or_unreadable_credential_says_what_to_do(
     with pytest.raises(ConfigError) as err:
         Settings(_env_file=None).require_token()  # type: ignore[call-arg]
     assert "credential" not in str(err.value)
+
+
+def test_allowed_users_and_chats_are_ids_and_usernames() -> None:
+    s = Settings(  # type: ignore[call-arg]
+        _env_file=None, allowed_users=" 123, @Alice_B ;-5", allowed_chats="-1001234567890,"
+    )
+    assert s.allowed_users == ["123", "@alice_b", "-5"]
+    assert s.allowed_chats == ["-1001234567890"]
+    assert Settings(_env_file=None).allowed_users == []  # type: ignore[call-arg]
+    for bad in ("alice", "@", "12ab", "@with space", "@" + "x" * 33):
+        with pytest.raises(ValidationError, match="ALLOWED_USERS must be numeric"):
+            Settings(_env_file=None, allowed_users=bad)  # type: ignore[call-arg]

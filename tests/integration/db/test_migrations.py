@@ -17,6 +17,8 @@ from bot.db.models import Base, utcnow
 from tests.support.dbutil import TABLES, create_pg_database, drop_pg_database, table_names
 
 CATS = "I love cats."
+# 0015's tables (access and quotas).
+ACCESS_TABLES = {"access_rules", "access_refusals", "user_quotas", "quota_counters"}
 
 
 async def _diff(url: str) -> list[object]:
@@ -341,7 +343,7 @@ def test_0012_gives_every_existing_row_the_identity_of_its_name(empty_db_url: st
     assert read("SELECT chat_id, source FROM assignments ORDER BY chat_id") == [
         (1, "admin"), (2, "hash"), (3, "hash"),
     ]  # fmt: skip
-    later = {"variant_versions", "autopilot_decisions", "audit_log"}  # 0012-0014's
+    later = {"variant_versions", "autopilot_decisions", "audit_log"} | ACCESS_TABLES  # 0012-15
     assert asyncio.run(table_names(empty_db_url)) == TABLES - later
     migrate.upgrade(empty_db_url)
 
@@ -451,3 +453,46 @@ def test_0014_adds_an_empty_audit_log_that_takes_only_known_sources(empty_db_url
     assert asyncio.run(_read(empty_db_url, "SELECT name, version FROM experiments")) == [("exp", 4)]
     migrate.upgrade(empty_db_url)
     assert asyncio.run(_read(empty_db_url, "SELECT COUNT(*) FROM audit_log")) == [(0,)]
+
+
+# --- 0015: access rules and quotas -----------------------------------------------------------
+
+
+def test_0015_adds_empty_access_and_quota_tables_and_leaves_the_rest(empty_db_url: str) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    migrate.upgrade(empty_db_url, "0014")
+    now = "'2026-03-01 12:00:00.000000'"
+    audit_row = (
+        "INSERT INTO audit_log (at, actor, source, action, target, details, result) "
+        f"VALUES ({now}, 'alice', 'cli', 'forget', NULL, '{{}}', 'ok')"
+    )
+    asyncio.run(_write(empty_db_url, audit_row))
+    assert ACCESS_TABLES.isdisjoint(asyncio.run(table_names(empty_db_url)))
+    migrate.upgrade(empty_db_url, "0015")
+    for table in sorted(ACCESS_TABLES):
+        assert asyncio.run(_read(empty_db_url, f"SELECT COUNT(*) FROM {table}")) == [(0,)]
+    rule = f"INSERT INTO access_rules (subject, rule, created_at) VALUES ('user:1', 'R', {now})"
+    asyncio.run(_write(empty_db_url, rule.replace("'R'", "'allow'").replace("user:1", "@ann")))
+    asyncio.run(_write(empty_db_url, rule.replace("'R'", "'deny'")))
+    counter = (
+        "INSERT INTO quota_counters (user_id, span, start) "
+        "VALUES (7, 'day', '2026-03-01 00:00:00.000000')"
+    )
+    asyncio.run(_write(empty_db_url, counter))
+    # The counters start at 0; a rule is allow or deny; one counter per user, span and start.
+    assert asyncio.run(_read(empty_db_url, "SELECT replies, refused FROM quota_counters")) == [
+        (0, 0)
+    ]
+    for bad in (rule.replace("'R'", "'maybe'").replace("user:1", "user:2"), counter):
+        try:
+            asyncio.run(_write(empty_db_url, bad))
+        except IntegrityError:
+            pass
+        else:
+            raise AssertionError(f"stored: {bad}")
+    migrate.downgrade(empty_db_url, "0014")
+    assert ACCESS_TABLES.isdisjoint(asyncio.run(table_names(empty_db_url)))
+    assert asyncio.run(_read(empty_db_url, "SELECT actor FROM audit_log")) == [("alice",)]
+    migrate.upgrade(empty_db_url)
+    assert asyncio.run(_read(empty_db_url, "SELECT COUNT(*) FROM access_rules")) == [(0,)]
