@@ -119,8 +119,6 @@ class Access:
     ) -> bool:
         """Store the update closed, keeping nothing it said, and refuse the chat if it is a
         private one due a refusal, in one transaction; False if it was stored before."""
-        if self.metrics is not None:
-            self.metrics.access_refused()
         async with self.sessionmaker.begin() as db:
             new = await inbox.insert(
                 db,
@@ -146,6 +144,8 @@ class Access:
                     update_id=update_id,
                 )
                 log.info("refused chat %s (not allowed)", sender.chat_id)
+        if new and self.metrics is not None:  # once per update: not again on a redelivery
+            self.metrics.access_refused()
         return new
 
     async def limits(self, user_id: int) -> dict[str, int | None]:

@@ -39,7 +39,8 @@ async def test_a_stranger_is_refused_once_then_ignored_and_nothing_is_kept(
         db_url, api, tmp_path, allowed_users=str(FRIEND), admin_user_ids=str(ADMIN)
     )
     service = await start_service(settings, responder)
-    for text in ("hello, secret words", "/start", "are you there?"):
+    first = api.user_message(STRANGER, "hello, secret words", language_code="de")
+    for text in ("/start", "are you there?"):
         api.user_message(STRANGER, text, language_code="de")
     api.user_message(FRIEND, "hi from a friend")
     api.user_message(ADMIN, "hi from the admin")
@@ -64,6 +65,12 @@ async def test_a_stranger_is_refused_once_then_ignored_and_nothing_is_kept(
     assert {status for status, _ in stored} == {"ignored"}
     assert not [p for _, p in stored if "secret" in p or "start" in p or "there" in p]
     assert _sample(service, "bot_access_refusals_total") == 3
+    # A redelivery of a refused update is a duplicate like any other: no second refusal.
+    api.redeliver(first)
+    await settled(service, api)
+    assert api.texts(STRANGER) == [for_language("de").NOT_ALLOWED]
+    assert _sample(service, "bot_access_refusals_total") == 3
+    assert _sample(service, "bot_updates_duplicate_total") == 1
 
 
 async def test_admin_access_allow_and_deny_take_effect_live(
