@@ -220,3 +220,25 @@ async def test_two_replicas_share_one_quota(db_url: str, tmp_path: Path) -> None
         assert sum(len(e.calls) for e in engines) == 5
         assert all(e.calls for e in engines)  # both replicas answered some
         assert counted == [(5, 7)]
+
+
+async def test_usernames_and_allowed_chats_let_in_and_an_unlisted_group_stays_silent(
+    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    responder = EchoResponder()
+    settings = make_settings(
+        sqlite_url, api, tmp_path, allowed_users="@Alice", allowed_chats="-700", group_policy="all"
+    )
+    service = await start_service(settings, responder)
+    alice = {"id": 203, "is_bot": False, "first_name": "A", "username": "alice"}
+    api.user_message(203, "by name", extra={"from": alice})
+    api.user_message(-700, "in a listed group", user_id=204, chat_type="group")
+    api.user_message(-701, "in another group", user_id=204, chat_type="group")
+    api.user_message(204, "alone")
+    await api.wait_for_texts(204, 1)
+    await settled(service, api)
+    assert api.texts(203) == ["echo 203: by name"]
+    assert api.texts(-700) == ["echo -700: in a listed group"]
+    assert api.texts(-701) == []  # a group that is not allowed gets no refusal: silence
+    assert api.texts(204) == [ENGLISH.NOT_ALLOWED]
+    assert sorted(c for c, _ in responder.calls) == [-700, 203]
