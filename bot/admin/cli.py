@@ -11,6 +11,7 @@ import asyncio
 import csv
 import json
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, is_dataclass
@@ -27,10 +28,10 @@ from bot.admin import backup as admin_backup
 from bot.admin import export
 from bot.admin import sql as admin_sql
 from bot.config import Settings, get_settings
-from bot.db import assignments
+from bot.db import assignments, audit
 from bot.db import variants as stored_variants
 from bot.db.engine import make_engine, make_sessionmaker, safe_url
-from bot.db.models import AssignmentSource, Role, SessionStatus
+from bot.db.models import AssignmentSource, AuditSource, Role, SessionStatus
 from bot.engine import live
 from bot.engine.live import VariantChangeError
 from bot.engine.variants import ALLOCATIONS, INFERENCE, Experiment, load_experiment
@@ -735,6 +736,162 @@ async def _assign(
     return 0
 
 
+async def _audit(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> int:
+    async with make_sessionmaker(engine)() as db:
+        rows = await audit.recent(db, args.limit)
+    if args.json:
+        print(dump_json([asdict(r) for r in rows]), file=out)
+        return 0
+    if not rows:
+        print("no admin changes recorded", file=out)
+        return 0
+    table = [
+        (
+            r.id,
+            r.at,
+            r.actor,
+            r.source,
+            r.action,
+            r.target,
+            " ".join(f"{k}={v}" for k, v in r.details.items()),
+            r.result,
+        )
+        for r in rows
+    ]
+    columns = ["id", "at", "actor", "source", "action", "target", "details", "result"]
+    print(format_table(columns, table), file=out)
+    return 0
+
+
+# --- the audit log: every subcommand that changes data is recorded (bot/db/audit.py) ----------
+
+# Changes that are not: `variants list` and `variants autopilot check` only read.
+_READ_ONLY_VARIANTS = ("list", "")
+# Arguments the audit row leaves out, and masks in its result ("chat N": the way every message
+# of `forget` names it): `forget` deletes every row that mentions the chat
+# (docs/administration.md), and its audit row must not be one.
+_UNRECORDED = {"forget": ("chat_id",)}
+# Namespace entries that are not the operator's arguments.
+_NOT_ARGUMENTS = (
+    "command",
+    "admin_command",
+    "variants_command",
+    "json",
+    "retention_days",
+    "settings",
+)
+
+
+def audited(
+    args: argparse.Namespace, experiment: Experiment | None
+) -> tuple[str, str | None] | None:
+    """(action, target) of a subcommand that changes data; None for one that only reads.
+
+    A new subcommand that writes names itself here (and so is recorded by `admin`).
+    """
+    command = args.admin_command
+    if command == "forget":
+        return command, None  # no row may mention a forgotten chat: not even this one
+    if command == "assign":
+        return command, str(args.chat_id)
+    if command == "variants":
+        change = getattr(args, "variants_command", None) or ""
+        if change in _READ_ONLY_VARIANTS or (change == "autopilot" and args.state == "check"):
+            return None
+        name = getattr(args, "name", None)
+        return f"variants {change}", name or (experiment.name if experiment else "")
+    return None
+
+
+async def _recorded(
+    engine: AsyncEngine,
+    args: argparse.Namespace,
+    experiment: Experiment | None,
+    run: Callable[[], Awaitable[int]],
+) -> int:
+    """Run a subcommand; one that changes data is recorded before and after (bot/db/audit.py):
+    pending, then ok / exit N / the error. No change is made unless its row is written."""
+    what = audited(args, experiment)
+    if what is None:
+        return await run()
+    sessionmaker = make_sessionmaker(engine)
+    unrecorded = _UNRECORDED.get(args.admin_command, ())
+    pending = await audit.begin(
+        sessionmaker,
+        actor=audit.os_actor(),
+        source=AuditSource.CLI,
+        action=what[0],
+        target=what[1],
+        details=audit.arguments(vars(args), leave_out=_NOT_ARGUMENTS + unrecorded),
+    )
+    try:
+        status = await run()
+    except BaseException as err:
+        shown = _hint(err) if isinstance(err, DBAPIError) else str(err) or type(err).__name__
+        for name in unrecorded:  # the messages say "chat N"; a count that equals N stays
+            value = re.escape(str(getattr(args, name)))
+            shown = re.sub(rf"\bchat {value}(?!\d)", f"chat <{name}>", shown)
+        await _finish(sessionmaker, pending, audit.outcome(error=shown))
+        raise
+    await _finish(sessionmaker, pending, audit.outcome(status))
+    return status
+
+
+async def _restore_recorded(url: str, args: argparse.Namespace, out: TextIO) -> int:
+    """`admin restore`, recorded after it ran: the database it replaces may have no audit
+    table yet (an empty one), and what it had is gone once restored, so the row goes into the
+    restored database (at this release's revision by then). A refused restore changed
+    nothing and is recorded in the database as it was, when it has the table."""
+    status: int | None = None
+    error: str | None = None
+    try:
+        status = await admin_backup.run(url, args, out)
+        return status
+    except BaseException as err:
+        error = str(err) or type(err).__name__
+        raise
+    finally:
+        if status is not None or error is not None:
+            await _record_once(url, "restore", args.path, audit.outcome(status, error))
+
+
+async def _record_once(url: str, action: str, target: str | None, result: str) -> None:
+    """One finished audit row, best effort: a database without the table (or none at all)
+    gets a warning on stderr instead."""
+    if make_url(url).get_backend_name() == "sqlite":
+        try:
+            admin_sql.sqlite_path(url)
+        except AdminError:
+            return  # no database file: nothing was changed, and nowhere to record it
+    engine = make_engine(url)
+    try:
+        async with make_sessionmaker(engine).begin() as db:
+            await audit.record(
+                db,
+                actor=audit.os_actor(),
+                source=AuditSource.CLI,
+                action=action,
+                target=target,
+                details={},
+                result=result,
+            )
+    except (DBAPIError, OSError) as err:
+        print(f"warning: the audit log could not record this {action}: {err}", file=sys.stderr)
+    finally:
+        await engine.dispose()
+
+
+async def _finish(sessionmaker: Any, pending: audit.Pending, result: str) -> None:
+    try:
+        await audit.finish(sessionmaker, pending, result)
+    except (DBAPIError, OSError) as err:  # the change's own outcome stands; say what is missing
+        print(
+            f"warning: audit row {pending.id} stays 'pending' (its result {result!r} could not "
+            f"be written: {err}); `python -m bot admin audit` shows it",
+            file=sys.stderr,
+        )
+
+
 Handler = Callable[[AsyncEngine, argparse.Namespace, TextIO], Awaitable[int]]
 ExperimentHandler = Callable[[AsyncEngine, argparse.Namespace, TextIO, Experiment], Awaitable[int]]
 
@@ -744,6 +901,7 @@ _HANDLERS: dict[str, Handler] = {
     "show": _show,
     "export": _export,
     "forget": _forget,
+    "audit": _audit,
 }
 
 # Subcommands that need the experiment (VARIANTS_FILE).
@@ -783,7 +941,9 @@ async def admin(
         _episode_filter(args)  # a usage error before anything touches the database
     if args.admin_command == "sql":
         return await _sql(sql_url or url, args, out)
-    if args.admin_command in ("backup", "restore"):
+    if args.admin_command == "restore":
+        return await _restore_recorded(url, args, out)
+    if args.admin_command == "backup":
         return await admin_backup.run(url, args, out)
     if needs_experiment(args) and experiment is None:
         raise AdminError(f"admin {args.admin_command} needs the experiment (VARIANTS_FILE)")
@@ -792,8 +952,13 @@ async def admin(
     engine = make_engine(url)
     try:
         if experiment is not None and needs_experiment(args):
-            return await _EXPERIMENT_HANDLERS[args.admin_command](engine, args, out, experiment)
-        return await _HANDLERS[args.admin_command](engine, args, out)
+            handler = _EXPERIMENT_HANDLERS[args.admin_command]
+            return await _recorded(
+                engine, args, experiment, lambda: handler(engine, args, out, experiment)
+            )
+        return await _recorded(
+            engine, args, None, lambda: _HANDLERS[args.admin_command](engine, args, out)
+        )
     except DBAPIError as err:
         raise AdminError(f"database {safe_url(url)}: {_hint(err)}") from err
     except BrokenPipeError:
@@ -981,6 +1146,19 @@ def add_admin_parser(sub: Any) -> None:
     )
     assign.add_argument("chat_id", type=_chat_id, metavar="CHAT_ID")
     assign.add_argument("variant", metavar="VARIANT")
+
+    audit_log = cmds.add_parser(
+        "audit",
+        parents=[as_json],
+        help="the admin changes recorded, newest first: who, when, what, the result",
+        description="Every change made with `admin` (variants, forget, assign, ...) and every "
+        "decision of the autopilot: who (the OS user, a Telegram admin's id, or "
+        "autopilot@<replica>), when (UTC), the command's arguments and its result (ok, exit N, "
+        "error: ...; 'pending' if the command died before its result was written).",
+    )
+    audit_log.add_argument(
+        "--limit", type=_positive, default=50, metavar="N", help="at most N rows (default 50)"
+    )
 
     sql = cmds.add_parser(
         "sql",

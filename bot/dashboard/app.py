@@ -28,6 +28,7 @@ from bot.admin.sql import SqlRefused, readonly_engine
 from bot.config import Settings
 from bot.dashboard import charts
 from bot.dashboard.auth import COOKIE, LoginLimiter, Password, Sessions, is_loopback
+from bot.db import audit
 from bot.db.engine import make_sessionmaker, safe_url
 from bot.db.models import utcnow
 from bot.engine.variants import Experiment
@@ -517,6 +518,24 @@ async def health_page(request: web.Request) -> web.StreamResponse:
     return _render(request, "health.html", health=health, alive_s=dash.alive_s)
 
 
+AUDIT_ROWS = 200
+
+
+async def audit_page(request: web.Request) -> web.StreamResponse:
+    """The audit log (`admin audit`): the newest admin changes and autopilot decisions."""
+    missing = None
+    rows: list[audit.AuditRow] = []
+    try:
+        async with _sessionmaker(request)() as db:
+            rows = await audit.recent(db, AUDIT_ROWS)
+    except DBAPIError as err:
+        text = str(err.orig) if err.orig is not None else str(err)
+        if "audit_log" not in text:
+            raise
+        missing = "There is no audit log in this database yet: run `python -m bot db upgrade`."
+    return _render(request, "audit.html", rows=rows, missing=missing, limit=AUDIT_ROWS)
+
+
 # --- the application -----------------------------------------------------------------------------
 
 
@@ -568,5 +587,6 @@ def build_app(
     app.router.add_get(r"/conversations/{session_id:\d{1,18}}", conversation)
     app.router.add_get("/variants", variants)
     app.router.add_get("/health", health_page)
+    app.router.add_get("/audit", audit_page)
     app.router.add_static("/static/", STATIC_DIR, append_version=False)
     return app

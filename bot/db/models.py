@@ -608,3 +608,39 @@ class AutopilotDecision(Base):
     # The replica (replicas.owner) or "admin" that made it.
     decided_by: Mapped[str] = mapped_column(String(128), nullable=False)
     created_at: Mapped[Stamp]
+
+
+class AuditSource(StrEnum):
+    """Where an audited change was made."""
+
+    CLI = "cli"  # `python -m bot admin ...`: the actor is the OS user
+    TELEGRAM = "telegram"  # an admin's command in Telegram: the actor is their user id
+    AUTOPILOT = "autopilot"  # bot/service/autopilot.py: the actor is autopilot@<replica>
+
+
+class AuditEntry(Base):
+    """One admin change (bot/db/audit.py): who made it, when, what, and how it ended.
+
+    `result` is "pending" from the moment the change is about to be made until its outcome is
+    written over it: "ok", "exit N" (it ended without changing anything, e.g. a declined
+    prompt), or "error: ..." with the message the operator saw. A row left "pending" means the
+    command died (or lost the database) between the two writes: look at what it changed.
+    """
+
+    __tablename__ = "audit_log"
+    __table_args__ = (
+        CheckConstraint("source IN ('cli', 'telegram', 'autopilot')", name="source"),
+        Index("ix_audit_log_at", "at"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[Serial]
+    at: Mapped[Stamp]
+    actor: Mapped[str] = mapped_column(String(128), nullable=False)
+    source: Mapped[str] = mapped_column(String(16), nullable=False)
+    action: Mapped[str] = mapped_column(String(64), nullable=False)  # "variants weight"
+    # What it changed: a variant's name, a chat id, an experiment; NULL for none in particular.
+    target: Mapped[str | None] = mapped_column(String(128))
+    # JSON: the command's arguments (never a secret), or the autopilot's decision.
+    details: Mapped[str] = mapped_column(Text, nullable=False)
+    result: Mapped[str] = mapped_column(Text, nullable=False)

@@ -38,8 +38,10 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from bot.db import audit
 from bot.db import autopilot as decisions
 from bot.db import variants as stored
+from bot.db.models import AuditSource
 from bot.reports.guards import GuardFigures, guard_figures
 from bot.reports.variant_stats import SequentialLift, always_valid_lift
 from bot.reports.variants import chat_votes
@@ -325,6 +327,23 @@ async def check(
         for name, weight in after.items():
             if weight != weights_before[name]:
                 await stored.set_weight(db, experiment, name, weight)
+        # The audit log's row commits with the decision (bot/db/audit.py).
+        await audit.record(
+            db,
+            actor=audit.autopilot_actor(decided_by),
+            source=AuditSource.AUTOPILOT,
+            action=f"variants {chosen.action}",
+            target=chosen.variant,
+            details={
+                "experiment": experiment,
+                "based_on": seen,
+                "control": control.name,
+                "reason": chosen.reason,
+                "weights_before": weights_before,
+                "weights_after": after,
+            },
+            result=audit.OK,
+        )
     decision = Decision(
         experiment, seen, chosen.variant, control.name, chosen.action, chosen.reason, figures
     )

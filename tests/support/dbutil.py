@@ -93,6 +93,7 @@ TABLES = {
     "variant_versions",
     "chat_settings",
     "autopilot_decisions",
+    "audit_log",
     "alembic_version",
 }
 

@@ -341,16 +341,24 @@ async def test_forget_leaves_no_row_mentioning_the_chat(
 
     # Not a terminal and no --yes: refuse, delete nothing.
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
-    with pytest.raises(reports.AdminError, match="--yes"):
+    with pytest.raises(reports.AdminError, match="--yes") as refusal:
         await run(db_url, "forget", "1001")
-    assert await snapshot(store) == before
+    refused = await snapshot(store)
+    assert len(refused.pop("audit_log")) == 1  # the refusal is recorded (without the chat)
+    assert refused == {k: v for k, v in before.items() if k != "audit_log"}
 
     status, out = await run(db_url, "forget", "1001", "--yes")
     assert status == 0
     assert "forgot chat 1001: deleted 2 session(s), 8 message(s)" in out
     after = await snapshot(store)
     leftovers = [(t, r) for t, rows in after.items() for r in rows if _mentions(t, r, 1001)]
-    assert leftovers == []
+    assert leftovers == []  # the audit log's rows of both forgets included
+    shown = str(refusal.value)
+    assert "chat 1001 has" in shown
+    assert [r[-1] for r in after["audit_log"]] == [
+        "error: " + shown.replace("1001", "<chat_id>"),
+        "ok",
+    ]
     # The other chats are untouched.
     for name in ("sessions", "messages", "outbox", "inbox"):
         others = [r for r in before[name] if not _mentions(name, r, 1001)]

@@ -137,6 +137,7 @@ async def test_no_route_answers_without_a_session(dash: Dash) -> None:
         "/conversations/{session_id}",
         "/variants",
         "/health",
+        "/audit",
         "/logout",
     }
     forged = Sessions(Password(PASSWORD)).create()  # signed with another process's key
@@ -532,12 +533,48 @@ async def test_health_page_shows_replicas_workers_and_leases(dash: Dash) -> None
     ]
 
 
+async def test_audit_page_shows_the_admin_changes_newest_first_and_escaped(dash: Dash) -> None:
+    from bot.db import audit
+    from bot.db.models import AuditSource
+
+    await login(dash.client)
+    assert 'id="no-audit"' in await page(dash.client, "/audit")
+    # A real admin change, then a row with markup in every free-text field.
+    assert (await run(dash.db_url, "forget", "999", "--yes"))[0] == 0
+    engine = make_engine(dash.db_url)
+    try:
+        async with make_sessionmaker(engine).begin() as db:
+            await audit.record(
+                db,
+                actor="<b>mallory</b>",
+                source=AuditSource.TELEGRAM,
+                action="variants weight",
+                target="<script>x</script>",
+                details={"note": "<i>w</i>"},
+                result="error: <img src=x onerror=alert(1)>",
+            )
+    finally:
+        await engine.dispose()
+    body = await page(dash.client, "/audit")
+    rows = re.findall(r'<tr data-audit="(\d+)" class="(\w+)">(.*?)</tr>', body, re.S)
+    assert [(cls, "forget" in cells) for _, cls, cells in rows] == [
+        ("failed", False),
+        ("ok", True),
+    ]
+    assert int(rows[0][0]) > int(rows[1][0])
+    assert f"<td>{html.escape(audit.os_actor())}</td>" in rows[1][2] and "yes=True" in rows[1][2]
+    hostile = rows[0][2]
+    for raw in ("<b>mallory</b>", "<script>x</script>", "<i>w</i>", "<img src=x"):
+        assert raw not in body
+        assert html.escape(raw, quote=False) in hostile or html.escape(raw) in hostile, raw
+
+
 async def test_the_dashboard_writes_nothing(dash: Dash) -> None:
     store = ConversationStore(make_sessionmaker(make_engine(dash.db_url)))
     before = await snapshot(store)
     await login(dash.client)
     paths = ["/", "/?days=90", "/conversations", "/conversations?persona=a&on=2026-01-10"]
-    paths += [f"/conversations/{dash.seed.hostile_session}", "/variants", "/health"]
+    paths += [f"/conversations/{dash.seed.hostile_session}", "/variants", "/health", "/audit"]
     for path in paths:
         await page(dash.client, path)
     await dash.client.post("/logout")
@@ -707,7 +744,7 @@ async def test_a_missing_database_is_a_503_page_that_says_why(tmp_path: Path) ->
     )
     async with TestClient(TestServer(app)) as client:
         await login(client)
-        for path in ("/", "/conversations", "/variants", "/health"):
+        for path in ("/", "/conversations", "/variants", "/health", "/audit"):
             r = await client.get(path, allow_redirects=False)
             body = await r.text()
             assert r.status == 503 and "no database at" in body, (path, r.status)

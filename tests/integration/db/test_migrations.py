@@ -341,7 +341,7 @@ def test_0012_gives_every_existing_row_the_identity_of_its_name(empty_db_url: st
     assert read("SELECT chat_id, source FROM assignments ORDER BY chat_id") == [
         (1, "admin"), (2, "hash"), (3, "hash"),
     ]  # fmt: skip
-    later = {"variant_versions", "autopilot_decisions"}  # 0012's and 0013's
+    later = {"variant_versions", "autopilot_decisions", "audit_log"}  # 0012-0014's
     assert asyncio.run(table_names(empty_db_url)) == TABLES - later
     migrate.upgrade(empty_db_url)
 
@@ -411,3 +411,43 @@ def test_0013_adds_the_autopilot_off_and_one_decision_per_version(empty_db_url: 
     # The experiment and its variant stay (no cascade from a rebuilt table).
     assert asyncio.run(_read(empty_db_url, "SELECT name, version FROM experiments")) == [("exp", 7)]
     assert asyncio.run(_read(empty_db_url, "SELECT COUNT(*) FROM variants")) == [(1,)]
+
+
+# --- 0014: the audit log ---------------------------------------------------------------------
+
+
+def test_0014_adds_an_empty_audit_log_that_takes_only_known_sources(empty_db_url: str) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    migrate.upgrade(empty_db_url, "0013")
+    now = "'2026-03-01 12:00:00.000000'"
+    asyncio.run(
+        _write(
+            empty_db_url,
+            f"INSERT INTO experiments (name, allocation, version, created_at, updated_at) "
+            f"VALUES ('exp', 'weights', 4, {now}, {now})",
+        )
+    )
+    migrate.upgrade(empty_db_url, "0014")
+    assert asyncio.run(_read(empty_db_url, "SELECT COUNT(*) FROM audit_log")) == [(0,)]
+    row = (
+        "INSERT INTO audit_log (at, actor, source, action, target, details, result) "
+        f"VALUES ({now}, 'alice', 'SOURCE', 'variants weight', 'b', '{{}}', 'ok')"
+    )
+    for source in ("cli", "telegram", "autopilot"):
+        asyncio.run(_write(empty_db_url, row.replace("SOURCE", source)))
+    try:
+        asyncio.run(_write(empty_db_url, row.replace("SOURCE", "cron")))
+    except IntegrityError:
+        pass
+    else:
+        raise AssertionError("a row from an unknown source was stored")
+    read = "SELECT id, source FROM audit_log ORDER BY id"
+    ids = asyncio.run(_read(empty_db_url, read))
+    assert [s for _, s in ids] == ["cli", "telegram", "autopilot"]
+    assert [i for i, _ in ids] == sorted({i for i, _ in ids})  # ids increase
+    migrate.downgrade(empty_db_url, "0013")
+    assert "audit_log" not in asyncio.run(table_names(empty_db_url))
+    assert asyncio.run(_read(empty_db_url, "SELECT name, version FROM experiments")) == [("exp", 4)]
+    migrate.upgrade(empty_db_url)
+    assert asyncio.run(_read(empty_db_url, "SELECT COUNT(*) FROM audit_log")) == [(0,)]

@@ -190,6 +190,18 @@ async def test_add_weight_promote_remove_reach_a_running_service_within_10s(
         assert took < WITHIN_S
 
 
+async def _audit_results(url: str) -> list[str]:
+    from bot.db import audit
+    from bot.db.engine import make_engine, make_sessionmaker
+
+    engine = make_engine(url)
+    try:
+        async with make_sessionmaker(engine)() as db:
+            return [r.result for r in await audit.recent(db, 100)]
+    finally:
+        await engine.dispose()
+
+
 def test_bad_changes_are_refused_with_status_2_and_change_nothing(
     sqlite_url: str, tmp_path: Path, tiny_model_file: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -223,6 +235,11 @@ def test_bad_changes_are_refused_with_status_2_and_change_nothing(
     assert run_admin(settings, parse_admin("variants", "list", "--json")) == 0
     listed = json.loads(capsys.readouterr().out)
     assert listed["version"] == 0  # not even the seed is stored: every refusal rolled back
+    # ... and the audit log holds each refusal with the message the operator saw.
+    recorded = asyncio.run(_audit_results(sqlite_url))
+    assert len(recorded) == len(cases) and all(r.startswith("error: ") for r in recorded)
+    for r, message in zip(recorded, reversed(cases.values()), strict=True):
+        assert message in r, (r, message)
     assert [(v["name"], v["weight"], v["control"]) for v in listed["variants"]] == [
         ("a", 1.0, True),
         ("b", 0.0, False),

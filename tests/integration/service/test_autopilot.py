@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from bot import texts
 from bot.admin.cli import admin
 from bot.config import Settings
+from bot.db import audit
 from bot.db import autopilot as autopilot_rows
 from bot.db import variants as stored
 from bot.db.engine import make_engine, make_sessionmaker
@@ -205,6 +206,14 @@ async def test_a_clear_winner_is_promoted_and_the_decision_stored(
     # The experiment moved on one version: every replica follows it.
     async with db() as s:
         assert await stored.version(s, EXP) == version + 1
+    # The audit log holds it too, committed with the decision.
+    async with db() as s:
+        [entry] = await audit.recent(s)
+    assert (entry.actor, entry.source, entry.action, entry.target, entry.result) == (
+        "autopilot@r1", "autopilot", "variants promote", "b", "ok",
+    )  # fmt: skip
+    assert entry.details["based_on"] == version and entry.details["control"] == "a"
+    assert entry.details["weights_after"] == {"a": 0.0, "b": 1.0}
     # Nothing left to judge: b is the control, a has no weight.
     assert await autopilot.check(db, EXP, decided_by="r1") is None
     assert len(await _decisions(db)) == 1
@@ -296,6 +305,8 @@ async def test_two_checks_at_once_make_one_decision(
     assert len(made) == 1 and made[0].action == "promote"
     [row] = await _decisions(db)
     assert row.decided_by == f"replica-{results.index(made[0])}"
+    async with db() as s:  # one audit row: the loser's rolled back with its claim
+        assert [e.actor for e in await audit.recent(s)] == [f"autopilot@{row.decided_by}"]
     async with db() as s:
         assert await stored.version(s, EXP) == version + 1
     assert await _weights(db) == {"a": (0.0, False), "b": (1.0, True)}
