@@ -841,6 +841,50 @@ async def _recorded(
     return status
 
 
+async def _restore_recorded(url: str, args: argparse.Namespace, out: TextIO) -> int:
+    """`admin restore`, recorded after it ran: the database it replaces may have no audit
+    table yet (an empty one), and what it had is gone once restored, so the row goes into the
+    restored database (at this release's revision by then). A refused restore changed
+    nothing and is recorded in the database as it was, when it has the table."""
+    status: int | None = None
+    error: str | None = None
+    try:
+        status = await admin_backup.run(url, args, out)
+        return status
+    except BaseException as err:
+        error = str(err) or type(err).__name__
+        raise
+    finally:
+        if status is not None or error is not None:
+            await _record_once(url, "restore", args.path, audit.outcome(status, error))
+
+
+async def _record_once(url: str, action: str, target: str | None, result: str) -> None:
+    """One finished audit row, best effort: a database without the table (or none at all)
+    gets a warning on stderr instead."""
+    if make_url(url).get_backend_name() == "sqlite":
+        try:
+            admin_sql.sqlite_path(url)
+        except AdminError:
+            return  # no database file: nothing was changed, and nowhere to record it
+    engine = make_engine(url)
+    try:
+        async with make_sessionmaker(engine).begin() as db:
+            await audit.record(
+                db,
+                actor=audit.os_actor(),
+                source=AuditSource.CLI,
+                action=action,
+                target=target,
+                details={},
+                result=result,
+            )
+    except (DBAPIError, OSError) as err:
+        print(f"warning: the audit log could not record this {action}: {err}", file=sys.stderr)
+    finally:
+        await engine.dispose()
+
+
 async def _finish(sessionmaker: Any, pending: audit.Pending, result: str) -> None:
     try:
         await audit.finish(sessionmaker, pending, result)
@@ -902,7 +946,9 @@ async def admin(
         _episode_filter(args)  # a usage error before anything touches the database
     if args.admin_command == "sql":
         return await _sql(sql_url or url, args, out)
-    if args.admin_command in ("backup", "restore"):
+    if args.admin_command == "restore":
+        return await _restore_recorded(url, args, out)
+    if args.admin_command == "backup":
         return await admin_backup.run(url, args, out)
     if needs_experiment(args) and experiment is None:
         raise AdminError(f"admin {args.admin_command} needs the experiment (VARIANTS_FILE)")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic.script import ScriptDirectory
 from pydantic import SecretStr
 from sqlalchemy import insert, select, text
 from sqlalchemy.engine import make_url
@@ -26,6 +27,7 @@ from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import (
     ArenaMatch,
     Assignment,
+    AuditEntry,
     AutopilotDecision,
     ChatLease,
     ChatSetting,
@@ -49,7 +51,7 @@ from tests.support.dbutil import (
     table_names,
 )
 
-HEAD = "0013"
+HEAD = ScriptDirectory.from_config(migrate.alembic_config("sqlite://")).get_current_head()
 
 
 async def fill_every_table(url: str) -> None:
@@ -120,6 +122,13 @@ async def fill_every_table(url: str) -> None:
                 ),
                 (ChatSetting, {"chat_id": chat, "language": "de", "updated_at": now}),
                 (
+                    AuditEntry,
+                    {
+                        "at": old, "actor": "alice", "source": "cli", "action": "variants weight",
+                        "target": "a", "details": '{"weight": 0.75}', "result": "ok",
+                    },
+                ),
+                (
                     AutopilotDecision,
                     {
                         "experiment": "exp", "based_on": 1, "variant": "b", "control": "a",
@@ -135,15 +144,32 @@ async def fill_every_table(url: str) -> None:
 
 
 async def every_row(url: str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table of TABLES, in a fixed order."""
+    """Every row of every table of TABLES, in a fixed order; but the audit rows of restores,
+    which a restore adds after it ran (see `restores`)."""
     engine = make_engine(url)
     try:
         async with engine.connect() as db:
             found = {}
             for table in sorted(TABLES):
-                result = await db.execute(text(f"SELECT * FROM {table}"))
+                where = " WHERE action <> 'restore'" if table == "audit_log" else ""
+                result = await db.execute(text(f"SELECT * FROM {table}{where}"))
                 found[table] = sorted((tuple(r) for r in result), key=repr)
             return found
+    finally:
+        await engine.dispose()
+
+
+async def restores(url: str) -> list[tuple[str, str]]:
+    """The audit log's restore rows, oldest first: (target, result)."""
+    engine = make_engine(url)
+    try:
+        async with engine.connect() as db:
+            rows = await db.execute(
+                select(AuditEntry.target, AuditEntry.result)
+                .where(AuditEntry.action == "restore")
+                .order_by(AuditEntry.id)
+            )
+            return [(str(t), str(r)) for t, r in rows]
     finally:
         await engine.dispose()
 
@@ -192,6 +218,8 @@ def test_every_table_round_trips_row_for_row(
     assert cli(db_url, "restore", str(path)) == 0
     assert "restored" in capsys.readouterr().out
     assert asyncio.run(every_row(db_url)) == before
+    # The restore is in the audit log of the restored database (admin audit reads it there).
+    assert asyncio.run(restores(db_url)) == [(str(path), "ok")]
 
     # Into a database with no tables at all (a new host).
     other = fresh_like(db_url, tmp_path, "other.sqlite3")
@@ -251,6 +279,8 @@ def test_restore_refuses_a_live_service_unless_forced(
         assert cli(db_url, "restore", str(path)) == 2
         err = capsys.readouterr().err
         assert "a service is using" in err and "--force" in err
+        # The refusal is recorded in the database it left alone.
+        assert asyncio.run(restores(db_url))[-1][1].startswith("e")  # "exit 2" or "error: ..."
         # Nothing was restored: the replica's row (not in the backup) is still there.
         assert asyncio.run(every_row(db_url))["replicas" if heartbeat else "chat_leases"]
         assert cli(db_url, "restore", str(path), "--force") == 0
