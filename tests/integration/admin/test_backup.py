@@ -25,6 +25,8 @@ from bot.conversations.store import ConversationStore
 from bot.db import leases, migrate, replicas
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import (
+    AccessRefusal,
+    AccessRule,
     ArenaMatch,
     Assignment,
     AuditEntry,
@@ -34,8 +36,10 @@ from bot.db.models import (
     Counter,
     ExperimentRow,
     Message,
+    QuotaCounter,
     Rating,
     Replica,
+    UserQuota,
     VariantRow,
     VariantVersion,
     Vote,
@@ -135,6 +139,13 @@ async def fill_every_table(url: str) -> None:
                         "action": "promote", "reason": "won", "figures": "{}",
                         "decided_by": "host:1:99:abc", "created_at": now,
                     },
+                ),
+                (AccessRule, {"subject": "user:7", "rule": "deny", "created_at": now}),
+                (AccessRefusal, {"chat_id": chat, "refused_at": old}),
+                (UserQuota, {"user_id": 7, "per_day": 5, "per_minute": None, "updated_at": now}),
+                (
+                    QuotaCounter,
+                    {"user_id": 7, "span": "day", "start": old, "replies": 5, "refused": 2},
                 ),
             ]  # fmt: skip
             for model, values in rows:
