@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db import variants
 from bot.db.models import (
+    AccessRefusal,
     ArenaMatch,
     Assignment,
     ChatSetting,
@@ -299,6 +300,9 @@ async def delete_chat(
     await db.execute(delete(Rating).where(Rating.chat_id == chat_id))
     await db.execute(delete(Assignment).where(Assignment.chat_id == chat_id))
     await db.execute(delete(ChatSetting).where(ChatSetting.chat_id == chat_id))
+    # When it was last refused (a chat not allowed); an operator's `admin access` rules that
+    # name the chat stay: they are the operator's, not the chat's data.
+    await db.execute(delete(AccessRefusal).where(AccessRefusal.chat_id == chat_id))
     await db.execute(delete(Message).where(Message.chat_id == chat_id))
     result = await db.execute(delete(Session).where(Session.chat_id == chat_id))
     inbox = delete(Inbox).where(Inbox.chat_id == chat_id)

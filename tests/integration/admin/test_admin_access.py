@@ -53,3 +53,37 @@ async def test_access_changes_are_stored_listed_and_audited(db_url: str) -> None
         ("access allow", "user:123", "ok"),
     ]
     assert rows[4].details == {"user": 55, "per_day": 10, "clear": False}  # None is left out
+
+
+async def test_forget_deletes_a_chats_refusal_but_not_the_operators_rules(db_url: str) -> None:
+    from sqlalchemy import select
+
+    from bot.db import access, inbox
+    from bot.db.models import AccessRefusal, InboxStatus
+
+    engine = make_engine(db_url)
+    sessionmaker = make_sessionmaker(engine)
+    try:
+        async with sessionmaker.begin() as db:
+            assert await access.claim_refusal(db, 88, 3600)
+            assert await access.claim_refusal(db, 89, 3600)
+            assert not await access.claim_refusal(db, 88, 3600)  # within the quiet hour
+            # What a refused update leaves: its closed inbox row, without its content.
+            await inbox.insert(
+                db,
+                update_id=1,
+                chat_id=88,
+                user_id=88,
+                kind="message",
+                payload='{"update_id": 1, "refused": "access"}',
+                status=InboxStatus.IGNORED,
+            )
+        assert (await run(db_url, "access", "deny", "chat:88"))[0] == 0
+        assert (await run(db_url, "forget", "88", "--yes"))[0] == 0
+        async with sessionmaker() as db:
+            left = list(await db.scalars(select(AccessRefusal.chat_id)))
+            rules = await access.rules(db)
+    finally:
+        await engine.dispose()
+    assert left == [89]
+    assert rules == {"chat:88": "deny"}
