@@ -125,12 +125,19 @@ def _mean_logprob(model_file: str, examples: list[tuple[str, str]]) -> float:
 def test_unlikelihood_makes_the_disliked_reply_less_likely(
     tmp_path: Path, tiny_model_file: str
 ) -> None:
+    """The same fine-tune (seed, data, a fixed number of updates) with and without the
+    negatives: both make the liked replies likelier; only the one with unlikelihood makes the
+    disliked ones less likely, and they end less likely than without it. (Likelihood on the
+    liked replies alone also lifts the disliked ones, which share their words: a bound on
+    time instead of on updates let that win on a fast machine.)"""
     export = _export(tmp_path, chats=12, heavy=0)
-    # Random weights need a higher learning rate than the default, and every update the
-    # minutes allow; the loss is the default's (alpha 0.3).
+    # Random weights need a higher learning rate than the default, and a random model gives
+    # every token a small probability, where unlikelihood's push (about p per token) is weak:
+    # alpha 1 instead of the default 0.3 makes the difference clear (0.03 nats per token here,
+    # where 0.3 gave 0.02). The minutes are generous: the updates are what is fixed.
     recipe = FeedbackRecipe(
         batch_size=8, validation_max_exs=20, base_valid_examples=20, min_distinct_ratio=0.0,
-        learning_rate=1e-3, max_steps=0,
+        learning_rate=1e-3, max_steps=60, unlikelihood_alpha=1.0,
     )  # fmt: skip
     data = read_feedback(export, recipe)
     assert data.negatives, "the export must have disliked replies to train away from"
@@ -138,20 +145,27 @@ def test_unlikelihood_makes_the_disliked_reply_less_likely(
     disliked = [(ex.text, ex.label) for ex in data.negatives]
     before = _mean_logprob(tiny_model_file, liked), _mean_logprob(tiny_model_file, disliked)
 
-    out = tmp_path / "candidate"
-    record = finetune_from_feedback(
-        export, tiny_model_file, out, minutes=0.25, recipe=recipe, progress=False,
-        datapath=tmp_path / "parlai",
-    )  # fmt: skip
-    assert record["negatives"] == "unlikelihood" and record["installed"]
-    assert record["data"]["negative_examples"] == len(data.negatives)
-    assert record["training"]["steps"] > 0
-    model = str(out / "model")
-    after = _mean_logprob(model, liked), _mean_logprob(model, disliked)
-    assert after[0] > before[0], (before, after)  # the liked reply: likelier
-    assert after[1] < before[1], (before, after)  # the disliked reply: less likely
+    after, steps = {}, {}
+    for negatives in ("unlikelihood", "none"):
+        out = tmp_path / negatives
+        record = finetune_from_feedback(
+            export, tiny_model_file, out, minutes=5.0, progress=False,
+            recipe=replace(recipe, negatives=negatives), datapath=tmp_path / "parlai",
+        )  # fmt: skip
+        assert record["negatives"] == negatives and record["installed"]
+        steps[negatives] = record["training"]["steps"]
+        model = str(out / "model")
+        after[negatives] = _mean_logprob(model, liked), _mean_logprob(model, disliked)
+    assert steps["unlikelihood"] == steps["none"] > 0, steps  # the same updates on each side
+    record_ul = json.loads((tmp_path / "unlikelihood" / "recipe.json").read_text())
+    assert record_ul["data"]["negative_examples"] == len(data.negatives)
+    figures = (before, after)
+    assert after["unlikelihood"][0] > before[0], figures  # the liked replies: likelier
+    assert after["none"][0] > before[0], figures
+    assert after["unlikelihood"][1] < before[1], figures  # the disliked ones: less likely
+    assert after["unlikelihood"][1] < after["none"][1], figures  # ... than without negatives
     # The candidate is served by the stock agent: the training agent is only a loss.
-    opt = json.loads((out / "model.opt").read_text())
+    opt = json.loads((tmp_path / "unlikelihood" / "model.opt").read_text())
     assert opt["model"] == "transformer/generator" and "unlikelihood_alpha" not in opt
 
 
