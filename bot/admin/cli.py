@@ -39,6 +39,7 @@ from bot.engine.variants import ALLOCATIONS, INFERENCE, Experiment, load_experim
 from bot.reports import admin as reports
 from bot.reports.admin import AdminError
 from bot.reports.stats import format_stats, stats
+from bot.reports.variants import json_ready
 
 MAX_CELL = 60
 
@@ -665,7 +666,7 @@ async def _autopilot_dry_run(
             for j in judged
         ]
         payload = {"experiment": experiment.name, "policy": policy.to_json(), "candidates": rows}
-        print(dump_json(_no_nan(payload)), file=out)
+        print(dump_json(json_ready(payload)), file=out)
         return 0
     state_word = "on" if stored_policy is not None else "off"
     print(
@@ -678,16 +679,6 @@ async def _autopilot_dry_run(
     for j in judged:
         print(f"  {j.variant}: {j.action or 'no decision'}: {j.reason}", file=out)
     return 0
-
-
-def _no_nan(value: Any) -> Any:
-    if isinstance(value, float) and value != value:
-        return None
-    if isinstance(value, dict):
-        return {k: _no_nan(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_no_nan(v) for v in value]
-    return value
 
 
 _VARIANT_CHANGES: dict[str, Callable[..., Awaitable[int]]] = {

@@ -798,13 +798,15 @@ def format_guards(report: VariantReport) -> list[str]:
 # --- JSON ------------------------------------------------------------------------------------
 
 
-def _finite(value: Any) -> Any:
+def json_ready(value: Any) -> Any:
+    """`value` with every NaN or infinite float (no data) as None, for JSON; dicts, lists and
+    tuples (as lists) all the way down."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: json_ready(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
+        return [json_ready(v) for v in value]
     return value
 
 
@@ -827,7 +829,7 @@ def report_json(report: VariantReport) -> dict[str, Any]:
             for d in report.decisions
         ],
     }
-    result: dict[str, Any] = _finite(data)
+    result: dict[str, Any] = json_ready(data)
     return result
 
 

@@ -44,7 +44,7 @@ from bot.db import variants as stored
 from bot.db.models import AuditSource
 from bot.reports.guards import GuardFigures, guard_figures
 from bot.reports.variant_stats import SequentialLift, always_valid_lift
-from bot.reports.variants import chat_votes
+from bot.reports.variants import chat_votes, json_ready
 
 log = logging.getLogger(__name__)
 
@@ -208,16 +208,6 @@ def judge(
     return verdict(None, "waiting: " + "; ".join(waiting))
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
 async def evaluate(
     db: AsyncSession, experiment: str, control: str, candidates: list[str], policy: Policy
 ) -> list[Judgement]:
@@ -292,7 +282,7 @@ async def check(
             after[control.name] = 1.0
     else:
         after = {name: (w if name == chosen.variant else 0.0) for name, w in after.items()}
-    figures = _finite(
+    figures = json_ready(
         {
             "lift": asdict(chosen.lift),
             "guards": {
