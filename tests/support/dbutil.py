@@ -6,6 +6,7 @@ import asyncio
 import functools
 import os
 import uuid
+from typing import Any
 
 import pytest
 from sqlalchemy.engine import make_url
@@ -149,3 +150,22 @@ def drop_pg_role(url: str) -> None:
         await _admin(f"DROP ROLE IF EXISTS {quoted}")
 
     asyncio.run(drop())
+
+
+async def add_voted_replies(
+    db: Any, session_id: int, chat: int, variant: str, votes: Any, at: Any
+) -> None:
+    """One bot reply of `variant` per (user, value) in `votes`, each with that user's vote on
+    it, in the open session `db` (the report tests' staged chats)."""
+    from bot.db.models import Message, Vote
+
+    for user, value in votes:
+        m = Message(session_id=session_id, chat_id=chat, role="bot", text="x", variant=variant)
+        db.add(m)
+        await db.flush()
+        db.add(
+            Vote(
+                chat_id=chat, message_id=m.id, user_id=user, value=value, source="button",
+                variant=variant, created_at=at, updated_at=at,
+            )
+        )  # fmt: skip

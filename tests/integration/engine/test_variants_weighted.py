@@ -18,12 +18,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.conversations.store import ConversationStore
 from bot.db.engine import make_engine, make_sessionmaker
-from bot.db.models import Assignment, Message, Session, Vote
+from bot.db.models import Assignment, Session
 from bot.engine.bandit import thompson_split
 from bot.engine.router import Backend, VariantResponder
 from bot.engine.variants import Experiment, Variant
 from bot.reports.variant_stats import BANDIT_NOTE
 from bot.reports.variants import REPORT_NOTE, format_variant_report, report_json, variant_report
+from tests.support.dbutil import add_voted_replies
 
 DAY = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 EXPERIMENT = Experiment(
@@ -75,22 +76,7 @@ async def seed(sessionmaker: async_sessionmaker[AsyncSession]) -> None:
             s = Session(chat_id=chat, user_id=chat, created_at=DAY)
             db.add(s)
             await db.flush()
-            for value in votes:
-                m = Message(session_id=s.id, chat_id=chat, role="bot", text="x", variant=variant)
-                db.add(m)
-                await db.flush()
-                db.add(
-                    Vote(
-                        chat_id=chat,
-                        message_id=m.id,
-                        user_id=chat,
-                        value=value,
-                        source="button",
-                        variant=variant,
-                        created_at=DAY,
-                        updated_at=DAY,
-                    )
-                )
+            await add_voted_replies(db, s.id, chat, variant, [(chat, v) for v in votes], DAY)
 
 
 async def test_the_report_weights_by_the_recorded_probabilities(

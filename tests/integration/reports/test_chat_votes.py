@@ -10,9 +10,10 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db.engine import make_engine, make_sessionmaker
-from bot.db.models import Assignment, Message, Session, Vote
+from bot.db.models import Assignment, Session
 from bot.reports.variant_stats import USER_VOTE_CAP
 from bot.reports.variants import chat_vote_table, chat_votes
+from tests.support.dbutil import add_voted_replies
 
 DAY = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -42,22 +43,7 @@ async def add_votes(
         s = Session(chat_id=chat, user_id=chat, created_at=DAY)
         db.add(s)
         await db.flush()
-        for user, value in votes:
-            m = Message(session_id=s.id, chat_id=chat, role="bot", text="x", variant=variant)
-            db.add(m)
-            await db.flush()
-            db.add(
-                Vote(
-                    chat_id=chat,
-                    message_id=m.id,
-                    user_id=user,
-                    value=value,
-                    source="button",
-                    variant=variant,
-                    created_at=at,
-                    updated_at=at,
-                )
-            )
+        await add_voted_replies(db, s.id, chat, variant, votes, at)
 
 
 async def test_pairs_per_chat_with_the_per_user_cap(

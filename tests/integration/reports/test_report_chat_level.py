@@ -15,12 +15,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.admin.cli import admin
 from bot.db.engine import make_engine, make_sessionmaker
-from bot.db.models import Assignment, Message, Rating, Session, Vote
+from bot.db.models import Assignment, Rating, Session
 from bot.engine.variants import Experiment, Variant
 from bot.reports import stats as service_stats
 from bot.reports.variant_stats import always_valid_lift
 from bot.reports.variants import chat_votes, format_variant_report, variant_report
 from tests.integration.admin.test_admin import parse_admin
+from tests.support.dbutil import add_voted_replies
 
 DAY = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 EXPERIMENT = Experiment(
@@ -80,22 +81,7 @@ async def seed(sessionmaker: async_sessionmaker[AsyncSession]) -> None:
                             created_at=DAY,
                         )
                     )
-            for user, value in votes:
-                m = Message(session_id=s.id, chat_id=chat, role="bot", text="x", variant=variant)
-                db.add(m)
-                await db.flush()
-                db.add(
-                    Vote(
-                        chat_id=chat,
-                        message_id=m.id,
-                        user_id=user,
-                        value=value,
-                        source="button",
-                        variant=variant,
-                        created_at=DAY,
-                        updated_at=DAY,
-                    )
-                )
+            await add_voted_replies(db, s.id, chat, variant, votes, DAY)
 
 
 # Control a: chats (up, votes) (2,2) (0,2) (1,2) (2,2) (0,2): r = 5/10; CR1 variance
