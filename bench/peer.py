@@ -844,7 +844,7 @@ def load_ours(
     if precision in ("int8slots", "int8prev"):
         from bot.inference.fastgen import steppers
 
-        steppers._MERGE_SLOTS = False  # this worker process only
+        steppers.use_merged_slots(False)  # this worker process only
     if precision == "int8prev":
         from bot.inference.fastgen import encoder
 

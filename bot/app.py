@@ -1,4 +1,5 @@
-"""`python -m bot run`: the Telegram service, wired along DESIGN.md's data flow.
+"""`python -m bot run`: the Telegram service, wired along a text message's way
+(docs/architecture.md).
 
 ingest (polling or webhook) -> inbox -> inbox worker -> handlers -> ChatActions (+ responder)
 -> outbox -> delivery. python-telegram-bot supplies the Bot API client, the rate limiter and

@@ -101,7 +101,7 @@ class Settings(BaseSettings):
     bot_model: str | None = None
     # The language the model writes in (an IETF tag): /help says so in every language, and
     # the safety gate's deflection, which the model reads back, is in it. Replies are never
-    # translated (DESIGN.md, invariant 17).
+    # translated (docs/guarantees.md, invariant 17).
     bot_model_language: str = Field(default="en", pattern=r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{1,8})*$")
     model_device: Literal["auto", "cpu", "cuda"] = "auto"
     torch_threads: int | None = Field(default=None, ge=1, le=CORES)

@@ -2,7 +2,7 @@
 
 Each persona sentence is a `your persona: ...` line, the way ParlAI's persona models (BlenderBot,
 ConvAI2) were trained; consecutive messages of one role are one turn. Shared by the model
-process (bot/inference/persona.py's history), /context, the training data and exports.
+process (bot/inference/model_input.py's history), /context, the training data and exports.
 """
 
 from __future__ import annotations

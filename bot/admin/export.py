@@ -47,7 +47,7 @@ from bot.reports.rows import REPLY_PERSONA
 
 # ParlAI's own line format (parlai.utils.misc.msg_to_str) is used to write lines; imported
 # lazily, since importing ParlAI costs a second and `admin` commands are otherwise light.
-PERSONA_PREFIX = "your persona: "  # = bot.inference.persona.PERSONA_PREFIX (no ParlAI import)
+PERSONA_PREFIX = "your persona: "  # = bot.inference.model_input.PERSONA_PREFIX (no ParlAI import)
 YIELD_PER = 500
 
 

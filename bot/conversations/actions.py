@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from bot import texts as catalogs
+from bot import texts
 from bot.config import Settings
 from bot.conversations.outcome import ARENA, FLOODED, NO_REPLY, REPLIED
 from bot.conversations.store import ConversationStore, StoredTurn
@@ -64,7 +64,7 @@ class ChatActions:
             settings.safety,
             settings.safety_threshold,
             # It stands in for a model reply and the model reads it back: the model's language.
-            deflection=catalogs.for_language(settings.bot_model_language).DEFLECTION,
+            deflection=texts.for_language(settings.bot_model_language).DEFLECTION,
         )
         self.presets = load_presets(settings.personas_file, settings.persona_max_chars)
         # An operator's notice, in whatever language(s) the operator wrote it.
@@ -396,7 +396,7 @@ class ChatActions:
         """The texts an update of this chat is answered in: the chat's /lang setting, else
         the sender's Telegram language (`language_code`), else English."""
         stored = await self.store.chat_language(chat_id)
-        return catalogs.for_language(catalogs.choose(stored, sender_language))
+        return texts.for_language(texts.choose(stored, sender_language))
 
     async def language(self, turn: Turn, argument: str, *, sender_language: str | None) -> None:
         """/lang shows the chat's language and the choices, /lang CODE sets it for the chat,
@@ -407,17 +407,17 @@ class ChatActions:
             await self.notice(turn, turn.texts.language_shown(chosen))
             return
         if word.lower() == "auto":
-            now = catalogs.for_language(catalogs.choose(None, sender_language))
+            now = texts.for_language(texts.choose(None, sender_language))
             await self.store.set_language(
                 turn.chat_id, None, notice=now.language_auto(), update=turn.update
             )
             return
-        language = catalogs.normalize(word)
+        language = texts.normalize(word)
         if language is None:
             await self.notice(turn, turn.texts.language_unknown(word))
             return
         # The confirmation is the first sentence in the language just chosen.
-        chosen_texts = catalogs.for_language(language)
+        chosen_texts = texts.for_language(language)
         await self.store.set_language(
             turn.chat_id, language, notice=chosen_texts.language_set(), update=turn.update
         )

@@ -13,7 +13,7 @@ variable (only the log fields do, bot/logs.py). A Turn carries:
   `sendMessageDraft` in private chats, the terminal's one line) sets `drafts`; the use case
   hands `draft_sink` to the responder and awaits `end_drafts()` before anything of the turn is
   written to the outbox (any replica may send a committed row at once, so this is the one
-  point where a draft can still be kept from reaching the chat after the reply; DESIGN.md
+  point where a draft can still be kept from reaching the chat after the reply; docs/guarantees.md,
   invariant 12);
 - what the use case decided: `decided(outcome, variant, replies)`, read by the runner once
   the update is closed (bot_turns_total, bot/conversations/outcome.py), so a retried attempt

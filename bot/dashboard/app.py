@@ -1,9 +1,9 @@
 """The dashboard's aiohttp application: routes, the login, and the pages.
 
 Every page is a GET that reads through the read-only engine (bot.admin.sql.readonly_engine,
-DESIGN.md invariant 9) and renders one Jinja2 template with autoescaping on; charts are inline
-SVG drawn on the server (bot.dashboard.charts). Only /login and /static/ answer without a
-session; everything else redirects to the login page.
+docs/guarantees.md, invariant 9) and renders one Jinja2 template with autoescaping on; charts
+are inline SVG drawn on the server (bot.dashboard.charts). Only /login and /static/ answer without a
+login; everything else redirects to the login page.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from bot.admin.sql import SqlRefused, readonly_engine
 from bot.config import Settings
 from bot.dashboard import charts
-from bot.dashboard.auth import COOKIE, LoginLimiter, Password, Sessions, is_loopback
+from bot.dashboard.auth import COOKIE, LoginLimiter, Logins, Password, is_loopback
 from bot.db import audit
 from bot.db.engine import make_sessionmaker, safe_url
 from bot.db.models import utcnow
@@ -64,7 +64,7 @@ class Dashboard:
     sessionmaker: async_sessionmaker[AsyncSession] | None
     hosts: frozenset[str]  # the Host names it answers to, besides loopback's
     password: Password
-    sessions: Sessions
+    logins: Logins
     limiter: LoginLimiter
     templates: Environment
     experiment: Experiment
@@ -208,19 +208,19 @@ def _same_origin(request: web.Request) -> bool:
     origin = request.headers.get("Origin")
     if origin is None:
         # Browsers send Origin with every POST; a client without one is not a browser tricked
-        # by another site (and still needs the password or a session cookie).
+        # by another site (and still needs the password or a login cookie).
         return True
     return bool(urlsplit(origin).netloc == request.host)
 
 
 async def _require_login(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every path but the login page and the stylesheet needs a live session."""
+    """Every path but the login page and the stylesheet needs a live login."""
     if request.method == "POST" and not _same_origin(request):
         raise web.HTTPForbidden(text="cross-site request refused")
     if request.path in PUBLIC_PATHS or request.path.startswith("/static/"):
         return await handler(request)
     dash = request.app[DASHBOARD]
-    if not dash.sessions.valid(request.cookies.get(COOKIE)):
+    if not dash.logins.valid(request.cookies.get(COOKIE)):
         target = request.path_qs if request.method == "GET" else "/"
         raise web.HTTPSeeOther("/login?" + urlencode({"next": target}))
     return await handler(request)
@@ -273,14 +273,14 @@ async def login_page(request: web.Request) -> web.StreamResponse:
     """The login form (already logged in: straight on)."""
     dash = request.app[DASHBOARD]
     target = _next(request.query.get("next"))
-    if dash.sessions.valid(request.cookies.get(COOKIE)):
+    if dash.logins.valid(request.cookies.get(COOKIE)):
         raise web.HTTPSeeOther(target)
     return _render(request, "login.html", logged_in=False, next=target, error=None)
 
 
 async def login(request: web.Request) -> web.StreamResponse:
     """Check the password (failed logins slow down the next ones: LoginLimiter) and start a
-    session."""
+    login."""
     dash = request.app[DASHBOARD]
     address = request.remote or "unknown"
     form = await request.post()
@@ -306,8 +306,8 @@ async def login(request: web.Request) -> web.StreamResponse:
     response = web.HTTPSeeOther(target)
     response.set_cookie(
         COOKIE,
-        dash.sessions.create(),
-        max_age=int(dash.sessions.max_age_s),
+        dash.logins.create(),
+        max_age=int(dash.logins.max_age_s),
         path="/",
         httponly=True,
         samesite="Strict",
@@ -317,9 +317,9 @@ async def login(request: web.Request) -> web.StreamResponse:
 
 
 async def logout(request: web.Request) -> web.StreamResponse:
-    """End the session (POST only, from the dashboard's own form)."""
+    """End the login (POST only, from the dashboard's own form)."""
     dash = request.app[DASHBOARD]
-    dash.sessions.revoke(request.cookies.get(COOKIE))
+    dash.logins.revoke(request.cookies.get(COOKIE))
     response = web.HTTPSeeOther("/login")
     response.del_cookie(COOKIE, path="/")
     raise response
@@ -570,7 +570,7 @@ def build_app(
         sessionmaker=None,
         hosts=frozenset([listen.strip().strip("[]").lower(), *settings.dashboard_allowed_hosts]),
         password=pw,
-        sessions=Sessions(pw),
+        logins=Logins(pw),
         limiter=LoginLimiter(),
         templates=make_templates(),
         experiment=experiment,

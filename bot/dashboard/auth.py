@@ -1,16 +1,16 @@
-"""The dashboard's access control: one password, signed session cookies, a login rate limit.
+"""The dashboard's access control: one password, signed login cookies, a login rate limit.
 
 - The password is compared as SHA-256 digests with hmac.compare_digest: constant time, and
   the same length whatever was typed. It is never stored beyond the settings, never logged.
-- A login makes a random session id, kept in this process (with its expiry) and sent as a
+- A login makes a random login id, kept in this process (with its expiry) and sent as a
   cookie signed by itsdangerous with a key derived from the password and a random secret made
   at start. Logout removes the id, so a copied cookie dies with the logout (a signed cookie
-  alone would stay valid until it expires); a restart or a new password ends every session.
-  The price: sessions are per process, so several dashboard processes behind one address
+  alone would stay valid until it expires); a restart or a new password ends every login.
+  The price: logins are per process, so several dashboard processes behind one address
   would each ask for a login (the dashboard listens on loopback by default).
 - The cookie is HttpOnly and SameSite=Strict (and Secure over HTTPS): a cross-site page can
   neither read it nor make the browser send it, so a forged cross-site POST to /logout or
-  /login arrives without a session. POSTs whose Origin header names another site are refused
+  /login arrives without a login. POSTs whose Origin header names another site are refused
   as well.
 - Failed logins are limited for all clients together (LoginLimiter): a client's address
   tells nothing behind `ssh -L` or a proxy, and X-Forwarded-For is anyone's to set.
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
-COOKIE = "dashboard_session"
-SESSION_MAX_AGE_S = 12 * 3600
+COOKIE = "dashboard_session"  # the cookie's name on the wire, kept so logins survive upgrades
+LOGIN_MAX_AGE_S = 12 * 3600
 LOGIN_FREE_FAILURES = 5
 LOGIN_WINDOW_S = 300.0
 LOGIN_DELAY_S = 1.0
@@ -59,10 +59,10 @@ class Password:
         return self._digest
 
 
-class Sessions:
-    """Logged-in sessions of this process: signed cookie values for random ids."""
+class Logins:
+    """Live logins of this process: signed cookie values for random ids."""
 
-    def __init__(self, password: Password, *, max_age_s: float = SESSION_MAX_AGE_S) -> None:
+    def __init__(self, password: Password, *, max_age_s: float = LOGIN_MAX_AGE_S) -> None:
         secret = secrets.token_bytes(32)
         key = hmac.new(secret, password.key_material, hashlib.sha256).digest()
         self._signer = URLSafeTimedSerializer(key, salt="bot-dashboard-session")
@@ -70,7 +70,7 @@ class Sessions:
         self.max_age_s = max_age_s
 
     def create(self) -> str:
-        """A new session; returns the cookie value."""
+        """A new login; returns the cookie value."""
         self._prune()
         sid = secrets.token_urlsafe(24)
         self._expiry[sid] = time.monotonic() + self.max_age_s
@@ -86,13 +86,13 @@ class Sessions:
         return sid if isinstance(sid, str) else None
 
     def valid(self, cookie: str | None) -> bool:
-        """Whether the cookie is a live session of this process."""
+        """Whether the cookie is a live login of this process."""
         sid = self._sid(cookie)
         expiry = self._expiry.get(sid) if sid is not None else None
         return expiry is not None and expiry > time.monotonic()
 
     def revoke(self, cookie: str | None) -> None:
-        """End the session of this cookie (logout)."""
+        """End the login of this cookie (logout)."""
         sid = self._sid(cookie)
         if sid is not None:
             self._expiry.pop(sid, None)

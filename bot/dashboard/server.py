@@ -111,7 +111,7 @@ class DashboardThread:
     """The dashboard beside `run`, on an event loop of its own in a thread of its own.
 
     Its own loop keeps page rendering (templates, the variants report's statistics) off the
-    service's loop, which must never wait on anything but I/O (DESIGN.md invariant 7), and
+    service's loop, which must never wait on anything but I/O (docs/guarantees.md, invariant 7), and
     leaves bot/app.py as it is.
     """
 

@@ -275,7 +275,7 @@ class ChatLease(Base):
     """Which process works on a chat's updates (`inbox`) or sends its texts (`outbox`), and
     which replica polls getUpdates (`poller`, on chat_id 0).
 
-    Several processes may share one database (DESIGN.md, scale-out): a chat's work belongs to
+    Several processes may share one database (docs/replicas.md): a chat's work belongs to
     the holder of its lease until `lease_until`, so no update is answered twice and no text is
     sent twice, and a chat's order holds across processes. A crashed holder's lease expires,
     or is taken over as soon as its replica's heartbeat (`replicas`) is stale.

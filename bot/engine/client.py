@@ -196,7 +196,9 @@ class ModelProcess:
         worker streams drafts of the reply to `on_draft` when one is given."""
         stream = on_draft is not None
         result = await self._with_context(
-            lambda req_id, *, context: pipe.Turn(req_id, session, user_text, stream, context),
+            lambda req_id, *, context: pipe.TurnRequest(
+                req_id, session, user_text, stream, context
+            ),
             session,
             on_draft,
         )
@@ -242,7 +244,7 @@ class ModelProcess:
                     session.id, answer.tail, session.last_message_id or 0
                 )
                 continue
-            assert isinstance(answer, pipe.Reply)
+            assert isinstance(answer, pipe.ReplyMessage)
             return answer.result
 
     async def stats(self) -> dict[str, Any]:
@@ -315,7 +317,7 @@ class ModelProcess:
                         sink(text)
                     except Exception:
                         log.exception("variant %s: a draft could not be handed on", self.name)
-            case pipe.Reply() | pipe.NeedContext() | pipe.Stats() | pipe.Error():
+            case pipe.ReplyMessage() | pipe.NeedContext() | pipe.Stats() | pipe.Error():
                 future = self._pending.get(message.req_id)
                 if future is None or future.done():
                     return  # its caller gave up (cancelled): the answer is dropped

@@ -8,8 +8,8 @@ Adding a field or a message bumps PROTOCOL_VERSION; tests/unit/engine/test_pipe.
 message through a real pipe.
 
 service -> model process          model process -> service
-    Turn (a conversation's turn)      Ready / Failed (once, after loading the model)
-    Inspect (what the model reads)    Reply (a Generated, or a ModelView for Inspect)
+    TurnRequest (a chat's turn)       Ready / Failed (once, after loading the model)
+    Inspect (what the model reads)    ReplyMessage (a Generated, or a ModelView for Inspect)
     Evict, Stored (cache upkeep)      NeedContext (a cache miss: send it again with context)
     StatsRequest, Ping, Stop          Draft, Error, Stats, Pong
 """
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from bot.db.conversations import SessionRow
     from bot.engine.protocol import ConversationContext, Generated, ModelView
 
-# 1: the positional tuples of waves 1-2; 3: Generated.replica; 4: Stored's replica;
+# 1: positional tuples (before the typed messages); 3: Generated.replica; 4: Stored's replica;
 # 5: Generated.model_text and MessageRow.model_text (the model's own text)
 PROTOCOL_VERSION = 5
 
@@ -68,7 +68,7 @@ class Request(Message):
 
 
 @dataclass(frozen=True, slots=True)
-class Turn(Request):
+class TurnRequest(Request):
     """One turn of a conversation; `context` when the model process asked for it."""
 
     kind: ClassVar[Kind] = Kind.TURN
@@ -148,8 +148,8 @@ class Failed(Message):
 
 
 @dataclass(frozen=True, slots=True)
-class Reply(Request):
-    """A Turn's Generated, or an Inspect's ModelView."""
+class ReplyMessage(Request):
+    """A TurnRequest's Generated, or an Inspect's ModelView."""
 
     kind: ClassVar[Kind] = Kind.REPLY
     result: Generated | ModelView
@@ -196,7 +196,7 @@ class Pong(Message):
 
 
 MESSAGES: tuple[type[Message], ...] = (
-    Turn,
+    TurnRequest,
     Inspect,
     StatsRequest,
     Evict,
@@ -205,7 +205,7 @@ MESSAGES: tuple[type[Message], ...] = (
     Stop,
     Ready,
     Failed,
-    Reply,
+    ReplyMessage,
     NeedContext,
     Draft,
     Error,

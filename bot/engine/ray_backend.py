@@ -543,7 +543,7 @@ class RayBackend:
         stream = on_draft is not None
 
         def build(req_id: int, context: ConversationContext | None) -> pipe.Request:
-            return pipe.Turn(req_id, session, user_text, stream, context)
+            return pipe.TurnRequest(req_id, session, user_text, stream, context)
 
         result = await self._with_context(build, session, self._turn_call(on_draft))
         assert isinstance(result, Generated)
@@ -660,7 +660,7 @@ class RayBackend:
                 continue
             if isinstance(answer, pipe.Error):
                 raise GenerationError(f"variant {self.name}: {answer.message}")
-            if not isinstance(answer, pipe.Reply):
+            if not isinstance(answer, pipe.ReplyMessage):
                 raise GenerationError(f"variant {self.name}: unexpected answer {answer!r}")
             if isinstance(answer.result, Generated):
                 self._made_by.pop(session.id, None)

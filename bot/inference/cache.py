@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.inference.persona import PersonaHistory
+from bot.inference.model_input import PersonaHistory
 from bot.persona import join_turns
 
 
@@ -132,7 +132,7 @@ class AgentCache:
 
         `messages` are the conversation's newest, at most `tail_limit` of them (the store's
         load_context): fewer than that is the whole conversation, whose first message carries
-        the persona in ParlAI's own input (bot/inference/persona.py). `tail_limit` of them may
+        the persona in ParlAI's own input (bot/inference/model_input.py). `tail_limit` of them may
         be a cut tail and are taken as one; that changes nothing, since so many messages (a
         token each at least) exceed the context, where the persona is pinned anyway.
         """

@@ -152,7 +152,7 @@ async def _serve(conn: Connection, agent: Any, spec: ProcessSpec) -> None:
     def need_context(req_id: int) -> None:
         send(pipe.NeedContext(req_id, responder.cache.tail_limit))
 
-    async def turn(request: pipe.Turn) -> None:
+    async def turn(request: pipe.TurnRequest) -> None:
         req_id, session, context = request.req_id, request.session, request.context
         if context is None and not responder.has_fresh(session):
             need_context(req_id)
@@ -171,7 +171,7 @@ async def _serve(conn: Connection, agent: Any, spec: ProcessSpec) -> None:
             responder.evict(session.id)
             send(pipe.Error(req_id, f"{type(err).__name__}: {err}"))
         else:
-            send(pipe.Reply(req_id, result))
+            send(pipe.ReplyMessage(req_id, result))
 
     async def inspect(request: pipe.Inspect) -> None:
         req_id, session, context = request.req_id, request.session, request.context
@@ -184,11 +184,11 @@ async def _serve(conn: Connection, agent: Any, spec: ProcessSpec) -> None:
             log.exception("variant %s: inspecting session %s failed", spec.variant, session.id)
             send(pipe.Error(req_id, f"{type(err).__name__}: {err}"))
         else:
-            send(pipe.Reply(req_id, view))
+            send(pipe.ReplyMessage(req_id, view))
 
-    async def logged(request: pipe.Turn | pipe.Inspect) -> None:
+    async def logged(request: pipe.TurnRequest | pipe.Inspect) -> None:
         with log_context(chat_id=request.session.chat_id):
-            await (turn(request) if isinstance(request, pipe.Turn) else inspect(request))
+            await (turn(request) if isinstance(request, pipe.TurnRequest) else inspect(request))
 
     def stats() -> dict[str, Any]:
         cache = responder.cache
@@ -205,7 +205,7 @@ async def _serve(conn: Connection, agent: Any, spec: ProcessSpec) -> None:
     running: set[asyncio.Task[None]] = set()
     while not isinstance(message := await inbox.get(), pipe.Stop):
         match message:
-            case pipe.Turn() | pipe.Inspect():
+            case pipe.TurnRequest() | pipe.Inspect():
                 task = asyncio.create_task(logged(message))
                 running.add(task)
                 task.add_done_callback(running.discard)

@@ -138,7 +138,7 @@ class ModelServer:
         clone (never on NeedContext: the turn sent again with the context may land on another
         replica, and the session would then be registered on two, its turns alternating)."""
         key = self._model_id()
-        if key and isinstance(answer, pipe.Reply):
+        if key and isinstance(answer, pipe.ReplyMessage):
             await self._pin(key)
         return answer
 
@@ -146,7 +146,7 @@ class ModelServer:
         return pipe.NeedContext(req_id, self.responder.cache.tail_limit)
 
     async def turn(
-        self, request: pipe.Turn, upkeep: Sequence[pipe.Message] = ()
+        self, request: pipe.TurnRequest, upkeep: Sequence[pipe.Message] = ()
     ) -> AsyncIterator[pipe.Message]:
         """One turn: Drafts (if asked for), then its Reply, Error or NeedContext."""
         from bot.logs import log_context
@@ -180,7 +180,7 @@ class ModelServer:
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await task
 
-    def _outcome(self, request: pipe.Turn, task: asyncio.Task[Any]) -> pipe.Message:
+    def _outcome(self, request: pipe.TurnRequest, task: asyncio.Task[Any]) -> pipe.Message:
         req_id, session = request.req_id, request.session
         try:
             result = task.result()
@@ -192,7 +192,7 @@ class ModelServer:
             log.exception("variant %s: turn of session %s failed", self.spec.variant, session.id)
             self.responder.evict(session.id)
             return pipe.Error(req_id, f"{type(err).__name__}: {err}")
-        return pipe.Reply(req_id, replace(result, replica=self.replica))
+        return pipe.ReplyMessage(req_id, replace(result, replica=self.replica))
 
     async def inspect(
         self, request: pipe.Inspect, upkeep: Sequence[pipe.Message] = ()
@@ -210,7 +210,7 @@ class ModelServer:
         except Exception as err:
             log.exception("variant %s: inspecting session %s failed", self.spec.variant, session.id)
             return pipe.Error(req_id, f"{type(err).__name__}: {err}")
-        return await self._hold(pipe.Reply(req_id, view))
+        return await self._hold(pipe.ReplyMessage(req_id, view))
 
     async def evict(self, session_id: int) -> None:
         """Drop a conversation's clone now (its next request also carries the Evict)."""

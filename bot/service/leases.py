@@ -1,7 +1,7 @@
 """Chat leases: which process works on a chat's inbox rows, and which one sends its outbox rows.
 
 Several `python -m bot run` processes may share one database (a second instance started by
-mistake with the same token, or DESIGN.md's replicas). Every process scans the same inbox and
+mistake with the same token, or docs/replicas.md). Every process scans the same inbox and
 outbox, so without a claim two of them would answer one update, or send one reply, twice. A
 lease is a row (chat_id, kind) -> (owner, lease_until): taking it is one conditional UPDATE (or
 an INSERT when there is no row) whose row count says who won, which both SQLite (writers are

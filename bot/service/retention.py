@@ -81,7 +81,7 @@ async def _conversations(db: AsyncSession, cutoff: datetime) -> tuple[int, int]:
     await db.execute(delete(Rating).where(Rating.session_id.in_(ids)))
     gone = _count(await db.execute(delete(Message).where(Message.session_id.in_(ids))))
     await db.execute(delete(Session).where(Session.id.in_(ids)))
-    # A chat's variant assignment stays (a chat keeps its variant until /forget: DESIGN.md
+    # A chat's variant assignment stays (a chat keeps its variant until /forget: docs/guarantees.md,
     # invariant 10); it holds no conversation, only which variant answers the chat.
     return len(ids), gone
 

@@ -3,7 +3,8 @@
 English is the source: the msgids below are the English texts. Russian, Spanish and German
 come from gettext catalogs (bot/texts/locale/<lang>/LC_MESSAGES/messages.po), read with Babel
 when first needed (bot/texts/catalogs.py). A message missing from a catalog falls back to
-English. The model's replies are not here and are never translated (DESIGN.md, invariant 17).
+English. The model's replies are not here and are never translated (docs/guarantees.md,
+invariant 17).
 
 Placeholders are named (`{persona}`) and filled with str.format, so a translation may put them
 anywhere; the catalog test checks that every translation keeps exactly the English ones.

@@ -1,9 +1,11 @@
-"""The Telegram layer, module by module along DESIGN.md's data flow.
+"""The Telegram layer: what talks to the Bot API (docs/architecture.md follows a text message).
 
 - ingest.py: getUpdates polling or the webhook server, into the inbox, acknowledged after commit
-- inbox_worker.py: pending inbox rows, one at a time per chat, chats in parallel
-- handlers.py: commands and text -> ChatActions use cases (answers go to the outbox)
-- delivery.py: the outbox to Telegram, rate limited, retried, long texts in parts
-- backoff.py: retry delays shared by the above
-- app.py: `python -m bot run`, wiring and start-up/shutdown order
+- poller.py: which replica polls getUpdates (one per token), elected through the database
+- handlers.py: commands and text -> the conversation use cases (answers go to the outbox)
+- feedback.py: the 👍/👎 and rating buttons and their callback data
+- drafts.py: streamed drafts (`sendMessageDraft`) while a reply generates
+- flood.py: the per-chat flood gate
+
+The inbox worker, delivery, leases and retries are in bot/service/; the wiring is bot/app.py.
 """

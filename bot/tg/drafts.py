@@ -4,8 +4,8 @@ A turn in a private chat (STREAM_REPLIES=on) opens a `DraftStream`: an empty dra
 (Telegram shows "Thinking…"), then every draft the model worker reports (the start of the
 reply as far as it is settled, whole words, at most about one per second per chat: each draft
 begins the reply, so none takes a word back). The final reply still goes through
-the outbox as a `sendMessage` whose text is exactly the stored reply (DESIGN.md invariant 12);
-a draft is only a preview.
+the outbox as a `sendMessage` whose text is exactly the stored reply (docs/guarantees.md,
+invariant 12); a draft is only a preview.
 
 Every draft is fire-and-forget: its own task, a short timeout, no retries, errors logged at
 DEBUG and dropped. A draft that fails (a 400 from an older client or a group, a 429, a timeout)

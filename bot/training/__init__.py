@@ -7,8 +7,8 @@ TrainLoop. Steps:
 1. Every conversation becomes examples in ParlAI's dialog text format ("fromfile"): the last few
    turns as context, the next turn as the label, both speakers' sides. A share of examples gets
    `your persona: ...` lines made of sentences the replying speaker says elsewhere in the same
-   conversation, so persona lines at the head of the context (how bot/inference/persona.py pins a
-   chat's persona) are familiar input rather than noise.
+   conversation, so persona lines at the head of the context (how
+   bot/inference/model_input.py pins a chat's persona) are familiar input rather than noise.
 2. A lower-cased BPE dictionary (subword-nmt, learnt offline from the training split) is built.
 3. TrainLoop trains until the time budget is spent, validating on held-out conversations, and
    the last weights are kept (within minutes the loss still falls, so the last is the best).

@@ -81,7 +81,8 @@ def make_examples(
 
     With probability `recipe.persona_rate` the context starts with one or two `your persona:`
     lines taken from the replying speaker's own first-person sentences elsewhere in the
-    conversation (never from the label itself), the shape bot/inference/persona.py gives the input.
+    conversation (never from the label itself), the shape bot/inference/model_input.py gives
+    the input.
     """
     from bot.persona import PERSONA_PREFIX
 

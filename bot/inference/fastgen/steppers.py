@@ -28,9 +28,18 @@ from bot.inference.fastgen import projection
 COMPACT_KV_MIN_ROWS = 64
 
 
-# Private switch for bench.peer's before/after figures and the agreement test: False keeps the
-# per-slot cross-attention products (`slot_products`) for quantized and cast models too.
-_MERGE_SLOTS = True
+# Whether quantized and cast models merge a chat's beam slots into one cross-attention product
+# (the default). use_merged_slots(False) keeps the per-slot products (`slot_products`) for them
+# too: bench.peer's "before" systems (ours_batch_int8slots, ours_batch_int8prev) and the
+# agreement test in tests/integration/inference/test_fastproj.py.
+MERGE_SLOTS = True
+
+
+def use_merged_slots(enabled: bool) -> None:
+    """Set MERGE_SLOTS for this process (a model process or a benchmark's worker)."""
+    global MERGE_SLOTS
+    MERGE_SLOTS = enabled
+
 
 # Variants that normalise after each residual (ParlAI's "postlayernorm" family).
 POST_NORM = ("aiayn", "xlm", "bart")
@@ -138,7 +147,7 @@ def bit_exact(model: Any) -> bool:
 
 def exact_products(model: Any) -> bool:
     """Whether the search keeps ParlAI's per-hypothesis product shapes for this model."""
-    return bit_exact(model) or not _MERGE_SLOTS
+    return bit_exact(model) or not MERGE_SLOTS
 
 
 def slot_products(

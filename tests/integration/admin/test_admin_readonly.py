@@ -1,13 +1,12 @@
 """`admin sql` is read-only whatever the statement and whatever role DATABASE_URL has.
 
-DESIGN.md invariant 9. On PostgreSQL a READ ONLY transaction is not enough: as a superuser (what
-the tests' own TEST_DATABASE_URL is, and what DATABASE_URL often is) the statements below run a
-shell command, write a file, create and delete large objects, terminate a session, reload the
-configuration, read a server file and send notifications from inside one; as any role, by
-default, they still create large objects and send notifications. So admin sql refuses to run as
-a role that could do more than read, and `python -m bot db readonly-role` makes one that cannot.
-On SQLite an authorizer refuses what mode=ro lets through (fts3_tokenizer).
-"""
+docs/guarantees.md, invariant 9. On PostgreSQL a READ ONLY transaction is not enough: as a superuser
+(what the tests' own TEST_DATABASE_URL is, and what DATABASE_URL often is) the statements below run
+a shell command, write a file, create and delete large objects, terminate a session, reload the
+configuration, read a server file and send notifications from inside one; as any role, by default,
+they still create large objects and send notifications. So admin sql refuses to run as a role that
+could do more than read, and `python -m bot db readonly-role` makes one that cannot. On SQLite an
+authorizer refuses what mode=ro lets through (fts3_tokenizer)."""
 
 from __future__ import annotations
 

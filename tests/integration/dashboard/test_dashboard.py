@@ -1,7 +1,7 @@
 """The admin dashboard over HTTP: the real aiohttp application on a real seeded database (SQLite
 and PostgreSQL), reading through the read-only connection of `admin sql`.
 
-Access (every route refuses without a session, the cookie's flags, logout revokes, the login is
+Access (every route refuses without a login, the cookie's flags, logout revokes, the login is
 rate-limited, cross-site posts are refused), the figures (the overview's equal `admin stats
 --json`), the pages (search, pagination, transcript, variants, health), escaping, and that
 nothing the dashboard does writes to the database. The browser's view is tests/e2e/
@@ -36,7 +36,7 @@ from bot.config import ConfigError, Settings
 from bot.conversations.store import ConversationStore
 from bot.dashboard import check_settings, start_dashboard
 from bot.dashboard.app import DASHBOARD, build_app
-from bot.dashboard.auth import COOKIE, LoginLimiter, Password, Sessions, Throttled
+from bot.dashboard.auth import COOKIE, LoginLimiter, Logins, Password, Throttled
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.engine.variants import load_experiment
@@ -124,7 +124,7 @@ def _concrete(path: str, seed: DashboardSeed) -> str:
 # --- access ----------------------------------------------------------------------------------
 
 
-async def test_no_route_answers_without_a_session(dash: Dash) -> None:
+async def test_no_route_answers_without_a_login(dash: Dash) -> None:
     guarded = [
         (m, p)
         for m, p in dash.app_routes
@@ -140,7 +140,7 @@ async def test_no_route_answers_without_a_session(dash: Dash) -> None:
         "/audit",
         "/logout",
     }
-    forged = Sessions(Password(PASSWORD)).create()  # signed with another process's key
+    forged = Logins(Password(PASSWORD)).create()  # signed with another process's key
     for cookies in ({}, {COOKIE: "garbage"}, {COOKIE: forged}):
         dash.client.session.cookie_jar.clear()
         dash.client.session.cookie_jar.update_cookies(cookies)
@@ -151,7 +151,7 @@ async def test_no_route_answers_without_a_session(dash: Dash) -> None:
             assert r.status == 303, (method, url, cookies, r.status)
             assert r.headers["Location"].startswith("/login?next="), r.headers["Location"]
             assert "bold" not in body and "pwned" not in body and "1001" not in body
-    # the login page and the stylesheet are all there is without a session
+    # the login page and the stylesheet are all there is without a login
     assert (await dash.client.get("/login")).status == 200
     assert (await dash.client.get("/static/dashboard.css")).status == 200
 
@@ -179,7 +179,7 @@ async def test_login_sets_a_strict_httponly_cookie_and_logout_revokes_it(dash: D
 
     r = await dash.client.post("/logout", allow_redirects=False)
     assert r.status == 303 and r.headers["Location"] == "/login"
-    # the old cookie, replayed, is dead: logout ended the session on the server
+    # the old cookie, replayed, is dead: logout ended the login on the server
     dash.client.session.cookie_jar.update_cookies({COOKIE: cookie})
     r = await dash.client.get("/", allow_redirects=False)
     assert r.status == 303 and r.headers["Location"].startswith("/login")
@@ -248,7 +248,7 @@ async def test_only_its_own_host_names_are_answered(
     dash: Dash, db_url: str, readonly_url: str, tmp_path: Path
 ) -> None:
     """Regression (DNS rebinding: evil.example made to resolve to 127.0.0.1 is same-origin to
-    the browser, Origin check included): a login posted with Host: evil.example got a session."""
+    the browser, Origin check included): a login posted with Host: evil.example got a login."""
     r = await dash.client.post(
         "/login",
         data={"password": PASSWORD, "next": "/"},

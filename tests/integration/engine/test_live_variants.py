@@ -1,6 +1,7 @@
 """Variants change without a restart: `admin variants add/weight/promote/remove`, run as the real
 command line (its own process), reach a running service on the same database within 10 s, and
-existing chats keep their variant (DESIGN.md invariant 10) unless their variant is removed.
+existing chats keep their variant (docs/guarantees.md, invariant 10) unless their variant is
+removed.
 
 Which chat goes where is worked out in the test with `choose` (the hash over the weights), so
 that each check needs a chat the old and the new variants split differently.

@@ -1,6 +1,6 @@
 """Variants through the real PTB Application and the loopback Bot API, on the tiny model:
 sticky assignment across a weight change and a restart, weight 0 draining, /model, and the
-DESIGN.md invariants through the worker-process boundary."""
+the invariants of docs/guarantees.md through the worker-process boundary."""
 
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
 """Continuous batching (bot/inference/fastgen/continuous.py) against ParlAI's solo search.
 
-Companions change nothing (DESIGN.md invariant 13): each chat's reply, generated while other
-chats join and leave the running batch at random steps, with other context lengths, is compared
-with ParlAI's own search for that chat alone. Bit-for-bit equality is not promised (a row's
-matrix products run in batches of other sizes), so the figures are measured: at least 99% of
-chats get ParlAI's reply, and every difference is a near-tie: both replies, re-scored by one
+Companions change nothing (docs/guarantees.md, invariant 13): each chat's reply, generated while
+other chats join and leave the running batch at random steps, with other context lengths, is
+compared with ParlAI's own search for that chat alone. Bit-for-bit equality is not promised (a row's
+matrix products run in batches of other sizes), so the figures are measured: at least 99% of chats
+get ParlAI's reply, and every difference is a near-tie: both replies, re-scored by one
 teacher-forced forward pass each, score within 1e-4 of each other. Switching the masks off (the
-private `continuous._MASKS`) must make the same sweep report differences.
-"""
+private `continuous._MASKS`) must make the same sweep report differences."""
 
 from __future__ import annotations
 

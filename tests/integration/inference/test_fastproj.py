@@ -222,7 +222,7 @@ def test_only_a_quantized_or_cast_model_takes_the_merged_cross_attention(
     got = [generate(int8_agent, case)[0] for case in cases(int8_agent, seed=41, per_config=4)]
     assert merged and all(merged)
     merged.clear()
-    monkeypatch.setattr(steppers, "_MERGE_SLOTS", False)
+    monkeypatch.setattr(steppers, "MERGE_SLOTS", False)
     ref = [generate(int8_agent, case)[0] for case in cases(int8_agent, seed=41, per_config=4)]
     assert merged and not any(merged)
     same = total = 0

@@ -25,8 +25,8 @@ CONTEXT = ConversationContext(
     ],
 )
 EXAMPLES: list[pipe.Message] = [
-    pipe.Turn(1, SESSION, "hello \u202e there", True, CONTEXT),
-    pipe.Turn(2, SESSION, "no context yet", False),
+    pipe.TurnRequest(1, SESSION, "hello \u202e there", True, CONTEXT),
+    pipe.TurnRequest(2, SESSION, "no context yet", False),
     pipe.Inspect(3, SESSION, CONTEXT),
     pipe.StatsRequest(4),
     pipe.Evict(7),
@@ -36,9 +36,9 @@ EXAMPLES: list[pipe.Message] = [
     pipe.Stop(),
     pipe.Ready({"pid": 123, "model": "zoo:blender/blender_90M/model", "beam_size": 10}),
     pipe.Failed("loading x failed: FileNotFoundError"),
-    pipe.Reply(1, Generated("Hi!", [5, 6, 7], 3, 12.5, ("Hi!", "Hello!"), True, None, 2)),
-    pipe.Reply(1, Generated("What's up?", [5], 1, 3.0, model_text="what ' s up ?")),
-    pipe.Reply(3, ModelView([1, 2], "your persona: my name is tom.", 0)),
+    pipe.ReplyMessage(1, Generated("Hi!", [5, 6, 7], 3, 12.5, ("Hi!", "Hello!"), True, None, 2)),
+    pipe.ReplyMessage(1, Generated("What's up?", [5], 1, 3.0, model_text="what ' s up ?")),
+    pipe.ReplyMessage(3, ModelView([1, 2], "your persona: my name is tom.", 0)),
     pipe.NeedContext(2, 24),
     pipe.NeedContext(2, None),
     pipe.Draft(1, "Hi there"),

@@ -63,7 +63,7 @@ async def test_a_stored_is_for_the_clone_of_the_replica_that_made_the_turn() -> 
 
     async def answered_by(replica: str) -> Any:
         async def call(_session: Any, request: pipe.Request, _upkeep: Any) -> pipe.Message:
-            return pipe.Reply(request.req_id, Generated("hi", [1], 1, 1.0, replica=replica))
+            return pipe.ReplyMessage(request.req_id, Generated("hi", [1], 1, 1.0, replica=replica))
 
         return await backend._round_trips(lambda i, _c: pipe.StatsRequest(i), session, call)
 

@@ -56,7 +56,7 @@ def test_persona_lines_come_from_the_replying_speaker_and_never_give_away_the_la
         ):
             lines = example.text.split("\n")
             personas = [line for line in lines if line.startswith("your persona: ")]
-            # Persona lines lead the context, like bot/inference/persona.py pins them.
+            # Persona lines lead the context, like bot/inference/model_input.py pins them.
             assert lines[: len(personas)] == personas
             replier = (i + 1) % 2
             allowed = set(training.persona_candidates(CONVERSATION, replier))

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bot.inference.cache import new_clone
-from bot.inference.persona import PERSONA_SHARE, PersonaHistory
+from bot.inference.model_input import PERSONA_SHARE, PersonaHistory
 
 PERSONA = "My name is Sarah. I love hiking."
 PERSONA_TEXT = "your persona: My name is Sarah.\nyour persona: I love hiking."
