@@ -14,12 +14,14 @@ does not pull in python-telegram-bot.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
     from bot.app import Service
     from bot.config import Settings
     from tests.support.fakebotapi import FakeBotAPI
@@ -37,6 +39,31 @@ class StartService(Protocol):
         timeout_s: float = ...,
         migrate_db: bool = ...,
     ) -> Awaitable[Service]: ...
+
+
+@pytest.fixture
+async def sessionmaker(db_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    """Sessions on `db_url` (each backend, migrated); the engine is disposed at teardown."""
+    from bot.db.engine import make_engine, make_sessionmaker
+
+    engine = make_engine(db_url)
+    yield make_sessionmaker(engine)
+    await engine.dispose()
+
+
+@pytest.fixture
+def readonly_url(db_url: str) -> Iterator[str]:
+    """A read-only connection to `db_url`, as `admin sql` and the dashboard use: the SQLite
+    file itself, or on PostgreSQL a role made as `db readonly-role` makes it (the tests' own
+    connection is a superuser, which both refuse)."""
+    from tests.support.dbutil import drop_pg_role, make_readonly_role
+
+    if not db_url.startswith("postgresql"):
+        yield db_url
+        return
+    url = make_readonly_role(db_url)
+    yield url
+    drop_pg_role(url)
 
 
 @pytest.fixture

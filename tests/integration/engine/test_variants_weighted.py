@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import cast
@@ -17,7 +16,6 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.conversations.store import ConversationStore
-from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import Assignment, Session
 from bot.engine.bandit import thompson_split
 from bot.engine.router import Backend, VariantResponder
@@ -32,13 +30,6 @@ EXPERIMENT = Experiment(
     (Variant("a", "zoo:x", 1.0, True), Variant("b", "zoo:x", 1.0, False)),
     "thompson",
 )
-
-
-@pytest.fixture
-async def sessionmaker(db_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    engine = make_engine(db_url)
-    yield make_sessionmaker(engine)
-    await engine.dispose()
 
 
 async def seed(sessionmaker: async_sessionmaker[AsyncSession]) -> None:

@@ -7,14 +7,12 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.admin.cli import admin
-from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import Assignment, Rating, Session
 from bot.engine.variants import Experiment, Variant
 from bot.reports import stats as service_stats
@@ -45,13 +43,6 @@ SEED: dict[int, tuple[str, list[tuple[int, int]], list[int]]] = {
     # one account voting 👍 thirty times: it counts for 10 votes (USER_VOTE_CAP)
     11: ("b", [(99, 1)] * 30, []),
 }
-
-
-@pytest.fixture
-async def sessionmaker(db_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    engine = make_engine(db_url)
-    yield make_sessionmaker(engine)
-    await engine.dispose()
 
 
 async def seed(sessionmaker: async_sessionmaker[AsyncSession]) -> None:
