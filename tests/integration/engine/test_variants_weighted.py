@@ -22,7 +22,7 @@ from bot.engine.router import Backend, VariantResponder
 from bot.engine.variants import Experiment, Variant
 from bot.reports.variant_stats import BANDIT_NOTE
 from bot.reports.variants import REPORT_NOTE, format_variant_report, report_json, variant_report
-from tests.support.dbutil import add_voted_replies
+from tests.support.dbutil import add_assignment, add_voted_replies
 
 DAY = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 EXPERIMENT = Experiment(
@@ -51,19 +51,11 @@ async def seed(sessionmaker: async_sessionmaker[AsyncSession]) -> None:
     ]
     async with sessionmaker.begin() as db:
         for chat, variant, source, p, split, votes in rows:
-            db.add(
-                Assignment(
-                    chat_id=chat,
-                    experiment=EXPERIMENT.name,
-                    variant=variant,
-                    source=source,
-                    assigned_at=DAY,
-                    probability=p,
-                    allocation=None
-                    if split is None
-                    else json.dumps({"by": "thompson", "split": split}),
-                )
-            )
+            allocation = None if split is None else json.dumps({"by": "thompson", "split": split})
+            add_assignment(
+                db, chat, EXPERIMENT.name, variant, DAY, source=source, probability=p,
+                allocation=allocation,
+            )  # fmt: skip
             s = Session(chat_id=chat, user_id=chat, created_at=DAY)
             db.add(s)
             await db.flush()
@@ -127,17 +119,8 @@ async def test_fixed_weights_keep_the_plain_note_and_equal_ipw_and_naive(
     # One probability for every chat: the IPW rate is the naive one.
     async with sessionmaker.begin() as db:
         for chat, variant in ((1, "a"), (2, "b")):
-            db.add(
-                Assignment(
-                    chat_id=chat,
-                    experiment="fixed",
-                    variant=variant,
-                    source="hash",
-                    assigned_at=DAY,
-                    probability=0.5,
-                    allocation=json.dumps({"by": "weights", "split": {"a": 0.5, "b": 0.5}}),
-                )
-            )
+            split = json.dumps({"by": "weights", "split": {"a": 0.5, "b": 0.5}})
+            add_assignment(db, chat, "fixed", variant, DAY, probability=0.5, allocation=split)
     fixed = Experiment("fixed", EXPERIMENT.variants, "weights")
     report = await variant_report(sessionmaker, fixed)
     assert not report.bandit and report.recorded
