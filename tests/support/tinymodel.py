@@ -68,6 +68,19 @@ def truncation(text: int, label: int) -> tuple[str, ...]:
     return ("--text-truncate", str(text), "--truncate", str(text), "--label-truncate", str(label))
 
 
+def lowercase_words(*, layers: int, width: int, ffn: int, heads: int) -> tuple[str, ...]:
+    """ParlAI's options for a model over a lower-cased word (`re`) dictionary: `layers`
+    encoder and decoder layers of `width` dims, an FFN of `ffn`, `heads` attention heads."""
+    return (
+        "--dict-tokenizer", "re",
+        "--dict-lower", "true",
+        "--n-layers", str(layers),
+        "--embedding-size", str(width),
+        "--ffn-size", str(ffn),
+        "--n-heads", str(heads),
+    )  # fmt: skip
+
+
 def build_model(
     directory: str | os.PathLike[str],
     args: Callable[[Path], list[str]],
@@ -130,12 +143,7 @@ def build_tiny_model(
     def args(model_file: Path) -> list[str]:
         return parlai_args(
             model_file,
-            "--dict-tokenizer", "re",
-            "--dict-lower", "true",
-            "--n-layers", "1",
-            "--embedding-size", "16",
-            "--ffn-size", "32",
-            "--n-heads", "2",
+            *lowercase_words(layers=1, width=16, ffn=32, heads=2),
             *truncation(text_truncate, label_truncate),
             "--inference", "beam",
             "--beam-size", str(beam_size),

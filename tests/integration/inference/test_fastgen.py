@@ -22,7 +22,7 @@ import pytest
 from bot.config import Settings
 from bot.inference import fastgen
 from bot.inference.model import load_shared_agent, set_torch_threads
-from tests.support.tinymodel import build_model, parlai_args, truncation
+from tests.support.tinymodel import build_model, lowercase_words, parlai_args, truncation
 
 
 def _settings(model_file: str, tmp_path: Path, **kw: Any) -> Settings:
@@ -276,12 +276,7 @@ def build_blender90m_arch(directory: Path) -> str:
     def args(model_file: Path) -> list[str]:
         return parlai_args(
             model_file,
-            "--dict-tokenizer", "re",
-            "--dict-lower", "true",
-            "--n-layers", "8",
-            "--embedding-size", "512",
-            "--ffn-size", "2048",
-            "--n-heads", "16",
+            *lowercase_words(layers=8, width=512, ffn=2048, heads=16),
             "--n-positions", "512",
             "--variant", "xlm",
             "--activation", "gelu",
