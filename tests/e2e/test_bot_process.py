@@ -19,6 +19,7 @@ from tests.support.botprocess import (
     settled_on_disk,
 )
 from tests.support.fakebotapi import FakeBotAPI
+from tests.support.procs import three_from_a_one_from_b
 
 
 async def conversation(api: FakeBotAPI, chat: int, tmp_path: Path) -> None:
@@ -66,8 +67,7 @@ async def test_polling_end_to_end_at_debug_level_without_leaking_the_token(
             ]  # fmt: skip
             assert api.calls_to("deleteWebhook")
             await conversation(api, 42, tmp_path)
-            bot.proc.send_signal(signal.SIGTERM)
-            assert await bot.wait(30) == 0
+            assert await bot.stop() == 0
         output = bot.output()
     assert "DEBUG" in output and "getUpdates" in output  # it really logged at DEBUG
     assert TOKEN not in output
@@ -98,8 +98,7 @@ async def test_webhook_end_to_end_and_forged_posts_get_403(
             assert db_rows(tmp_path, "SELECT update_id FROM inbox") == []
             await conversation(api, 43, tmp_path)
             assert api.calls_to("getUpdates") == []
-            bot.proc.send_signal(signal.SIGTERM)
-            assert await bot.wait(30) == 0
+            assert await bot.stop() == 0
         output = bot.output()
     assert "setWebhook" in output  # logged (at DEBUG, with its parameters) ...
     assert SECRET not in output and TOKEN.split(":")[1] not in output  # ... but redacted
@@ -112,14 +111,11 @@ async def test_kill_9_while_generating_then_restart_answers_everything_exactly_o
     async with FakeBotAPI(TOKEN) as api:
         slow = bot_env(tmp_path, api, tiny_model_file, FAULT_GENERATION_DELAY_MS="1500")
         async with bot_process(slow, tmp_path, api) as bot:
-            for text in ("hello there", "how are you", "what do you like"):
-                api.user_message(a, text)
-            api.user_message(b, "hi from b")
+            three_from_a_one_from_b(api, a, b)
             await api.wait_for_texts(a, 1, timeout_s=30)
             # a's second message is generating now (1.5 s): pull the plug.
             await asyncio.sleep(0.4)
-            bot.proc.send_signal(signal.SIGKILL)
-            assert await bot.wait(10) == -signal.SIGKILL
+            assert await bot.kill_9() == -signal.SIGKILL
         assert len(api.texts(a)) < 3
         # The crash left work behind: an update taken from Telegram but not yet answered.
         assert db_rows(tmp_path, "SELECT count(*) FROM inbox WHERE status = 'pending'") >= [(1,)]
@@ -128,8 +124,7 @@ async def test_kill_9_while_generating_then_restart_answers_everything_exactly_o
             await api.wait_for_texts(a, 3, timeout_s=30)
             await api.wait_for_texts(b, 1, timeout_s=30)
             await settled_on_disk(api, tmp_path)  # a duplicate would be pending or queued
-            bot.proc.send_signal(signal.SIGTERM)
-            assert await bot.wait(30) == 0
+            assert await bot.stop() == 0
     assert len(api.texts(a)) == 3 and len(api.texts(b)) == 1
     assert db_rows(tmp_path, "SELECT DISTINCT status FROM inbox") == [("done",)]
     assert db_rows(tmp_path, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]

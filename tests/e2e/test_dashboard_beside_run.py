@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import signal
 from pathlib import Path
 
 import aiohttp
@@ -22,13 +21,9 @@ async def test_run_serves_the_dashboard_beside_the_bot(
     port = free_port()
     async with FakeBotAPI(TOKEN) as api:
         env = bot_env(
-            tmp_path,
-            api,
-            tiny_model_file,
-            DASHBOARD_PORT=str(port),
-            DASHBOARD_PASSWORD=PASSWORD,
-            LOG_LEVEL="DEBUG",
-        )
+            tmp_path, api, tiny_model_file,
+            DASHBOARD_PORT=str(port), DASHBOARD_PASSWORD=PASSWORD, LOG_LEVEL="DEBUG",
+        )  # fmt: skip
         async with bot_process(env, tmp_path, api) as bot:
             api.user_message(77, "hello there")
             await api.wait_for_texts(77, 1, timeout_s=30)
@@ -54,8 +49,7 @@ async def test_run_serves_the_dashboard_beside_the_bot(
                         break
                     assert asyncio.get_running_loop().time() < deadline, health[-2000:]
                     await asyncio.sleep(0.5)
-            bot.proc.send_signal(signal.SIGTERM)
-            assert await bot.wait(30) == 0
+            assert await bot.stop() == 0
         # the dashboard went with the service
         try:
             _, writer = await asyncio.open_connection("127.0.0.1", port)

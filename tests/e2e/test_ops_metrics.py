@@ -13,8 +13,7 @@ import signal
 from importlib import metadata
 from pathlib import Path
 
-from tests.e2e.test_variant_workers import chats_of, worker_pid, write_variants
-from tests.support.botprocess import TOKEN, bot_env, bot_process, free_port
+from tests.support.botprocess import TOKEN, bot_process, free_port
 from tests.support.deployfiles import (
     SCRAPE_SERIES,
     alert_exprs,
@@ -24,6 +23,7 @@ from tests.support.deployfiles import (
 )
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.ops import Samples, scrape, value, wait_scraped
+from tests.support.workers import chats_of, two_variant_env, worker_pid
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -67,14 +67,7 @@ async def test_a_running_service_exports_its_processes_and_every_series_ops_file
     port = free_port()
     a_chat, b_chat = chats_of("a", 1, 900)[0], chats_of("b", 1, 900)[0]
     async with FakeBotAPI(TOKEN) as api:
-        env = bot_env(
-            tmp_path,
-            api,
-            tiny_model_file,
-            VARIANTS_FILE=str(write_variants(tmp_path / "variants.toml", tiny_model_file)),
-            WORKER_THREADS="1",
-            METRICS_PORT=str(port),
-        )
+        env = two_variant_env(tmp_path, api, tiny_model_file, METRICS_PORT=str(port))
         async with bot_process(env, tmp_path, api) as bot:
             api.user_message(a_chat, "hello there")
             api.user_message(b_chat, "hello there")
@@ -120,8 +113,7 @@ async def test_a_running_service_exports_its_processes_and_every_series_ops_file
             assert_figures_of(
                 again, new_b, "bot_model_process_", (before_b, proc_cpu_s(new_b)), variant="b"
             )
-            bot.proc.send_signal(signal.SIGTERM)
-            assert await bot.wait(30) == 0
+            assert await bot.stop() == 0
 
     [(labels, one)] = [(dict(k[1]), v) for k, v in samples.items() if k[0] == "bot_build_info"]
     assert one == 1

@@ -6,41 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import time
 from pathlib import Path
 
-from bot.engine.assign import choose
-from tests.support.botprocess import TOKEN, bot_env, bot_process, db_rows, settled_on_disk
+from tests.support.botprocess import TOKEN, bot_process, db_rows, settled_on_disk
 from tests.support.fakebotapi import FakeBotAPI
-
-WEIGHTS = {"a": 1.0, "b": 1.0}
-
-
-def write_variants(path: Path, model: str) -> Path:
-    path.write_text(
-        f'[[variants]]\nname = "a"\nmodel = "{model}"\ncontrol = true\n'
-        f'[[variants]]\nname = "b"\nmodel = "{model}"\ninference = "greedy"\n'
-    )
-    return path
-
-
-def chats_of(variant: str, count: int, start: int) -> list[int]:
-    """The first `count` chat ids from `start` that the hash gives `variant`."""
-    found: list[int] = []
-    chat = start
-    while len(found) < count:
-        if choose("default", chat, WEIGHTS) == variant:
-            found.append(chat)
-        chat += 1
-    return found
-
-
-def worker_pid(log: str, variant: str) -> int:
-    pids = re.findall(rf"variant {variant}: worker (\d+) ready", log)
-    assert pids, f"no worker of variant {variant} in the log:\n{log[-3000:]}"
-    return int(pids[-1])
+from tests.support.workers import chats_of, two_variant_env, worker_pid
 
 
 async def test_a_killed_worker_is_restarted_and_its_turns_answered_once(
@@ -49,14 +21,7 @@ async def test_a_killed_worker_is_restarted_and_its_turns_answered_once(
     on_a = chats_of("a", 3, 600)
     on_b = chats_of("b", 2, 600)
     async with FakeBotAPI(TOKEN) as api:
-        env = bot_env(
-            tmp_path,
-            api,
-            tiny_model_file,
-            VARIANTS_FILE=str(write_variants(tmp_path / "variants.toml", tiny_model_file)),
-            WORKER_THREADS="1",
-            FAULT_GENERATION_DELAY_MS="1500",
-        )
+        env = two_variant_env(tmp_path, api, tiny_model_file, FAULT_GENERATION_DELAY_MS="1500")
         async with bot_process(env, tmp_path, api) as bot:
             for chat in on_a:
                 api.user_message(chat, "hello there")
@@ -73,8 +38,7 @@ async def test_a_killed_worker_is_restarted_and_its_turns_answered_once(
             # make one, and it would be pending or queued until this returns)
             await settled_on_disk(api, tmp_path)
             log = bot.output()
-            bot.proc.send_signal(signal.SIGTERM)
-            assert await bot.wait(30) == 0
+            assert await bot.stop() == 0
     assert f"variant a: worker {pid_a} died" in log
     assert worker_pid(log, "a") != pid_a  # restarted
     for chat in on_a + on_b:

@@ -21,12 +21,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.e2e.test_variant_workers import chats_of, worker_pid, write_variants
 from tests.support.botprocess import TOKEN, bot_env, bot_process, free_port
 from tests.support.dbutil import create_pg_database, drop_pg_database
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.ops import scrape, value
 from tests.support.procs import start_bot
+from tests.support.workers import chats_of, two_variant_env, worker_pid
 
 STALL_S = 5.0
 GRACE_S = 5.0
@@ -94,12 +94,10 @@ async def test_a_stopped_worker_is_detected_restarted_and_its_chats_answered_onc
     on_b = chats_of("b", 4, 1000)
     port = free_port()
     async with FakeBotAPI(TOKEN) as api:
-        env = bot_env(
+        env = two_variant_env(
             tmp_path,
             api,
             tiny_model_file,
-            VARIANTS_FILE=str(write_variants(tmp_path / "variants.toml", tiny_model_file)),
-            WORKER_THREADS="1",
             WORKER_STALL_S=str(STALL_S),
             SHUTDOWN_GRACE_S=str(GRACE_S),
             METRICS_PORT=str(port),

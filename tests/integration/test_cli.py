@@ -2,33 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEGRAM_", "DATABASE_"))}
-    env.update({"DATA_DIR": str(tmp_path / "data"), **extra})
-    return env
+from tests.support.cli import cli_env, run_cli, run_cli_async
 
 
 def test_run_without_token_exits_fast_with_advice(tmp_path: Path) -> None:
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "bot", "run"],
-        cwd=tmp_path,  # no .env there
-        env=_env(tmp_path, PYTHONPATH=str(ROOT)),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_cli("run", cwd=tmp_path, env=cli_env(tmp_path), timeout=60)  # no .env there
     assert proc.returncode != 0
     assert time.monotonic() - started < 20
     assert "TELEGRAM_BOT_TOKEN" in proc.stderr
@@ -37,9 +22,7 @@ def test_run_without_token_exits_fast_with_advice(tmp_path: Path) -> None:
 
 
 def test_help_lists_subcommands() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "bot", "--help"], capture_output=True, text=True, timeout=60
-    )
+    proc = run_cli("--help", env=None, timeout=60)
     assert proc.returncode == 0
     for word in ("run", "chat", "train", "db", "admin"):
         assert word in proc.stdout
@@ -47,22 +30,15 @@ def test_help_lists_subcommands() -> None:
 
 def test_db_upgrade_and_downgrade_on_sqlite_file(tmp_path: Path) -> None:
     db_file = tmp_path / "fresh.sqlite3"
-    env = _env(tmp_path, DATABASE_URL=f"sqlite+aiosqlite:///{db_file}", PYTHONPATH=str(ROOT))
-    up = subprocess.run(
-        [sys.executable, "-m", "bot", "db", "upgrade"], env=env, capture_output=True, text=True
-    )
+    env = cli_env(tmp_path, DATABASE_URL=f"sqlite+aiosqlite:///{db_file}")
+    up = run_cli("db", "upgrade", env=env)
     assert up.returncode == 0, up.stderr
     import sqlite3
 
     with sqlite3.connect(db_file) as conn:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"sessions", "messages", "inbox", "outbox"} <= names
-    down = subprocess.run(
-        [sys.executable, "-m", "bot", "db", "downgrade", "base"],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    down = run_cli("db", "downgrade", "base", env=env)
     assert down.returncode == 0, down.stderr
     with sqlite3.connect(db_file) as conn:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -72,25 +48,19 @@ def test_db_upgrade_and_downgrade_on_sqlite_file(tmp_path: Path) -> None:
 async def test_run_refuses_a_bad_webhook_secret_before_loading_anything(tmp_path: Path) -> None:
     """Regression: `bad secret+chars` passed Settings and failed with a raw BadRequest traceback
     from setWebhook after the model had loaded; a valid 3-character one was logged in clear."""
-    import asyncio
-
     from tests.support.botprocess import TOKEN
     from tests.support.fakebotapi import FakeBotAPI
 
     expected = "error: WEBHOOK_SECRET must be 16 to 256 characters of A-Z, a-z, 0-9, _ and -"
     async with FakeBotAPI(TOKEN) as api:
         for secret in ("bad secret+chars", "abc", "x" * 257):
-            env = _env(
-                tmp_path, PYTHONPATH=str(ROOT), TELEGRAM_BOT_TOKEN=TOKEN,
+            env = cli_env(
+                tmp_path, TELEGRAM_BOT_TOKEN=TOKEN,
                 TELEGRAM_BASE_URL=api.base_url, WEBHOOK_URL="http://127.0.0.1:9/hook",
                 WEBHOOK_SECRET=secret, BOT_MODEL=str(tmp_path / "no-such-model"),
                 DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'bot.sqlite3'}",
             )  # fmt: skip
-            proc = await asyncio.to_thread(
-                subprocess.run,
-                [sys.executable, "-m", "bot", "run"],
-                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
-            )  # fmt: skip
+            proc = await run_cli_async("run", cwd=tmp_path, env=env, limit_s=60)
             assert proc.returncode == 2, proc.stderr[-2000:]
             assert expected in proc.stderr
             assert "Traceback" not in proc.stderr + proc.stdout
@@ -103,24 +73,18 @@ async def test_run_refuses_a_variants_file_beyond_the_machine_with_status_2(
 ) -> None:
     """Regression: `threads = 100000` started a worker that exhausted the host's threads and
     crashed the service with a traceback."""
-    import asyncio
-
     from tests.support.botprocess import TOKEN
     from tests.support.fakebotapi import FakeBotAPI
 
     variants = tmp_path / "variants.toml"
     variants.write_text('[[variants]]\nname = "big"\nmodel = "zoo:x/model"\nthreads = 100000\n')
     async with FakeBotAPI(TOKEN) as api:
-        env = _env(
-            tmp_path, PYTHONPATH=str(ROOT), TELEGRAM_BOT_TOKEN=TOKEN,
+        env = cli_env(
+            tmp_path, TELEGRAM_BOT_TOKEN=TOKEN,
             TELEGRAM_BASE_URL=api.base_url, VARIANTS_FILE=str(variants),
             DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'bot.sqlite3'}",
         )  # fmt: skip
-        proc = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "bot", "run"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        proc = await run_cli_async("run", cwd=tmp_path, env=env, limit_s=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "variant 'big': threads must be a whole number from 1 to 256" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
@@ -128,14 +92,11 @@ async def test_run_refuses_a_variants_file_beyond_the_machine_with_status_2(
 
 def test_invalid_settings_are_one_clean_line_each_without_their_values(tmp_path: Path) -> None:
     """Regression: WEBHOOK_PORT=abc printed pydantic's traceback (noticed with issue 11.8)."""
-    env = _env(
-        tmp_path, PYTHONPATH=str(ROOT), WEBHOOK_PORT="abc", BATCH_MAX_SIZE="0",
+    env = cli_env(
+        tmp_path, WEBHOOK_PORT="abc", BATCH_MAX_SIZE="0",
         GROUP_POLICY="s3cr3t-typo", DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'b.sqlite3'}",
     )  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, "-m", "bot", "db", "current"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    proc = run_cli("db", "current", cwd=tmp_path, env=env, timeout=60)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr + proc.stdout
     assert "error: invalid settings" in proc.stderr
@@ -169,17 +130,14 @@ def test_config_errors_do_not_wait_for_the_network(tmp_path: Path, kind: str) ->
     if text is not None:
         bad.write_text(text)
     db_file = tmp_path / "bot.sqlite3"
-    env = _env(
-        tmp_path, PYTHONPATH=str(ROOT), TELEGRAM_BOT_TOKEN=TOKEN,
+    env = cli_env(
+        tmp_path, TELEGRAM_BOT_TOKEN=TOKEN,
         TELEGRAM_BASE_URL=f"http://127.0.0.1:{free_port()}/bot",  # nothing listens there
         DATABASE_URL=f"sqlite+aiosqlite:///{db_file}", **{variable: str(bad)},
     )  # fmt: skip
     started = time.monotonic()
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "bot", "run"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=CONFIG_ERROR_WITHIN_S,
-        )  # fmt: skip
+        proc = run_cli("run", cwd=tmp_path, env=env, timeout=CONFIG_ERROR_WITHIN_S)
     except subprocess.TimeoutExpired as err:
         output = (err.stdout or b"").decode() + (err.stderr or b"").decode()
         pytest.fail(f"still running after {CONFIG_ERROR_WITHIN_S:g} s:\n{output[-3000:]}")
@@ -201,8 +159,8 @@ async def test_the_getme_retry_warning_names_the_bot_api_url_but_not_the_token(
     from tests.support.waits import until
 
     base_url = f"http://127.0.0.1:{free_port()}/bot"  # nothing listens there
-    env = _env(
-        tmp_path, PYTHONPATH=str(ROOT), TELEGRAM_BOT_TOKEN=TOKEN, TELEGRAM_BASE_URL=base_url,
+    env = cli_env(
+        tmp_path, TELEGRAM_BOT_TOKEN=TOKEN, TELEGRAM_BASE_URL=base_url,
         DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'bot.sqlite3'}",
     )  # fmt: skip
     bot = BotProcess(env, tmp_path, tmp_path / "bot.log")
@@ -231,15 +189,12 @@ def test_bot_model_without_weights_exits_2_before_the_network(
     from tests.support.botprocess import TOKEN, free_port
 
     weightless = copy_without(tiny_model_file, tmp_path / "m", "")
-    env = _env(
-        tmp_path, PYTHONPATH=str(ROOT), TELEGRAM_BOT_TOKEN=TOKEN, BOT_MODEL=weightless,
+    env = cli_env(
+        tmp_path, TELEGRAM_BOT_TOKEN=TOKEN, BOT_MODEL=weightless,
         TELEGRAM_BASE_URL=f"http://127.0.0.1:{free_port()}/bot",  # nothing listens there
         DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'bot.sqlite3'}",
     )  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, "-m", "bot", "run"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=CONFIG_ERROR_WITHIN_S,
-    )  # fmt: skip
+    proc = run_cli("run", cwd=tmp_path, env=env, timeout=CONFIG_ERROR_WITHIN_S)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert (
         f"BOT_MODEL: the model at {weightless} is incomplete: missing {weightless} (the weights)"
@@ -253,23 +208,17 @@ async def test_bad_access_and_quota_settings_exit_2_before_the_network(tmp_path:
     """ALLOWED_USERS / ALLOWED_CHATS entries that are neither ids nor @usernames, and a quota
     below 1, stop `run` with one line each and status 2, before getMe; the entry is not echoed
     (a mistyped variable may hold a secret)."""
-    import asyncio
-
     from tests.support.botprocess import TOKEN
     from tests.support.fakebotapi import FakeBotAPI
 
     async with FakeBotAPI(TOKEN) as api:
-        env = _env(
-            tmp_path, PYTHONPATH=str(ROOT), TELEGRAM_BOT_TOKEN=TOKEN,
+        env = cli_env(
+            tmp_path, TELEGRAM_BOT_TOKEN=TOKEN,
             TELEGRAM_BASE_URL=api.base_url, ALLOWED_USERS="123, alice smith",
             ALLOWED_CHATS="https://t.me/x", QUOTA_PER_DAY="0",
             DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'bot.sqlite3'}",
         )  # fmt: skip
-        proc = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "bot", "run"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        proc = await run_cli_async("run", cwd=tmp_path, env=env, limit_s=60)
         assert api.calls == []
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "ALLOWED_USERS must be numeric Telegram ids or @usernames" in proc.stderr

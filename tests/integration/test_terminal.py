@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.cli import run_cli
 from tests.support.waits import until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,15 +56,7 @@ def chat_env(tmp_path: Path, model: str, **extra: str) -> dict[str, str]:
 def test_terminal_chat_persists_everything(tmp_path: Path, tiny_model_file: str) -> None:
     db_file = tmp_path / "chat.sqlite3"
     env = chat_env(tmp_path, tiny_model_file)
-    proc = subprocess.run(
-        [sys.executable, "-m", "bot", "chat", "--chat-id", "42"],
-        input=SCRIPT,
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    proc = run_cli("chat", "--chat-id", "42", input=SCRIPT, env=env, cwd=tmp_path, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert out.count("bot> ") == 3, out
@@ -116,15 +109,7 @@ def test_on_a_terminal_the_reply_grows_on_its_line(tmp_path: Path, tiny_model_fi
     generates, then the stored one replaces it."""
     env = chat_env(tmp_path, tiny_model_file)
     controller, terminal = pty.openpty()
-    with (tmp_path / "stderr.log").open("wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "bot", "chat", "--chat-id", "43"],
-            stdin=subprocess.PIPE,
-            stdout=terminal,
-            stderr=stderr,
-            env=env,
-            cwd=tmp_path,
-        )
+    proc = _start_chat(env, tmp_path, 43, subprocess.PIPE, terminal, tmp_path / "stderr.log")
     os.close(terminal)
     assert proc.stdin is not None
     proc.stdin.write(b"hello how are you\n")
@@ -145,18 +130,12 @@ def test_on_a_terminal_the_reply_grows_on_its_line(tmp_path: Path, tiny_model_fi
 
 
 def _start_chat(
-    env: dict[str, str], cwd: Path, terminal: int, stderr_file: Path
+    env: dict[str, str], cwd: Path, chat_id: int, stdin: int, stdout: int, stderr_file: Path
 ) -> subprocess.Popen[bytes]:
-    """`python -m bot chat` with `terminal` for stdin and stdout, stderr into the file."""
+    """`python -m bot chat --chat-id <chat_id>` on those stdin and stdout, stderr into the file."""
+    argv = [sys.executable, "-m", "bot", "chat", "--chat-id", str(chat_id)]
     with stderr_file.open("wb") as stderr:
-        return subprocess.Popen(
-            [sys.executable, "-m", "bot", "chat", "--chat-id", "44"],
-            stdin=terminal,
-            stdout=terminal,
-            stderr=stderr,
-            env=env,
-            cwd=cwd,
-        )
+        return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
 
 
 async def _output_until_the_prompt(
@@ -167,7 +146,7 @@ async def _output_until_the_prompt(
     env = chat_env(tmp_path, tiny_model_file, **extra)
     controller, terminal = pty.openpty()
     stderr_file = tmp_path / "stderr.log"
-    proc = _start_chat(env, tmp_path, terminal, stderr_file)
+    proc = _start_chat(env, tmp_path, 44, terminal, terminal, stderr_file)
     os.close(terminal)
     out = bytearray()
 

@@ -18,7 +18,15 @@ from pathlib import Path
 import pytest
 
 from tests.support.fakebotapi import FakeBotAPI, Fault
-from tests.support.procs import TOKEN, bot_env, check_database, db_rows, start_bot
+from tests.support.procs import (
+    TOKEN,
+    bot_env,
+    check_database,
+    db_rows,
+    restart_until_answered,
+    start_bot,
+    three_from_a_one_from_b,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -52,27 +60,16 @@ async def test_kill_9_after_ingest_and_during_generation(
         slow = bot_env(tmp_path, api, tiny_model_file, FAULT_GENERATION_DELAY_MS="3000")
         bot = await start_bot(slow, tmp_path, api)
         try:
-            for text in ("hello there", "how are you", "what do you like"):
-                api.user_message(a, text)
-            api.user_message(b, "hi from b")
+            three_from_a_one_from_b(api, a, b)
             # All four are in the inbox (acknowledged); the first turns are generating (3 s).
             await wait_db(tmp_path, "SELECT count(*) FROM inbox", 4)
             await asyncio.sleep(0.3)
-            bot.proc.send_signal(signal.SIGKILL)
-            assert await bot.wait(10) == -signal.SIGKILL
+            assert await bot.kill_9() == -signal.SIGKILL
         finally:
             bot.kill()
         assert api.sent == []
         assert db_rows(tmp_path, "SELECT count(*) FROM inbox WHERE status = 'pending'") == [(4,)]
-        bot = await start_bot(bot_env(tmp_path, api, tiny_model_file), tmp_path, api, "bot2")
-        try:
-            await api.wait_for_texts(a, 3, timeout_s=60)
-            await api.wait_for_texts(b, 1, timeout_s=60)
-            await asyncio.sleep(1.0)
-            bot.proc.send_signal(signal.SIGTERM)
-            assert await bot.wait(30) == 0
-        finally:
-            bot.kill()
+        await restart_until_answered(tmp_path, api, tiny_model_file, "bot2", {a: 3, b: 1})
     check_database(tmp_path, {a: 3, b: 1})
     for chat in (a, b):
         assert_sent_as_stored(api, tmp_path, chat)
@@ -92,22 +89,14 @@ async def test_kill_9_after_commit_before_delivery_sends_each_reply_once(
             # Turns committed (inbox closed, replies in the outbox), Telegram refusing them.
             await wait_db(tmp_path, "SELECT count(*) FROM inbox WHERE status = 'done'", 6)
             await wait_db(tmp_path, "SELECT count(*) FROM outbox WHERE attempts > 0", 3)
-            bot.proc.send_signal(signal.SIGKILL)
-            assert await bot.wait(10) == -signal.SIGKILL
+            assert await bot.kill_9() == -signal.SIGKILL
         finally:
             bot.kill()
         assert api.sent == []
         assert db_rows(tmp_path, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(6,)]
         api.faults.clear()
-        bot = await start_bot(bot_env(tmp_path, api, tiny_model_file), tmp_path, api, "bot2")
-        try:
-            for chat in chats:
-                await api.wait_for_texts(chat, 2, timeout_s=60)
-            await asyncio.sleep(1.0)
-            bot.proc.send_signal(signal.SIGTERM)
-            assert await bot.wait(30) == 0
-        finally:
-            bot.kill()
+        answered = {chat: 2 for chat in chats}
+        await restart_until_answered(tmp_path, api, tiny_model_file, "bot2", answered)
     assert Counter(s.chat_id for s in api.sent) == {chat: 2 for chat in chats}
     check_database(tmp_path, {chat: 1 for chat in chats})
 
@@ -123,8 +112,7 @@ async def test_sigterm_during_generation_answers_then_exits_cleanly(
             api.user_message(chat, "hello how are you")
             # A private chat sees the "Thinking…" draft (STREAM_REPLIES) when the turn starts.
             await api.wait_for(lambda: bool(api.calls_to("sendMessageDraft")), 30, "a draft")
-            bot.proc.send_signal(signal.SIGTERM)  # the turn is generating now
-            assert await bot.wait(30) == 0
+            assert await bot.stop() == 0  # the turn is generating now
         finally:
             bot.kill()
         assert len(api.texts(chat)) == 1  # answered within the grace period, before exiting
@@ -153,20 +141,12 @@ async def test_five_kill_9_restarts_in_a_row_with_messages_queued(
                 # but we had not recorded yet (the one window nobody can close).
                 api.inject(Fault("sendMessage", status=500, times=10**6))
                 await asyncio.sleep(0.5 + 0.2 * round_)
-                bot.proc.send_signal(signal.SIGKILL)
-                assert await bot.wait(10) == -signal.SIGKILL
+                assert await bot.kill_9() == -signal.SIGKILL
             finally:
                 bot.kill()
                 api.faults.clear()
-        bot = await start_bot(bot_env(tmp_path, api, tiny_model_file), tmp_path, api, "final")
-        try:
-            for chat in chats:
-                await api.wait_for_texts(chat, sent_per_chat, timeout_s=90)
-            await asyncio.sleep(1.0)
-            bot.proc.send_signal(signal.SIGTERM)
-            assert await bot.wait(30) == 0
-        finally:
-            bot.kill()
+        answered = {chat: sent_per_chat for chat in chats}
+        await restart_until_answered(tmp_path, api, tiny_model_file, "final", answered, within_s=90)
     assert Counter(s.chat_id for s in api.sent) == {chat: sent_per_chat for chat in chats}
     check_database(tmp_path, {chat: sent_per_chat for chat in chats})
     for chat in chats:

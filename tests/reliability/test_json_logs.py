@@ -4,22 +4,23 @@ on, and the token, the webhook secret and the database password appear nowhere."
 
 from __future__ import annotations
 
-import asyncio
 import json
-import signal
-import subprocess
-import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.reliability.test_secrets import PASSWORD, assert_clean
-from tests.support.botprocess import SECRET, free_port
+from tests.support.botprocess import SECRET, bot_process
 from tests.support.fakebotapi import FakeBotAPI, Fault
-from tests.support.pgserver import PrivatePostgres
-from tests.support.procs import ROOT, TOKEN, bot_env, start_bot
+from tests.support.pgserver import private_postgres
+from tests.support.procs import (
+    PASSWORD,
+    TOKEN,
+    assert_clean,
+    bot_env,
+    run_against_unreachable_database,
+)
 
 
 def json_lines(output: str) -> list[dict[str, Any]]:
@@ -42,18 +43,7 @@ def json_lines(output: str) -> list[dict[str, Any]]:
 async def test_unreachable_database_at_debug_level_in_json(
     tmp_path: Path, tiny_model_file: str
 ) -> None:
-    async with FakeBotAPI(TOKEN) as api:
-        env = bot_env(
-            tmp_path, api, tiny_model_file,
-            DATABASE_URL=f"postgresql+asyncpg://bot:{PASSWORD}@127.0.0.1:{free_port()}/bot",
-            WEBHOOK_URL=f"http://127.0.0.1:{free_port()}/hook", WEBHOOK_SECRET=SECRET,
-            LOG_LEVEL="DEBUG", LOG_FORMAT="json",
-        )  # fmt: skip
-        done = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "bot", "run"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+    done = await run_against_unreachable_database(tmp_path, tiny_model_file, LOG_FORMAT="json")
     assert done.returncode != 0
     assert done.stdout == ""  # logs go to stderr
     records = json_lines(done.stderr)
@@ -68,29 +58,21 @@ async def test_unreachable_database_at_debug_level_in_json(
 async def test_a_real_run_logs_json_lines_with_the_update_context(
     tmp_path: Path, tiny_model_file: str
 ) -> None:
-    pg = PrivatePostgres(password=PASSWORD)
     chat = 7301
-    try:
-        async with FakeBotAPI(TOKEN) as api:
-            env = bot_env(
-                tmp_path, api, tiny_model_file, DATABASE_URL=pg.url, WEBHOOK_SECRET=SECRET,
-                LOG_LEVEL="DEBUG", LOG_FORMAT="json",
-            )  # fmt: skip
-            bot = await start_bot(env, tmp_path, api)
-            try:
-                api.user_message(chat, "hello how are you")
-                await api.wait_for_texts(chat, 1, timeout_s=60)
-                # A failing send: its warning carries the chat it was for.
-                api.inject(Fault("sendMessage", status=500, times=1))
-                update_id = api.user_message(chat, "/help")
-                await api.wait_for_texts(chat, 2, timeout_s=60)
-                bot.proc.send_signal(signal.SIGTERM)
-                assert await bot.wait(30) == 0
-            finally:
-                bot.kill()
-            output = bot.output()
-    finally:
-        await asyncio.to_thread(pg.close)
+    async with private_postgres(password=PASSWORD) as pg, FakeBotAPI(TOKEN) as api:
+        env = bot_env(
+            tmp_path, api, tiny_model_file, DATABASE_URL=pg.url, WEBHOOK_SECRET=SECRET,
+            LOG_LEVEL="DEBUG", LOG_FORMAT="json",
+        )  # fmt: skip
+        async with bot_process(env, tmp_path, api) as bot:
+            api.user_message(chat, "hello how are you")
+            await api.wait_for_texts(chat, 1, timeout_s=60)
+            # A failing send: its warning carries the chat it was for.
+            api.inject(Fault("sendMessage", status=500, times=1))
+            update_id = api.user_message(chat, "/help")
+            await api.wait_for_texts(chat, 2, timeout_s=60)
+            assert await bot.stop() == 0
+        output = bot.output()
     records = json_lines(output)
     assert_clean(output)
     assert_clean(json.dumps(records, ensure_ascii=False))

@@ -4,42 +4,26 @@ secret and the database password appear nowhere in the output."""
 from __future__ import annotations
 
 import asyncio
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.botprocess import SECRET, free_port
+from tests.support.botprocess import SECRET, bot_process, free_port
 from tests.support.fakebotapi import FakeBotAPI, Fault
-from tests.support.pgserver import PrivatePostgres
-from tests.support.procs import ROOT, TOKEN, BotProcess, bot_env
-
-PASSWORD = "Pw-Db-Secret-4f9c2e"
-
-
-def assert_clean(output: str, password: str = PASSWORD) -> None:
-    """None of the secrets, in full or the token's secret half, is in `output`."""
-    for secret in (TOKEN, TOKEN.split(":")[1], SECRET, password):
-        assert secret not in output
+from tests.support.pgserver import private_postgres
+from tests.support.procs import (
+    PASSWORD,
+    TOKEN,
+    assert_clean,
+    bot_env,
+    run_against_unreachable_database,
+)
 
 
 async def test_unreachable_database_at_debug_level_leaks_nothing(
     tmp_path: Path, tiny_model_file: str
 ) -> None:
-    async with FakeBotAPI(TOKEN) as api:
-        env = bot_env(
-            tmp_path, api, tiny_model_file,
-            DATABASE_URL=f"postgresql+asyncpg://bot:{PASSWORD}@127.0.0.1:{free_port()}/bot",
-            WEBHOOK_URL=f"http://127.0.0.1:{free_port()}/hook", WEBHOOK_SECRET=SECRET,
-            LOG_LEVEL="DEBUG",
-        )  # fmt: skip
-        done = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "bot", "run"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+    done = await run_against_unreachable_database(tmp_path, tiny_model_file)
     output = done.stdout + done.stderr
     assert done.returncode != 0
     assert "127.0.0.1" in output  # it did say what it could not reach ...
@@ -50,39 +34,31 @@ async def test_unreachable_database_at_debug_level_leaks_nothing(
 async def test_debug_run_with_database_outage_and_api_faults_leaks_nothing(
     tmp_path: Path, tiny_model_file: str
 ) -> None:
-    pg = PrivatePostgres(password=PASSWORD)
     port = free_port()
-    try:
-        async with FakeBotAPI(TOKEN) as api:
-            api.inject(
-                Fault("sendMessage", status=500, times=2),
-                Fault("sendMessage", status=429, retry_after=1, times=2),
-                Fault("sendMessage", status=403, chat_id=7099, times=10),
-                Fault("setWebhook", status=502, times=1),
-            )
-            env = bot_env(
-                tmp_path, api, tiny_model_file, DATABASE_URL=pg.url,
-                WEBHOOK_URL=f"http://127.0.0.1:{port}/tg", WEBHOOK_SECRET=SECRET,
-                WEBHOOK_LISTEN="127.0.0.1", WEBHOOK_PORT=str(port), LOG_LEVEL="DEBUG",
-            )  # fmt: skip
-            bot = BotProcess(env, tmp_path, tmp_path / "bot.log")
-            try:
-                await api.wait_for(lambda: api.webhook.url != "", 90, "setWebhook")
-                api.user_message(7001, "hello how are you")
-                api.user_message(7099, "hello from a chat that blocked the bot")
-                await api.wait_for_texts(7001, 1, timeout_s=60)
-                await asyncio.to_thread(pg.stop)  # the database goes away under traffic
-                api.user_message(7001, "are you still there")
-                await asyncio.sleep(3.0)
-                await asyncio.to_thread(pg.start)
-                await api.wait_for_texts(7001, 2, timeout_s=60)
-                bot.proc.send_signal(signal.SIGTERM)
-                assert await bot.wait(30) == 0
-            finally:
-                bot.kill()
-            output = bot.output()
-    finally:
-        await asyncio.to_thread(pg.close)
+    async with private_postgres(password=PASSWORD) as pg, FakeBotAPI(TOKEN) as api:
+        api.inject(
+            Fault("sendMessage", status=500, times=2),
+            Fault("sendMessage", status=429, retry_after=1, times=2),
+            Fault("sendMessage", status=403, chat_id=7099, times=10),
+            Fault("setWebhook", status=502, times=1),
+        )
+        env = bot_env(
+            tmp_path, api, tiny_model_file, DATABASE_URL=pg.url,
+            WEBHOOK_URL=f"http://127.0.0.1:{port}/tg", WEBHOOK_SECRET=SECRET,
+            WEBHOOK_LISTEN="127.0.0.1", WEBHOOK_PORT=str(port), LOG_LEVEL="DEBUG",
+        )  # fmt: skip
+        async with bot_process(env, tmp_path, api, ready="setWebhook") as bot:
+            await api.wait_for(lambda: api.webhook.url != "", 90, "setWebhook")
+            api.user_message(7001, "hello how are you")
+            api.user_message(7099, "hello from a chat that blocked the bot")
+            await api.wait_for_texts(7001, 1, timeout_s=60)
+            await asyncio.to_thread(pg.stop)  # the database goes away under traffic
+            api.user_message(7001, "are you still there")
+            await asyncio.sleep(3.0)
+            await asyncio.to_thread(pg.start)
+            await api.wait_for_texts(7001, 2, timeout_s=60)
+            assert await bot.stop() == 0
+        output = bot.output()
     assert "DEBUG" in output and "WARNING" in output  # it logged at DEBUG, errors included
     assert_clean(output)
 
@@ -101,15 +77,10 @@ async def test_token_from_the_systemd_credential_is_used_and_never_logged(
         env = bot_env(tmp_path, api, tiny_model_file, LOG_LEVEL="DEBUG", LOG_FORMAT="json")
         del env["TELEGRAM_BOT_TOKEN"]
         env["CREDENTIALS_DIRECTORY"] = str(credentials)
-        bot = BotProcess(env, tmp_path, tmp_path / "bot.log")
-        try:
-            await api.wait_for(lambda: bool(api.calls_to("getUpdates")), 90, "getUpdates")
+        async with bot_process(env, tmp_path, api) as bot:
             api.user_message(7301, "hello with a credential")
             await api.wait_for_texts(7301, 1, timeout_s=60)
-            bot.proc.send_signal(signal.SIGTERM)
-            assert await bot.wait(30) == 0
-        finally:
-            bot.kill()
+            assert await bot.stop() == 0
         output = bot.output()
     assert '"level": "DEBUG"' in output
     assert_clean(output)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -59,6 +60,16 @@ class BotProcess:
                 raise AssertionError(f"bot did not exit in {timeout_s}s:\n{self.output()[-3000:]}")
             await asyncio.sleep(0.05)
         return self.proc.returncode
+
+    async def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM, then wait for the process to exit; its exit status."""
+        self.proc.send_signal(signal.SIGTERM)
+        return await self.wait(timeout_s)
+
+    async def kill_9(self) -> int:
+        """SIGKILL, then wait for the process to be gone; its exit status."""
+        self.proc.send_signal(signal.SIGKILL)
+        return await self.wait(10)
 
     def kill(self) -> None:
         """kill -9 it (if it still runs)."""

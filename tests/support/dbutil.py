@@ -152,6 +152,29 @@ def drop_pg_role(url: str) -> None:
     asyncio.run(drop())
 
 
+def add_assignment(
+    db: Any,
+    chat: int,
+    experiment: str,
+    variant: str,
+    at: Any,
+    *,
+    source: str = "hash",
+    probability: float | None = None,
+    allocation: str | None = None,
+) -> None:
+    """`chat`'s assignment to `variant` in `experiment`, in the open session `db` (the report
+    tests' staged chats)."""
+    from bot.db.models import Assignment
+
+    db.add(
+        Assignment(
+            chat_id=chat, experiment=experiment, variant=variant, source=source, assigned_at=at,
+            probability=probability, allocation=allocation,
+        )
+    )  # fmt: skip
+
+
 async def add_voted_replies(
     db: Any, session_id: int, chat: int, variant: str, votes: Any, at: Any
 ) -> None:

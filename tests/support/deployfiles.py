@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 ALERTS_TEST = ROOT / "deploy" / "prometheus" / "alerts_test.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "telegram-bot.json"
 UNIT = ROOT / "deploy" / "systemd" / "telegram-bot@.service"
+VERIFY = ROOT / "deploy" / "systemd" / "verify"
 
 # Series Prometheus writes itself for every scrape target, not the service.
 SCRAPE_SERIES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
@@ -54,6 +56,15 @@ def require_tool(name: str, install: str) -> str:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"{why} -- required under CI=true (.ci/run installs it)")
     pytest.skip(why)
+
+
+def verify_units(*units: Path) -> subprocess.CompletedProcess[str]:
+    """deploy/systemd/verify (systemd-analyze verify) on `units`, or on all of deploy/systemd's
+    units when none is given; skips without systemd-analyze (fails under CI=true)."""
+    require_tool("systemd-analyze", "sudo apt-get install systemd")
+    return subprocess.run(
+        [str(VERIFY), *map(str, units)], capture_output=True, text=True, timeout=60
+    )
 
 
 def metric_names(expr: str) -> set[str]:

@@ -680,17 +680,19 @@ class FakeBotAPI:
         return True
 
     async def _m_setmydescription(self, p: Params) -> Any:
-        text = p.str("description", "") or ""
-        if len(text) > 512:
-            raise ApiError(400, "Bad Request: description is too long")
-        self.descriptions[self._language_code(p)] = text
-        return True
+        return self._set_description(p, "description", 512, self.descriptions)
 
     async def _m_setmyshortdescription(self, p: Params) -> Any:
-        text = p.str("short_description", "") or ""
-        if len(text) > 120:
-            raise ApiError(400, "Bad Request: short description is too long")
-        self.short_descriptions[self._language_code(p)] = text
+        return self._set_description(p, "short_description", 120, self.short_descriptions)
+
+    def _set_description(
+        self, p: Params, key: str, limit: int, by_language: dict[str | None, str]
+    ) -> bool:
+        """Store the `key` text (at most `limit` characters) for the call's language."""
+        text = p.str(key, "") or ""
+        if len(text) > limit:
+            raise ApiError(400, f"Bad Request: {key.replace('_', ' ')} is too long")
+        by_language[self._language_code(p)] = text
         return True
 
     @staticmethod

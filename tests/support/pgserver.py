@@ -9,6 +9,7 @@ removes everything. Skips with a reason when the binaries or the `postgres` user
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import glob
 import os
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -116,3 +118,14 @@ class PrivatePostgres:
                     return
             time.sleep(0.05)
         raise AssertionError("private PostgreSQL still answers")
+
+
+@contextlib.asynccontextmanager
+async def private_postgres(**kwargs: str) -> AsyncIterator[PrivatePostgres]:
+    """A PrivatePostgres (its `password` if given) for an async test, closed in a thread when
+    the block ends."""
+    pg = PrivatePostgres(**kwargs)
+    try:
+        yield pg
+    finally:
+        await asyncio.to_thread(pg.close)

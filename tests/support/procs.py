@@ -4,14 +4,60 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from tests.support.botprocess import ROOT, START_TIMEOUT_S, TOKEN, BotProcess, bot_env
+from tests.support.botprocess import (
+    ROOT,
+    SECRET,
+    START_TIMEOUT_S,
+    TOKEN,
+    BotProcess,
+    bot_env,
+    free_port,
+)
+from tests.support.cli import run_cli_async
 from tests.support.fakebotapi import FakeBotAPI
 
-__all__ = ["ROOT", "TOKEN", "BotProcess", "bot_env", "check_database", "db_rows", "start_bot"]
+__all__ = [
+    "PASSWORD",
+    "ROOT",
+    "TOKEN",
+    "BotProcess",
+    "assert_clean",
+    "bot_env",
+    "check_database",
+    "db_rows",
+    "restart_until_answered",
+    "run_against_unreachable_database",
+    "start_bot",
+    "three_from_a_one_from_b",
+]
+
+PASSWORD = "Pw-Db-Secret-4f9c2e"
+
+
+def assert_clean(output: str, password: str = PASSWORD) -> None:
+    """None of the secrets, in full or the token's secret half, is in `output`."""
+    for secret in (TOKEN, TOKEN.split(":")[1], SECRET, password):
+        assert secret not in output
+
+
+async def run_against_unreachable_database(
+    tmp_path: Path, model: str, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    """`python -m bot run` with a webhook and a PostgreSQL URL (PASSWORD in it) on free ports
+    nobody listens on, at DEBUG level plus `extra`: it must fail to start."""
+    async with FakeBotAPI(TOKEN) as api:
+        env = bot_env(
+            tmp_path, api, model,
+            DATABASE_URL=f"postgresql+asyncpg://bot:{PASSWORD}@127.0.0.1:{free_port()}/bot",
+            WEBHOOK_URL=f"http://127.0.0.1:{free_port()}/hook", WEBHOOK_SECRET=SECRET,
+            LOG_LEVEL="DEBUG", **extra,
+        )  # fmt: skip
+        return await run_cli_async("run", env=env, cwd=ROOT)
 
 
 async def start_bot(
@@ -27,6 +73,34 @@ async def start_bot(
             raise AssertionError(f"bot did not start:\n{bot.output()[-3000:]}")
         await asyncio.sleep(0.05)
     return bot
+
+
+async def restart_until_answered(
+    tmp_path: Path,
+    api: FakeBotAPI,
+    model: str,
+    name: str,
+    answered: dict[int, int],
+    *,
+    within_s: float = 60.0,
+) -> None:
+    """Start the bot anew (output in `<name>.log`), wait until each chat has its number of
+    texts, give a duplicate a second to show up, then stop it: it must exit 0."""
+    bot = await start_bot(bot_env(tmp_path, api, model), tmp_path, api, name)
+    try:
+        for chat, texts in answered.items():
+            await api.wait_for_texts(chat, texts, timeout_s=within_s)
+        await asyncio.sleep(1.0)
+        assert await bot.stop() == 0
+    finally:
+        bot.kill()
+
+
+def three_from_a_one_from_b(api: FakeBotAPI, a: int, b: int) -> None:
+    """The crash tests' traffic: three messages in chat `a`, then one in chat `b`."""
+    for text in ("hello there", "how are you", "what do you like"):
+        api.user_message(a, text)
+    api.user_message(b, "hi from b")
 
 
 def db_rows(tmp_path: Path, sql: str) -> list[tuple[Any, ...]]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.tinymodel import build_model, word_starts_only
+from tests.support.tinymodel import build_model, parlai_args, truncation, word_starts_only
 
 # Every tiny reply is at most this long (the zoo models' 128 would only make the tests slower).
 TINY_LABEL_TRUNCATE = 24
@@ -39,6 +39,15 @@ ZOO_BEAM = {
     "beam_length_penalty": 0.65,
 }
 
+
+# Two encoder and two decoder layers of 16 dims, ffn 64: the width of a shape with its own
+# structure (the 90M's and BART's).
+TINY_2_LAYERS: dict[str, Any] = {
+    "n_encoder_layers": 2,
+    "n_decoder_layers": 2,
+    "embedding_size": 16,
+    "ffn_size": 64,
+}
 
 # What the 400M-distill, 1B-distill and 3B shapes share, the 2.7B recipe (sources in SHAPES):
 # a cased byte-level BPE, pre-layer-norm, sinusoidal positions, 128 tokens of context, the
@@ -91,10 +100,8 @@ class Shape:
 
     def args(self, model_file: Path, bpe_dir: Path) -> list[str]:
         """ParlAI's command line for this shape."""
-        args = [
-            "--model", self.agent,
-            "--model-file", str(model_file),
-            "--dict-file", str(model_file) + ".dict",
+        args = parlai_args(
+            model_file,
             "--dict-tokenizer", self.tokenizer,
             "--dict-lower", str(self.lower),
             "--n-layers", str(self.n_encoder_layers),
@@ -109,14 +116,10 @@ class Shape:
             "--learn-positional-embeddings", str(self.learn_positional_embeddings),
             "--embeddings-scale", str(self.embeddings_scale),
             "--share-word-embeddings", str(self.share_word_embeddings),
-            "--text-truncate", str(self.text_truncate),
-            "--truncate", str(self.text_truncate),
-            "--label-truncate", str(self.label_truncate),
+            *truncation(self.text_truncate, self.label_truncate),
             "--delimiter", self.delimiter,
-            "--skip-generation", "false",
-            "--no-cuda",
-            "--datatype", "valid",
-        ]  # fmt: skip
+            agent=self.agent,
+        )  # fmt: skip
         if self.global_end_token:
             args += ["--history-add-global-end-token", "end"]
         if self.tokenizer == "bytelevelbpe":
@@ -127,6 +130,19 @@ class Shape:
         for key, value in {**self.decoding, **self.extra}.items():
             args += ["--" + key.replace("_", "-"), str(value)]
         return args
+
+
+def _blender(
+    name: str, *, n_decoder_layers: int, embedding_size: int, real: tuple[int, int, int, int, int]
+) -> Shape:
+    """A BlenderBot on the 2.7B recipe: its depth and width here, and the real model's size."""
+    return Shape(
+        name=name,
+        **BLENDER_2_7B_RECIPE,
+        n_decoder_layers=n_decoder_layers,
+        embedding_size=embedding_size,
+        real=real,
+    )
 
 
 # The table. Sources, per model (ParlAI 1.7.2 unless said):
@@ -150,10 +166,7 @@ SHAPES: dict[str, Shape] = {
         tokenizer="bpe",
         lower=True,
         variant="xlm",
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        embedding_size=16,
-        ffn_size=64,
+        **TINY_2_LAYERS,
         n_heads=4,
         n_positions=512,
         learn_positional_embeddings=True,
@@ -169,23 +182,15 @@ SHAPES: dict[str, Shape] = {
     # 128, layernorm_variant prelayernorm, activation gelu; generation: num_beams 10,
     # min_length 20, no_repeat_ngram_size 3, encoder_no_repeat_ngram_size 3, length_penalty
     # 0.65). Kept: 1 encoder, 3 decoder layers.
-    "blender_400Mdistill": Shape(
-        name="blender_400Mdistill",
-        **BLENDER_2_7B_RECIPE,
-        n_decoder_layers=3,
-        embedding_size=16,
-        real=(1280, 5120, 32, 2, 12),
+    "blender_400Mdistill": _blender(
+        "blender_400Mdistill", n_decoder_layers=3, embedding_size=16, real=(1280, 5120, 32, 2, 12)
     ),
     # BlenderBot 1B distilled, zoo:blender/blender_1Bdistill (blender_1Bdistill.py,
     # BST1Bdistill_v1.1.tgz): 2 encoder, 12 decoder layers of 2560 dims, ffn 10240, 32 heads
     # (Hugging Face facebook/blenderbot-1B-distill config.json), otherwise the 2.7B recipe.
     # Twice the 400M's width here too.
-    "blender_1Bdistill": Shape(
-        name="blender_1Bdistill",
-        **BLENDER_2_7B_RECIPE,
-        n_decoder_layers=3,
-        embedding_size=32,
-        real=(2560, 10240, 32, 2, 12),
+    "blender_1Bdistill": _blender(
+        "blender_1Bdistill", n_decoder_layers=3, embedding_size=32, real=(2560, 10240, 32, 2, 12)
     ),
     # BlenderBot 2.7B, zoo:blender/blender_3B (blender_3B.py, BST3B.tgz): the 2.7B fine-tuning
     # command in projects/blender/README.md and in parlai/zoo/model_list.py ("Reddit 2.7B"):
@@ -196,12 +201,8 @@ SHAPES: dict[str, Shape] = {
     # --learn-positional-embeddings: sinusoidal; no --dict-lower: cased). Decoding as the
     # 400M's (Hugging Face facebook/blenderbot-3B generation config). Kept: 1 encoder, 6
     # decoder layers.
-    "blender_3B": Shape(
-        name="blender_3B",
-        **BLENDER_2_7B_RECIPE,
-        n_decoder_layers=6,
-        embedding_size=32,
-        real=(2560, 10240, 32, 2, 24),
+    "blender_3B": _blender(
+        "blender_3B", n_decoder_layers=6, embedding_size=32, real=(2560, 10240, 32, 2, 24)
     ),
     # BART, `-m bart` (parlai/agents/bart/bart.py; its defaults are BART_ARGS in
     # parlai/zoo/bart/build.py): 12+12 layers of 1024 dims, ffn 4096, 16 heads,
@@ -217,10 +218,7 @@ SHAPES: dict[str, Shape] = {
         tokenizer="bytelevelbpe",
         lower=False,
         variant="bart",
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        embedding_size=16,
-        ffn_size=64,
+        **TINY_2_LAYERS,
         n_heads=2,
         n_positions=1024,
         learn_positional_embeddings=True,

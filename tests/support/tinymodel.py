@@ -49,6 +49,38 @@ TINY_RECIPE = Recipe(
 )
 
 
+def parlai_args(model_file: Path, *options: str, agent: str = "transformer/generator") -> list[str]:
+    """ParlAI's command line for a model built at `model_file` (its dictionary beside it):
+    the agent, `options`, then generation on, on the CPU."""
+    return [
+        "--model", agent,
+        "--model-file", str(model_file),
+        "--dict-file", str(model_file) + ".dict",
+        *options,
+        "--skip-generation", "false",
+        "--no-cuda",
+        "--datatype", "valid",
+    ]  # fmt: skip
+
+
+def truncation(text: int, label: int) -> tuple[str, ...]:
+    """ParlAI's options for `text` tokens of context (text and history) and `label` of reply."""
+    return ("--text-truncate", str(text), "--truncate", str(text), "--label-truncate", str(label))
+
+
+def lowercase_words(*, layers: int, width: int, ffn: int, heads: int) -> tuple[str, ...]:
+    """ParlAI's options for a model over a lower-cased word (`re`) dictionary: `layers`
+    encoder and decoder layers of `width` dims, an FFN of `ffn`, `heads` attention heads."""
+    return (
+        "--dict-tokenizer", "re",
+        "--dict-lower", "true",
+        "--n-layers", str(layers),
+        "--embedding-size", str(width),
+        "--ffn-size", str(ffn),
+        "--n-heads", str(heads),
+    )  # fmt: skip
+
+
 def build_model(
     directory: str | os.PathLike[str],
     args: Callable[[Path], list[str]],
@@ -109,26 +141,14 @@ def build_tiny_model(
     """Create (once per directory) a tiny model; returns the model file path for BOT_MODEL."""
 
     def args(model_file: Path) -> list[str]:
-        return [
-            "--model", "transformer/generator",
-            "--model-file", str(model_file),
-            "--dict-file", str(model_file) + ".dict",
-            "--dict-tokenizer", "re",
-            "--dict-lower", "true",
-            "--n-layers", "1",
-            "--embedding-size", "16",
-            "--ffn-size", "32",
-            "--n-heads", "2",
-            "--text-truncate", str(text_truncate),
-            "--truncate", str(text_truncate),
-            "--label-truncate", str(label_truncate),
+        return parlai_args(
+            model_file,
+            *lowercase_words(layers=1, width=16, ffn=32, heads=2),
+            *truncation(text_truncate, label_truncate),
             "--inference", "beam",
             "--beam-size", str(beam_size),
             "--beam-min-length", "2",
-            "--skip-generation", "false",
-            "--no-cuda",
-            "--datatype", "valid",
-        ]  # fmt: skip
+        )  # fmt: skip
 
     def fill_dictionary(dictionary: Any, dict_file: str) -> None:
         for word in (*VOCAB, ":", "\n", *extra_words):
@@ -174,10 +194,8 @@ def build_cased_bpe_model(
         bpe = ByteLevelBPETokenizer(add_prefix_space=True)
         bpe.train_from_iterator(CASED_CORPUS, vocab_size=400, min_frequency=1, show_progress=False)
         bpe.save_model(str(model_file.parent), "bpe")
-        return [
-            "--model", "transformer/generator",
-            "--model-file", str(model_file),
-            "--dict-file", str(model_file) + ".dict",
+        return parlai_args(
+            model_file,
             "--dict-tokenizer", "bytelevelbpe",
             "--bpe-vocab", str(model_file.parent / "bpe-vocab.json"),
             "--bpe-merge", str(model_file.parent / "bpe-merges.txt"),
@@ -191,17 +209,12 @@ def build_cased_bpe_model(
             "--ffn-size", "64",
             "--n-heads", "2",
             "--n-positions", "256",
-            "--text-truncate", str(text_truncate),
-            "--truncate", str(text_truncate),
-            "--label-truncate", str(label_truncate),
+            *truncation(text_truncate, label_truncate),
             "--inference", "beam",
             "--beam-size", str(beam_size),
             "--beam-min-length", "2",
             "--beam-block-ngram", "2",
-            "--skip-generation", "false",
-            "--no-cuda",
-            "--datatype", "valid",
-        ]  # fmt: skip
+        )  # fmt: skip
 
     def fill_dictionary(dictionary: Any, dict_file: str) -> None:
         # The dictionary took its tokens from the trained vocabulary (ParlAI's sync_with_dict).

@@ -7,10 +7,8 @@ import asyncio
 import csv
 import io
 import json
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -31,9 +29,7 @@ from bot.db.inbox import UpdateRef
 from bot.db.models import Base, Message, Session, utcnow
 from bot.reports import admin as reports
 from bot.reports import stats as service_stats
-from tests.support.dbutil import drop_pg_role, make_readonly_role
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.cli import cli_env, run_cli
 
 CATS, PIRATE = "i love cats.", "i am a pirate."
 
@@ -370,15 +366,9 @@ async def test_forget_leaves_no_row_mentioning_the_chat(
 
 
 @pytest.fixture
-def sql_url(db_url: str) -> Iterator[str]:
-    """Where `admin sql` connects: the SQLite file itself, or on PostgreSQL a role made by
-    `db readonly-role` (the tests' own connection is a superuser, which admin sql refuses)."""
-    if not db_url.startswith("postgresql"):
-        yield db_url
-        return
-    url = make_readonly_role(db_url)
-    yield url
-    drop_pg_role(url)
+def sql_url(readonly_url: str) -> str:
+    """Where `admin sql` connects (tests/support/fixtures.py's readonly_url)."""
+    return readonly_url
 
 
 WRITES = [
@@ -454,18 +444,10 @@ async def test_cli_subprocess_stats_json_and_refused_write(sqlite_url: str, tmp_
         await seed(store)
     finally:
         await engine.dispose()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEGRAM_", "DATABASE_"))}
-    env.update(DATABASE_URL=sqlite_url, DATA_DIR=str(tmp_path / "data"), PYTHONPATH=str(ROOT))
+    env = cli_env(tmp_path, DATABASE_URL=sqlite_url)
 
     def cli(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "bot", "admin", *argv],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        return run_cli("admin", *argv, cwd=tmp_path, env=env)
 
     proc = await asyncio.to_thread(cli, "stats", "--json")
     assert proc.returncode == 0, proc.stderr

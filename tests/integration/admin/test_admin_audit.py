@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,34 +19,19 @@ from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import AuditEntry, AuditSource, Session, VariantRow
 from bot.reports.admin import AdminError
 from tests.integration.admin.test_admin_variants import EXPERIMENT, VARIANTS_TOML, run
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.cli import FOREIGN, cli_env, run_cli
 
 
 def _cli(tmp_path: Path, url: str, *argv: str, user: str) -> subprocess.CompletedProcess[str]:
     variants = tmp_path / "variants.toml"
     variants.write_text(VARIANTS_TOML, encoding="utf-8")
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TELEGRAM_", "DATABASE_", "SUDO_"))
-        and k not in ("LOGNAME", "USER", "LNAME", "USERNAME")
-    }
-    env.update(
-        DATABASE_URL=url,
-        DATA_DIR=str(tmp_path / "data"),
-        PYTHONPATH=str(ROOT),
-        VARIANTS_FILE=str(variants),
-        LOGNAME=user,  # what getpass.getuser() reads first
+    env = cli_env(
+        tmp_path, strip=(*FOREIGN, "SUDO_"), DATABASE_URL=url, VARIANTS_FILE=str(variants)
     )
-    return subprocess.run(
-        [sys.executable, "-m", "bot", "admin", *argv],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    for name in ("USER", "LNAME", "USERNAME"):
+        env.pop(name, None)
+    env["LOGNAME"] = user  # what getpass.getuser() reads first
+    return run_cli("admin", *argv, cwd=tmp_path, env=env)
 
 
 def test_the_command_line_records_a_change_and_a_failed_one(

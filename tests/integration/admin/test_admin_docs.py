@@ -135,18 +135,20 @@ def test_docs_document_8_to_10_queries_each_with_an_expectation() -> None:
         assert labels in (["None"], ["postgresql", "sqlite"]), (title, labels)
 
 
-async def test_every_documented_query_returns_the_expected_rows(
-    store: ConversationStore, db_url: str, sql_url: str
+async def assert_doc_queries_return(
+    queries: list[DocQuery],
+    want: dict[str, tuple[tuple[str, ...], list[tuple[Any, ...]]]],
+    db_url: str,
+    sql_url: str,
 ) -> None:
-    s = await seed(store)
+    """Each query for db_url's backend, run as `admin sql` runs it (its read-only connection),
+    returns the rows `want` has under its title, in those columns; every title ran."""
     backend = make_url(db_url).get_backend_name()
-    want = expected(s)
     ran = set()
     failures = []
-    for q in doc_queries():
+    for q in queries:
         if q.backend not in (None, backend):
             continue
-        # Through `admin sql`: the documented queries must work on its read-only connection.
         result = await readonly_sql(sql_url, q.sql)
         columns, rows = want[q.title]
         missing = [c for c in columns if c not in result.columns]
@@ -160,6 +162,13 @@ async def test_every_documented_query_returns_the_expected_rows(
         ran.add(q.title)
     assert not failures, "\n".join(failures)
     assert ran == set(want)
+
+
+async def test_every_documented_query_returns_the_expected_rows(
+    store: ConversationStore, db_url: str, sql_url: str
+) -> None:
+    s = await seed(store)
+    await assert_doc_queries_return(doc_queries(), expected(s), db_url, sql_url)
 
 
 @pytest.mark.parametrize("label", ["-- sqlite", "-- postgres"])

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
 import sqlite3
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -33,6 +31,7 @@ from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.reports import admin as reports
 from tests.integration.admin.test_admin import seed, snapshot
+from tests.support.cli import cli_env, run_cli
 from tests.support.dbutil import (
     create_pg_database,
     drop_pg_database,
@@ -40,8 +39,6 @@ from tests.support.dbutil import (
     make_readonly_role,
 )
 from tests.support.waits import until
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _dsn(url: str) -> str:
@@ -54,20 +51,7 @@ def _as_role(url: str, role: str) -> str:
 
 def cli(env_update: dict[str, str], *argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """`python -m bot ...` in a clean environment plus `env_update`."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TELEGRAM_", "DATABASE_", "ADMIN_DATABASE_"))
-    }
-    env.update(PYTHONPATH=str(ROOT), DATA_DIR=str(cwd / "data"), **env_update)
-    return subprocess.run(
-        [sys.executable, "-m", "bot", *argv],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_cli(*argv, cwd=cwd, env=cli_env(cwd, **env_update))
 
 
 def assert_one_clean_line(proc: subprocess.CompletedProcess[str], *words: str) -> None:

@@ -11,10 +11,8 @@ import asyncio
 import io
 import json
 import math
-import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,11 +21,9 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 from sqlalchemy import select
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.admin.cli import admin, run_admin
-from bot.admin.sql import readonly_sql
 from bot.config import ConfigError, Settings
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import Assignment, Message, Rating, Session, Vote
@@ -44,8 +40,9 @@ from bot.reports.variants import (
 )
 from tests.integration.admin.test_admin import parse_admin
 from tests.integration.admin.test_admin import sql_url as sql_url  # the fixture: a read-only role
-from tests.integration.admin.test_admin_docs import DocQuery
+from tests.integration.admin.test_admin_docs import DocQuery, assert_doc_queries_return
 from tests.integration.admin.test_admin_docs import doc_queries as admin_doc_queries
+from tests.support.cli import cli_env, run_cli
 
 ROOT = Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "administration.md"
@@ -198,13 +195,6 @@ async def seed_variants(sessionmaker: async_sessionmaker[AsyncSession]) -> VSeed
                 )
             )
     return VSeed((old1, old2))
-
-
-@pytest.fixture
-async def sessionmaker(db_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    engine = make_engine(db_url)
-    yield make_sessionmaker(engine)
-    await engine.dispose()
 
 
 async def run(db_url: str, *argv: str, experiment: Experiment = EXPERIMENT) -> tuple[int, str]:
@@ -509,17 +499,11 @@ def test_cli_variants_and_a_broken_variants_file(sqlite_url: str, tmp_path: Path
     good, bad = tmp_path / "variants.toml", tmp_path / "bad.toml"
     good.write_text(VARIANTS_TOML, encoding="utf-8")
     bad.write_text("[[variants]]\nname = 'beam'\ncontrol = 'yes'\n", encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEGRAM_", "DATABASE_"))}
-    env.update(DATABASE_URL=sqlite_url, DATA_DIR=str(tmp_path / "data"), PYTHONPATH=str(ROOT))
+    env = cli_env(tmp_path, DATABASE_URL=sqlite_url)
 
     def cli(variants_file: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "bot", "admin", *argv],
-            cwd=tmp_path,
-            env={**env, "VARIANTS_FILE": str(variants_file)},
-            capture_output=True,
-            text=True,
-            timeout=120,
+        return run_cli(
+            "admin", *argv, cwd=tmp_path, env={**env, "VARIANTS_FILE": str(variants_file)}
         )
 
     proc = cli(good, "variants", "--json")
@@ -641,25 +625,7 @@ async def test_docs_per_variant_queries_return_the_expected_rows(
     sessionmaker: async_sessionmaker[AsyncSession], db_url: str, sql_url: str
 ) -> None:
     s = await seed_variants(sessionmaker)
-    backend = make_url(db_url).get_backend_name()
-    want = doc_expected(s)
-    ran, failures = set(), []
-    for q in doc_queries():
-        if q.backend not in (None, backend):
-            continue
-        result = await readonly_sql(sql_url, q.sql)  # as `admin sql` runs it: read-only
-        columns, rows = want[q.title]
-        missing = [c for c in columns if c not in result.columns]
-        if missing:
-            failures.append(f"{q.title}: no column(s) {missing} in {result.columns}")
-            continue
-        index = [result.columns.index(c) for c in columns]
-        got = [tuple(row[i] for i in index) for row in result.rows]
-        if got != rows:
-            failures.append(f"{q.title}:\n  got  {got}\n  want {rows}")
-        ran.add(q.title)
-    assert not failures, "\n".join(failures)
-    assert ran == set(want)
+    await assert_doc_queries_return(doc_queries(), doc_expected(s), db_url, sql_url)
 
 
 async def test_docs_show_the_real_output_of_admin_variants_for_this_seed(

@@ -14,12 +14,10 @@ import asyncio
 import html
 import json
 import math
-import os
 import re
 import socket
 import subprocess
-import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +40,7 @@ from bot.db.engine import make_engine, make_sessionmaker
 from bot.engine.variants import load_experiment
 from bot.reports.dashboard import ConversationFilter, conversations
 from tests.integration.admin.test_admin import run, snapshot
+from tests.support.cli import cli_env, run_cli
 from tests.support.dashboard import (
     HOSTILE_PERSONA,
     HOSTILE_REPLY,
@@ -54,11 +53,8 @@ from tests.support.dashboard import (
 from tests.support.dbutil import (
     create_pg_database,
     drop_pg_database,
-    drop_pg_role,
-    make_readonly_role,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
 STAT = re.compile(r'data-stat="(\w+)" data-value="([^"]*)"')
 
 
@@ -72,17 +68,6 @@ class Dash:
     client: TestClient
     app: web.Application
     app_routes: list[tuple[str, str]]  # (method, path template)
-
-
-@pytest.fixture
-def readonly_url(db_url: str) -> Iterator[str]:
-    """The dashboard's connection: the SQLite file, or a role made by `db readonly-role`."""
-    if not db_url.startswith("postgresql"):
-        yield db_url
-        return
-    url = make_readonly_role(db_url)
-    yield url
-    drop_pg_role(url)
 
 
 @pytest.fixture
@@ -634,14 +619,8 @@ def test_settings_decide_whether_there_is_a_dashboard(tmp_path: Path) -> None:
 
 
 def _cli(tmp_path: Path, env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DASHBOARD_", "TELEGRAM_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "bot", *argv],
-        cwd=tmp_path,
-        env={**clean, "PYTHONPATH": str(ROOT), "DATA_DIR": str(tmp_path / "data"), **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
+    return run_cli(
+        *argv, cwd=tmp_path, env=cli_env(tmp_path, strip=("DASHBOARD_", "TELEGRAM_"), **env)
     )
 
 

@@ -12,12 +12,11 @@ import sys
 from pathlib import Path
 
 from bot.db import migrate
-from tests.support.deployfiles import ROOT, require_tool
+from tests.support.deployfiles import ROOT, verify_units
 
 SYSTEMD = ROOT / "deploy" / "systemd"
 SERVICE = SYSTEMD / "telegram-bot-backup.service"
 TIMER = SYSTEMD / "telegram-bot-backup.timer"
-VERIFY = SYSTEMD / "verify"
 
 
 def values(unit: Path, name: str) -> list[str]:
@@ -31,16 +30,13 @@ def values(unit: Path, name: str) -> list[str]:
 def test_verify_checks_the_backup_units_and_a_misspelt_timer_setting_fails(
     tmp_path: Path,
 ) -> None:
-    require_tool("systemd-analyze", "sudo apt-get install systemd")
-    done = subprocess.run([str(VERIFY)], capture_output=True, text=True, timeout=60)
+    done = verify_units()
     assert done.returncode == 0, done.stdout + done.stderr
     assert "telegram-bot-backup.service: OK" in done.stdout
     assert "telegram-bot-backup.timer: OK" in done.stdout
     broken = tmp_path / TIMER.name
     broken.write_text(TIMER.read_text().replace("Persistent=", "Persistant="))
-    done = subprocess.run(
-        [str(VERIFY), str(SERVICE), str(broken)], capture_output=True, text=True, timeout=60
-    )
+    done = verify_units(SERVICE, broken)
     assert done.returncode == 1
     assert "Unknown key 'Persistant'" in done.stderr
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 from bench.scaleout import unit_command
 from bot.config import TOKEN_CREDENTIAL
-from tests.support.deployfiles import ROOT, UNIT, require_tool
+from tests.support.cli import run_cli
+from tests.support.deployfiles import ROOT, UNIT, verify_units
 
-VERIFY = ROOT / "deploy" / "systemd" / "verify"
 REPLICA_ENV = ROOT / "deploy" / "systemd" / "replica-env"
 NGINX = ROOT / "deploy" / "nginx" / "telegram-bot.conf"
 
@@ -40,13 +39,12 @@ def replica_env(arg: str) -> subprocess.CompletedProcess[str]:
 def test_systemd_analyze_verifies_the_unit_and_refuses_a_misspelt_setting(
     tmp_path: Path,
 ) -> None:
-    require_tool("systemd-analyze", "sudo apt-get install systemd")
-    done = subprocess.run([str(VERIFY)], capture_output=True, text=True, timeout=60)
+    done = verify_units()
     assert done.returncode == 0, done.stdout + done.stderr
     assert "telegram-bot@12345.service: OK" in done.stdout
     broken = tmp_path / UNIT.name
     broken.write_text(UNIT.read_text().replace("RestartSec=2", "RestartSecs=2"))
-    done = subprocess.run([str(VERIFY), str(broken)], capture_output=True, text=True, timeout=60)
+    done = verify_units(broken)
     assert done.returncode == 1
     assert "Unknown key 'RestartSecs'" in done.stderr
 
@@ -60,14 +58,7 @@ def test_a_configuration_error_exits_2_and_is_not_restarted(tmp_path: Path) -> N
         "WEBHOOK_SECRET": "too short",  # refused before anything loads
         "DATA_DIR": str(tmp_path),
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "bot", "run"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_cli("run", cwd=tmp_path, env=env, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "WEBHOOK_SECRET must be" in done.stderr
 

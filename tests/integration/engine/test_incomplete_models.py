@@ -19,8 +19,7 @@ from bot.engine.router import VariantResponder
 from bot.inference.model import load_shared_agent
 from bot.model_files import missing_model_files
 from tests.integration.admin.test_admin import parse_admin
-from tests.integration.engine.test_live_variants import admin_settings
-from tests.integration.engine.test_variants_service import write_variants
+from tests.integration.engine.test_live_variants import one_variant_admin_settings
 
 
 def copy_without(model_file: str, dest: Path, *suffixes: str) -> str:
@@ -69,9 +68,7 @@ def test_model_without_weights_or_dictionary_is_refused_by_the_loader(
 def test_model_without_weights_is_refused_by_admin_variants_add(
     sqlite_url: str, tmp_path: Path, tiny_model_file: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = admin_settings(
-        sqlite_url, tmp_path, write_variants(tmp_path / "v.toml", tiny_model_file, {"a": 1})
-    )
+    settings = one_variant_admin_settings(sqlite_url, tmp_path, tiny_model_file)
     weightless = copy_without(tiny_model_file, tmp_path / "cand", "")
     status = run_admin(settings, parse_admin("variants", "add", "cand", "--model", weightless))
     err = capsys.readouterr().err

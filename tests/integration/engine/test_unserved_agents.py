@@ -16,8 +16,7 @@ from bot.inference.model import load_shared_agent
 from bot.model_files import unserved_agent
 from tests.integration.admin.test_admin import parse_admin
 from tests.integration.engine.test_incomplete_models import copy_without
-from tests.integration.engine.test_live_variants import admin_settings
-from tests.integration.engine.test_variants_service import write_variants
+from tests.integration.engine.test_live_variants import one_variant_admin_settings
 
 
 def with_agent(tiny_model_file: str, dest: Path, agent: str) -> str:
@@ -88,9 +87,7 @@ def test_the_variants_file_refuses_a_polyencoder(tiny_model_file: str, tmp_path:
 def test_admin_variants_add_refuses_a_polyencoder(
     sqlite_url: str, tmp_path: Path, tiny_model_file: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = admin_settings(
-        sqlite_url, tmp_path, write_variants(tmp_path / "v.toml", tiny_model_file, {"a": 1})
-    )
+    settings = one_variant_admin_settings(sqlite_url, tmp_path, tiny_model_file)
     poly = with_agent(tiny_model_file, tmp_path / "poly", "transformer/polyencoder")
     status = run_admin(settings, parse_admin("variants", "add", "poly", "--model", poly))
     assert status == 2

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import pytest
 import scipy.stats
@@ -30,7 +29,6 @@ from bot.config import Settings
 from bot.conversations.store import ConversationStore
 from bot.db import variants as stored
 from bot.db.conversations import ReplyFacts
-from bot.db.engine import make_engine, make_sessionmaker
 from bot.engine import live, router
 from bot.engine.assign import choose
 from bot.engine.bandit import thompson_split
@@ -87,13 +85,6 @@ def write_file(tmp_path: Path, allocation: str = "weights") -> Path:
     return path
 
 
-@pytest.fixture
-async def sessionmaker(db_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    engine = make_engine(db_url)
-    yield make_sessionmaker(engine)
-    await engine.dispose()
-
-
 async def serving(
     settings: Settings, store: ConversationStore, monkeypatch: pytest.MonkeyPatch
 ) -> VariantResponder:
@@ -107,6 +98,21 @@ async def serving(
     loaded = await live.ensure_seeded(store.sessionmaker, load_experiment(settings), settings)
     backends = {v.name: cast(Backend, StandIn(v.name)) for v in loaded.experiment.variants}
     return VariantResponder(loaded.experiment, backends, store, settings=settings)
+
+
+class Replica(NamedTuple):
+    """A replica's settings and router (`serving`), on write_file's variants."""
+
+    settings: Settings
+    responder: VariantResponder
+
+
+@pytest.fixture
+async def replica(
+    db_url: str, tmp_path: Path, store: ConversationStore, monkeypatch: pytest.MonkeyPatch
+) -> Replica:
+    settings = admin_settings(db_url, tmp_path, write_file(tmp_path))
+    return Replica(settings, await serving(settings, store, monkeypatch))
 
 
 async def admin(settings: Settings, *argv: str) -> None:
@@ -134,14 +140,11 @@ async def report(sessionmaker: async_sessionmaker[AsyncSession], settings: Setti
 
 
 async def test_removing_a_variant_leaves_the_sample_ratio_check_clean(
-    db_url: str,
-    tmp_path: Path,
+    replica: Replica,
     store: ConversationStore,
     sessionmaker: async_sessionmaker[AsyncSession],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    settings = admin_settings(db_url, tmp_path, write_file(tmp_path))
-    responder = await serving(settings, store, monkeypatch)
+    settings, responder = replica
     # 40 chats split 1:1 by the hash, each with a 👍 on its first reply.
     drawn = {chat: await turn(responder, store, chat, 1) for chat in CHATS}
     assert drawn == {chat: choose(EXP, chat, {"a": 1, "b": 1}) for chat in CHATS}
@@ -192,17 +195,14 @@ async def test_removing_a_variant_leaves_the_sample_ratio_check_clean(
 
 
 async def test_a_fallback_chat_is_no_draw(
-    db_url: str,
-    tmp_path: Path,
+    replica: Replica,
     store: ConversationStore,
     sessionmaker: async_sessionmaker[AsyncSession],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With no weighted variant served, a new chat goes to the control with probability 1:
     source `fallback`, out of the sample-ratio check and the weights (b never had a chance at
     it, which no weight corrects)."""
-    settings = admin_settings(db_url, tmp_path, write_file(tmp_path))
-    responder = await serving(settings, store, monkeypatch)
+    settings, responder = replica
     for chat in CHATS:
         await turn(responder, store, chat, 1)
     clean = (await report(sessionmaker, settings)).srm.chi2
@@ -363,15 +363,12 @@ async def test_a_new_model_for_a_name_is_a_new_identity_but_threads_are_not(
 
 
 async def test_a_name_added_again_with_the_same_model_between_two_polls_is_new_too(
-    db_url: str,
-    tmp_path: Path,
+    replica: Replica,
     store: ConversationStore,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The replica sees the same model under the name and keeps its backend; the replies it
     stores from then on carry the new identity all the same."""
-    settings = admin_settings(db_url, tmp_path, write_file(tmp_path))
-    responder = await serving(settings, store, monkeypatch)
+    settings, responder = replica
     old = responder.experiment.get("b")
     backend = responder.backends["b"]
     await admin(settings, "remove", "b")
@@ -387,14 +384,11 @@ async def test_a_name_added_again_with_the_same_model_between_two_polls_is_new_t
 
 
 async def test_the_arena_ranking_forgets_the_duels_of_a_removed_identity(
-    db_url: str,
-    tmp_path: Path,
+    replica: Replica,
     store: ConversationStore,
     sessionmaker: async_sessionmaker[AsyncSession],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    settings = admin_settings(db_url, tmp_path, write_file(tmp_path))
-    responder = await serving(settings, store, monkeypatch)
+    settings, responder = replica
     old_b = responder.experiment.get("b")
     assert old_b is not None
 

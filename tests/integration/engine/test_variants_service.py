@@ -37,11 +37,24 @@ def write_variants(path: Path, model: str, weights: dict[str, float], **extra: s
     return path
 
 
+def inline_ab_settings(db_url: str, api: FakeBotAPI, tmp_path: Path, model: str) -> Settings:
+    """make_settings serving variants a (the control) and b 1:1 on `model`, in the service's
+    own process."""
+    vf = write_variants(tmp_path / "v.toml", model, {"a": 1, "b": 1})
+    return make_settings(db_url, api, tmp_path, variants_file=vf, model_workers="inline")
+
+
+async def assert_not_enabled(settings: Settings, api: FakeBotAPI, chat: int, command: str) -> None:
+    """A service on `settings` answers `/command`, its first text in `chat`, that it is off."""
+    async with running_service(settings, None):
+        api.user_message(chat, f"/{command}")
+        assert await api.wait_for_texts(chat, 1, timeout_s=30) == [texts.not_enabled(command)]
+
+
 async def test_assignment_is_sticky_across_a_weight_change_and_a_restart(
     db_url: str, tmp_path: Path, api: FakeBotAPI, tiny_model_file: str
 ) -> None:
-    vf = write_variants(tmp_path / "v.toml", tiny_model_file, {"a": 1, "b": 1})
-    settings = make_settings(db_url, api, tmp_path, variants_file=vf, model_workers="inline")
+    settings = inline_ab_settings(db_url, api, tmp_path, tiny_model_file)
     first_chats = list(range(401, 421))
     new_chats = list(range(421, 441))
     expected = {c: choose("default", c, {"a": 1, "b": 1}) for c in first_chats}
@@ -81,14 +94,11 @@ async def test_assignment_is_sticky_across_a_weight_change_and_a_restart(
 async def test_model_command_lists_and_chooses_where_allowed(
     db_url: str, tmp_path: Path, api: FakeBotAPI, tiny_model_file: str
 ) -> None:
-    vf = write_variants(tmp_path / "v.toml", tiny_model_file, {"a": 1, "b": 1})
     chat = 451
     start = choose("default", chat, {"a": 1, "b": 1})
     other = "b" if start == "a" else "a"
-    blind = make_settings(db_url, api, tmp_path, variants_file=vf, model_workers="inline")
-    async with running_service(blind, None):
-        api.user_message(chat, "/model")
-        assert await api.wait_for_texts(chat, 1, timeout_s=30) == [texts.not_enabled("model")]
+    blind = inline_ab_settings(db_url, api, tmp_path, tiny_model_file)
+    await assert_not_enabled(blind, api, chat, "model")
     allowed = blind.model_copy(update={"allow_model_choice": True})
     async with running_service(allowed, None) as service:
         api.user_message(chat, "hello")
@@ -183,12 +193,9 @@ async def test_arena_shows_two_variants_and_keeps_the_pick(
     from bot.engine.variants import load_experiment
     from bot.reports.variants import variant_report
 
-    vf = write_variants(tmp_path / "v.toml", tiny_model_file, {"a": 1, "b": 1})
-    off = make_settings(db_url, api, tmp_path, variants_file=vf, model_workers="inline")
+    off = inline_ab_settings(db_url, api, tmp_path, tiny_model_file)
     chat = 461
-    async with running_service(off, None):
-        api.user_message(chat, "/arena")
-        assert await api.wait_for_texts(chat, 1, timeout_s=30) == [texts.not_enabled("arena")]
+    await assert_not_enabled(off, api, chat, "arena")
     on = off.model_copy(update={"arena": True})
     async with running_service(on, None) as service:
         api.user_message(chat, "/arena")

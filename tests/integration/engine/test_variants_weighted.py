@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import cast
@@ -17,14 +16,13 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.conversations.store import ConversationStore
-from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import Assignment, Session
 from bot.engine.bandit import thompson_split
 from bot.engine.router import Backend, VariantResponder
 from bot.engine.variants import Experiment, Variant
 from bot.reports.variant_stats import BANDIT_NOTE
 from bot.reports.variants import REPORT_NOTE, format_variant_report, report_json, variant_report
-from tests.support.dbutil import add_voted_replies
+from tests.support.dbutil import add_assignment, add_voted_replies
 
 DAY = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 EXPERIMENT = Experiment(
@@ -32,13 +30,6 @@ EXPERIMENT = Experiment(
     (Variant("a", "zoo:x", 1.0, True), Variant("b", "zoo:x", 1.0, False)),
     "thompson",
 )
-
-
-@pytest.fixture
-async def sessionmaker(db_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    engine = make_engine(db_url)
-    yield make_sessionmaker(engine)
-    await engine.dispose()
 
 
 async def seed(sessionmaker: async_sessionmaker[AsyncSession]) -> None:
@@ -60,19 +51,11 @@ async def seed(sessionmaker: async_sessionmaker[AsyncSession]) -> None:
     ]
     async with sessionmaker.begin() as db:
         for chat, variant, source, p, split, votes in rows:
-            db.add(
-                Assignment(
-                    chat_id=chat,
-                    experiment=EXPERIMENT.name,
-                    variant=variant,
-                    source=source,
-                    assigned_at=DAY,
-                    probability=p,
-                    allocation=None
-                    if split is None
-                    else json.dumps({"by": "thompson", "split": split}),
-                )
-            )
+            allocation = None if split is None else json.dumps({"by": "thompson", "split": split})
+            add_assignment(
+                db, chat, EXPERIMENT.name, variant, DAY, source=source, probability=p,
+                allocation=allocation,
+            )  # fmt: skip
             s = Session(chat_id=chat, user_id=chat, created_at=DAY)
             db.add(s)
             await db.flush()
@@ -136,17 +119,8 @@ async def test_fixed_weights_keep_the_plain_note_and_equal_ipw_and_naive(
     # One probability for every chat: the IPW rate is the naive one.
     async with sessionmaker.begin() as db:
         for chat, variant in ((1, "a"), (2, "b")):
-            db.add(
-                Assignment(
-                    chat_id=chat,
-                    experiment="fixed",
-                    variant=variant,
-                    source="hash",
-                    assigned_at=DAY,
-                    probability=0.5,
-                    allocation=json.dumps({"by": "weights", "split": {"a": 0.5, "b": 0.5}}),
-                )
-            )
+            split = json.dumps({"by": "weights", "split": {"a": 0.5, "b": 0.5}})
+            add_assignment(db, chat, "fixed", variant, DAY, probability=0.5, allocation=split)
     fixed = Experiment("fixed", EXPERIMENT.variants, "weights")
     report = await variant_report(sessionmaker, fixed)
     assert not report.bandit and report.recorded

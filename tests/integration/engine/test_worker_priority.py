@@ -7,24 +7,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bot.config import Settings
-from bot.engine.client import ModelProcess, process_spec
 from bot.inference.process import MODEL_PROCESS_NICE
-from tests.integration.engine.test_worker_drafts import NoHistory
+from tests.integration.engine.test_worker_drafts import tiny_worker
 
 
 async def test_a_model_worker_is_nicer_than_the_service(
     tiny_model_file: str, tmp_path: Path
 ) -> None:
-    settings = Settings(  # type: ignore[call-arg]
-        _env_file=None, bot_model=tiny_model_file, data_dir=tmp_path / "data"
-    )
-    handle = ModelProcess(process_spec("tiny", settings, {}, 1, ()), NoHistory())
-    await handle.start()
-    try:
+    async with tiny_worker(tiny_model_file, tmp_path) as handle:
         assert handle.pid is not None
         worker = os.getpriority(os.PRIO_PROCESS, handle.pid)
-    finally:
-        await handle.close()
     service = os.getpriority(os.PRIO_PROCESS, 0)
     assert worker == min(service + MODEL_PROCESS_NICE, 19)

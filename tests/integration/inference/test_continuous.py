@@ -21,7 +21,14 @@ from typing import Any
 import pytest
 
 from bot.inference.fastgen import continuous
-from tests.integration.inference.test_fastgen import _settings, generation, torch_threads
+from tests.integration.inference.test_fastgen import (
+    DELAYED_BEAM,
+    _settings,
+    generation,
+    observe,
+    random_texts,
+    torch_threads,
+)
 
 NEAR_TIE = 1e-4
 
@@ -79,21 +86,6 @@ def random_case(
             )
         )
     return Case(gen, chats)
-
-
-def observe(agent: Any, turns: list[str]) -> Any:
-    """A fresh clone that has seen the earlier turns; the observation of the last one."""
-    from parlai.core.message import Message
-
-    clone = agent.clone()
-    obs = None
-    for i, text in enumerate(turns):
-        msg = Message({"text": text, "episode_done": False})
-        if i % 2 == 0:
-            obs = clone.observe(msg)
-        else:
-            clone.self_observe(msg)
-    return obs
 
 
 @dataclass
@@ -366,22 +358,9 @@ def test_delayed_beam_alone_draws_what_parlai_draws(agent: Any) -> None:
     same seed, draws ParlAI's tokens and ends with ParlAI's reply."""
     import torch
 
-    rng = random.Random(7)
-    words = [agent.dict.ind2tok[i] for i in range(4, len(agent.dict))]
-    gen = {
-        "inference": "delayedbeam",
-        "beam_size": 4,
-        "topk": 5,
-        "beam_delay": 3,
-        "beam_min_length": 3,
-        "beam_block_ngram": 2,
-        "beam_context_block_ngram": 0,
-        "label_truncate": 12,
-    }
     replies = set()
-    for seed in range(8):
-        text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 20)))
-        with generation(agent, **gen), torch.no_grad():
+    for seed, text in enumerate(random_texts(agent, seed=7, count=8)):
+        with generation(agent, **DELAYED_BEAM, label_truncate=12), torch.no_grad():
             batch = agent.batchify([observe(agent, [text])])
             agent.fast_search = False
             torch.manual_seed(seed)

@@ -18,9 +18,8 @@ import pytest
 from bot.inference.fastgen import beam
 from tests.integration.inference.test_fastgen import (
     _settings,
-    generation,
-    observations,
     random_case,
+    run_search,
     torch_threads,
 )
 
@@ -41,7 +40,6 @@ def test_the_setting_reaches_the_agent_and_defaults_off(agent: Any, tiny_model_f
 
 
 def test_bucketed_encoder_agrees_with_parlai(agent: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
 
     calls = {"batches": 0, "bucketed": 0}
     real = agent.model.encoder.forward
@@ -67,13 +65,8 @@ def test_bucketed_encoder_agrees_with_parlai(agent: Any, monkeypatch: pytest.Mon
     with torch_threads(1):
         for _ in range(120):
             case = random_case(rng, words, rng.choice([1, 2, 5, 10]), rng.random() < 0.5)
-            size = case.gen["beam_size"]
-            with generation(agent, **case.gen), torch.no_grad():
-                batch = agent.batchify(observations(agent, case))
-                agent.fast_search = False
-                ref, _ = agent._generate(batch, size, case.max_len)
-                agent.fast_search = True
-                got, _ = agent._generate(batch, size, case.max_len)
+            ref, _, batch = run_search(agent, case, fast=False)
+            got, _, _ = run_search(agent, case, batch=batch)
             for r, g in zip(ref, got, strict=True):
                 chats += 1
                 if r[0].tolist() == g[0].tolist():

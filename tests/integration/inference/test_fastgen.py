@@ -22,7 +22,7 @@ import pytest
 from bot.config import Settings
 from bot.inference import fastgen
 from bot.inference.model import load_shared_agent, set_torch_threads
-from tests.support.tinymodel import build_model
+from tests.support.tinymodel import build_model, lowercase_words, parlai_args, truncation
 
 
 def _settings(model_file: str, tmp_path: Path, **kw: Any) -> Settings:
@@ -93,21 +93,24 @@ def random_case(rng: random.Random, words: list[str], beam: int, blocking: bool)
     return Case(gen, rng.choice([1, 4, 8, 12]), texts)
 
 
-def observations(agent: Any, case: Case) -> list[Any]:
-    """Each chat in its own clone: earlier turns observed, the last one pending."""
+def observe(agent: Any, turns: list[str]) -> Any:
+    """A fresh clone that has seen the earlier turns; the observation of the last one."""
     from parlai.core.message import Message
 
-    out = []
-    for turns in case.texts:
-        clone = agent.clone()
-        for i, text in enumerate(turns):
-            msg = Message({"text": text, "episode_done": False})
-            if i % 2 == 0:
-                obs = clone.observe(msg)
-            else:
-                clone.self_observe(msg)
-        out.append(obs)
-    return out
+    clone = agent.clone()
+    obs = None
+    for i, text in enumerate(turns):
+        msg = Message({"text": text, "episode_done": False})
+        if i % 2 == 0:
+            obs = clone.observe(msg)
+        else:
+            clone.self_observe(msg)
+    return obs
+
+
+def observations(agent: Any, case: Case) -> list[Any]:
+    """Each chat in its own clone: earlier turns observed, the last one pending."""
+    return [observe(agent, turns) for turns in case.texts]
 
 
 def finished_lists(beams: list[Any]) -> list[list[tuple[list[int], float]]]:
@@ -128,17 +131,29 @@ class Tally:
     differences: list[str] = field(default_factory=list)
 
 
-def compare(agent: Any, case: Case, tally: Tally) -> None:
-    """Generate `case` with ParlAI's search and ours on the same batch; record the outcome."""
+def run_search(
+    agent: Any, case: Case, fast: bool = True, batch: Any = None
+) -> tuple[Any, list[Any], Any]:
+    """Generate `case` (its own batch, or `batch`) with our batched search or, `fast` false,
+    ParlAI's: (predictions, beams, batch). The agent keeps our search afterwards."""
     import torch
 
-    beam = case.gen["beam_size"]
     with generation(agent, **case.gen), torch.no_grad():
-        batch = agent.batchify(observations(agent, case))
-        agent.fast_search = False
-        ref, ref_beams = agent._generate(batch, beam, case.max_len)
-        agent.fast_search = True
-        got, got_beams = agent._generate(batch, beam, case.max_len)
+        if batch is None:
+            batch = agent.batchify(observations(agent, case))
+        agent.fast_search = fast
+        try:
+            preds, beams = agent._generate(batch, case.gen["beam_size"], case.max_len)
+        finally:
+            agent.fast_search = True
+    return preds, beams, batch
+
+
+def compare(agent: Any, case: Case, tally: Tally) -> None:
+    """Generate `case` with ParlAI's search and ours on the same batch; record the outcome."""
+    beam = case.gen["beam_size"]
+    ref, ref_beams, batch = run_search(agent, case, fast=False)
+    got, got_beams, _ = run_search(agent, case, batch=batch)
     assert isinstance(got_beams[0], fastgen.BatchedBeams), "the batched search did not run"
     blocking = case.gen["beam_block_ngram"] > 0 or case.gen["beam_context_block_ngram"] > 0
     name = f"{case.gen['inference']}{beam} {'blocking' if blocking else 'no blocking'}"
@@ -259,29 +274,17 @@ def build_blender90m_arch(directory: Path) -> str:
     FFN 2048, 54,944-token dictionary), built by tests/support/tinymodel.py like the tiny one."""
 
     def args(model_file: Path) -> list[str]:
-        return [
-            "--model", "transformer/generator",
-            "--model-file", str(model_file),
-            "--dict-file", str(model_file) + ".dict",
-            "--dict-tokenizer", "re",
-            "--dict-lower", "true",
-            "--n-layers", "8",
-            "--embedding-size", "512",
-            "--ffn-size", "2048",
-            "--n-heads", "16",
+        return parlai_args(
+            model_file,
+            *lowercase_words(layers=8, width=512, ffn=2048, heads=16),
             "--n-positions", "512",
             "--variant", "xlm",
             "--activation", "gelu",
             "--learn-positional-embeddings", "true",
-            "--text-truncate", "128",
-            "--truncate", "128",
-            "--label-truncate", "20",
+            *truncation(128, 20),
             "--inference", "beam",
             "--beam-size", "10",
-            "--skip-generation", "false",
-            "--no-cuda",
-            "--datatype", "valid",
-        ]  # fmt: skip
+        )  # fmt: skip
 
     def fill_dictionary(dictionary: Any, dict_file: str) -> None:
         for i in range(54_944 - len(dictionary)):
@@ -308,6 +311,26 @@ def test_same_results_as_parlai_blender90m_architecture(
     assert not tally.differences, "\n".join(tally.differences[:10])
 
 
+# Delayed beam as the service's sampling tests run it: 3 sampled steps from the top 5, then
+# a beam of 4.
+DELAYED_BEAM = {
+    "inference": "delayedbeam",
+    "beam_size": 4,
+    "topk": 5,
+    "beam_delay": 3,
+    "beam_min_length": 3,
+    "beam_block_ngram": 2,
+    "beam_context_block_ngram": 0,
+}
+
+
+def random_texts(agent: Any, seed: int, count: int) -> list[str]:
+    """`count` messages of 3 to 20 words drawn from the agent's dictionary."""
+    rng = random.Random(seed)
+    words = [agent.dict.ind2tok[i] for i in range(4, len(agent.dict))]
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(3, 20))) for _ in range(count)]
+
+
 def test_delayed_beam_draws_what_parlai_draws_for_one_chat(agent: Any, one_thread: None) -> None:
     """Delayed beam samples its first tokens: with one chat and the same seed, the batched
     search draws the same tokens as ParlAI's and finishes with the same hypotheses; across
@@ -315,21 +338,9 @@ def test_delayed_beam_draws_what_parlai_draws_for_one_chat(agent: Any, one_threa
     import torch
     from parlai.core.message import Message
 
-    rng = random.Random(5)
-    words = [agent.dict.ind2tok[i] for i in range(4, len(agent.dict))]
-    gen = {
-        "inference": "delayedbeam",
-        "beam_size": 4,
-        "topk": 5,
-        "beam_delay": 3,
-        "beam_min_length": 3,
-        "beam_block_ngram": 2,
-        "beam_context_block_ngram": 0,
-    }
     tops = set()
-    for seed in range(12):
-        text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 20)))
-        with generation(agent, **gen), torch.no_grad():
+    for seed, text in enumerate(random_texts(agent, seed=5, count=12)):
+        with generation(agent, **DELAYED_BEAM), torch.no_grad():
             batch = agent.batchify([agent.clone().observe(Message({"text": text}))])
             assert fastgen.fallback_reason(agent, batch, None) is None
             agent.fast_search = False

@@ -28,9 +28,8 @@ from tests.integration.inference.test_fastgen import (
     Case,
     _settings,
     finished_lists,
-    generation,
-    observations,
     random_case,
+    run_search,
 )
 
 # bf16 against fp32, the same two figures (measured: 130 of 139 identical, gaps up to 1.4%)
@@ -74,18 +73,6 @@ def cases(agent: Any, seed: int, per_config: int) -> Iterator[Case]:
                 yield random_case(rng, words, beam, blocking)
 
 
-def generate(agent: Any, case: Case, fast: bool = True) -> tuple[Any, list[Any], Any]:
-    import torch
-
-    beam = case.gen["beam_size"]
-    with generation(agent, **case.gen), torch.no_grad():
-        batch = agent.batchify(observations(agent, case))
-        agent.fast_search = fast
-        preds, beams = agent._generate(batch, beam, case.max_len)
-        agent.fast_search = True
-    return preds, beams, batch
-
-
 def test_int8_settings_prepare_the_int8_projection(int8_agent: Any, agent: Any) -> None:
     got = projection.of(int8_agent.model)
     assert got is not None and got.kind == "int8"
@@ -99,8 +86,8 @@ def test_fused_fp32_gives_parlais_tokens(agent: Any, one_thread: None) -> None:
     try:
         chats = 0
         for case in cases(agent, seed=77, per_config=10):
-            ref, ref_beams, _ = generate(agent, case, fast=False)
-            got, got_beams, _ = generate(agent, case)
+            ref, ref_beams, _ = run_search(agent, case, fast=False)
+            got, got_beams, _ = run_search(agent, case)
             assert isinstance(got_beams[0], fastgen.BatchedBeams)
             for r, g in zip(ref, got, strict=True):
                 assert g[0].tolist() == r[0].tolist(), case
@@ -120,8 +107,8 @@ def agreement(agent: Any, other: Any, seed: int) -> tuple[int, int, list[float]]
     same = total = 0
     gaps = []
     for case in cases(agent, seed=seed, per_config=6):
-        ref, _, batch = generate(agent, case)
-        got, _, _ = generate(other, case)
+        ref, _, batch = run_search(agent, case)
+        got, _, _ = run_search(other, case)
         for i, (r, g) in enumerate(zip(ref, got, strict=True)):
             total += 1
             if g[0].tolist() == r[0].tolist():
@@ -135,15 +122,21 @@ def agreement(agent: Any, other: Any, seed: int) -> tuple[int, int, list[float]]
     return same, total, gaps
 
 
+def assert_agrees(agent: Any, other: Any, name: str, *, seed: int, same: float, gap: float) -> None:
+    """`other` (the `name` model) against fp32 `agent` on 90 or more chats: at least the
+    share `same` of identical replies, and fp32 score gaps of at most `gap`."""
+    identical, total, gaps = agreement(agent, other, seed=seed)
+    shown = ", ".join(f"{g:+.1%}" for g in sorted(gaps))
+    print(f"\n{name} vs fp32: {identical}/{total} identical replies, fp32 score gaps {shown}")
+    assert total >= 90
+    assert identical / total >= same
+    assert max(gaps, default=0.0) <= gap
+
+
 def test_int8_projection_agrees_with_fp32_within_bounds(
     agent: Any, int8_agent: Any, one_thread: None
 ) -> None:
-    same, total, gaps = agreement(agent, int8_agent, seed=5)
-    shown = ", ".join(f"{g:+.1%}" for g in sorted(gaps))
-    print(f"\nint8 vs fp32: {same}/{total} identical replies, fp32 score gaps {shown}")
-    assert total >= 90
-    assert same / total >= INT8_SAME_REPLIES
-    assert max(gaps, default=0.0) <= INT8_SCORE_GAP
+    assert_agrees(agent, int8_agent, "int8", seed=5, same=INT8_SAME_REPLIES, gap=INT8_SCORE_GAP)
 
 
 def test_fused_int8_gives_the_unfused_int8_tokens(int8_agent: Any, one_thread: None) -> None:
@@ -152,9 +145,9 @@ def test_fused_int8_gives_the_unfused_int8_tokens(int8_agent: Any, one_thread: N
     assert unfused is not None and not unfused.fuse  # fusing is measured slower: off
     try:
         for case in cases(int8_agent, seed=31, per_config=4):
-            ref, _, _ = generate(int8_agent, case)
+            ref, _, _ = run_search(int8_agent, case)
             projection.prepare(model, "int8", slice_rows=64, fuse=True)
-            got, _, _ = generate(int8_agent, case)
+            got, _, _ = run_search(int8_agent, case)
             object.__setattr__(model, "_fastgen_projection", unfused)
             assert [g[0].tolist() for g in got] == [r[0].tolist() for r in ref], case
     finally:
@@ -170,12 +163,7 @@ def test_bf16_agrees_with_fp32_within_bounds(
     bf16 = load_shared_agent(_settings(tiny_model_file, tmp_path, dtype="bf16"))
     assert next(bf16.model.parameters()).dtype == torch.bfloat16
     assert bf16.clone().model is bf16.model  # one cast copy, shared
-    same, total, gaps = agreement(agent, bf16, seed=8)
-    shown = ", ".join(f"{g:+.1%}" for g in sorted(gaps))
-    print(f"\nbf16 vs fp32: {same}/{total} identical replies, fp32 score gaps {shown}")
-    assert total >= 90
-    assert same / total >= BF16_SAME_REPLIES
-    assert max(gaps, default=0.0) <= BF16_SCORE_GAP
+    assert_agrees(agent, bf16, "bf16", seed=8, same=BF16_SAME_REPLIES, gap=BF16_SCORE_GAP)
 
 
 def test_bf16_refused_clearly_without_amx_or_avx512_bf16(
@@ -219,11 +207,11 @@ def test_only_a_quantized_or_cast_model_takes_the_merged_cross_attention(
         return products(*args, exact=exact)
 
     monkeypatch.setattr(steppers, "slot_products", counted)
-    got = [generate(int8_agent, case)[0] for case in cases(int8_agent, seed=41, per_config=4)]
+    got = [run_search(int8_agent, case)[0] for case in cases(int8_agent, seed=41, per_config=4)]
     assert merged and all(merged)
     merged.clear()
     monkeypatch.setattr(steppers, "MERGE_SLOTS", False)
-    ref = [generate(int8_agent, case)[0] for case in cases(int8_agent, seed=41, per_config=4)]
+    ref = [run_search(int8_agent, case)[0] for case in cases(int8_agent, seed=41, per_config=4)]
     assert merged and not any(merged)
     same = total = 0
     for ref_preds, got_preds in zip(ref, got, strict=True):

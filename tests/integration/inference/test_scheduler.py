@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,7 @@ from bot.inference.fastgen import continuous
 from bot.inference.model import load_shared_agent
 from bot.inference.responder import make_decoder
 from bot.inference.scheduler import Scheduler, whole_words
-from tests.integration.inference.test_fastgen import generation
-
-
-def _settings(model_file: str, tmp_path: Path, **kw: Any) -> Settings:
-    return Settings(  # type: ignore[call-arg]
-        _env_file=None, bot_model=model_file, data_dir=tmp_path / "data", **kw
-    )
+from tests.integration.inference.test_fastgen import _settings, generation
 
 
 @pytest.fixture(scope="module")
@@ -252,21 +247,29 @@ async def test_no_first_step_ahead_while_turns_are_left_waiting(agent: Any) -> N
     assert seen["ahead"] > 0, seen  # and with room again, streamed turns went ahead
 
 
-async def test_drafts_are_whole_words_of_the_growing_reply(agent: Any) -> None:
+@asynccontextmanager
+async def greedy_scheduler(
+    agent: Any, *, label_truncate: int, draft_interval_s: float
+) -> AsyncIterator[Scheduler]:
+    """A started Scheduler of 4 over greedy search without blocking; closed at the end."""
     with generation(agent, inference="greedy", beam_size=1, beam_block_ngram=-1,
-                    beam_context_block_ngram=-1, label_truncate=40):  # fmt: skip
-        engine = Scheduler(agent, max_size=4, draft_interval_s=0.0)
+                    beam_context_block_ngram=-1, label_truncate=label_truncate):  # fmt: skip
+        engine = Scheduler(agent, max_size=4, draft_interval_s=draft_interval_s)
         await engine.start()
-        drafts: list[str] = []
         try:
-            texts = _texts(agent, 20, seed=5)
-            results = []
-            for text in texts:
-                drafts.clear()
-                result = await engine.generate(agent.clone(), text, on_draft=drafts.append)
-                results.append((result, list(drafts)))
+            yield engine
         finally:
             await engine.close()
+
+
+async def test_drafts_are_whole_words_of_the_growing_reply(agent: Any) -> None:
+    drafts: list[str] = []
+    results = []
+    async with greedy_scheduler(agent, label_truncate=40, draft_interval_s=0.0) as engine:
+        for text in _texts(agent, 20, seed=5):
+            drafts.clear()
+            result = await engine.generate(agent.clone(), text, on_draft=drafts.append)
+            results.append((result, list(drafts)))
     streamed = [(r, d) for r, d in results if d]
     assert streamed  # long enough replies stream
     for result, ds in streamed:
@@ -286,18 +289,12 @@ def test_whole_words_drops_the_word_that_may_still_grow() -> None:
 
 
 async def test_drafts_are_rate_limited_per_chat(agent: Any) -> None:
-    with generation(agent, inference="greedy", beam_size=1, beam_block_ngram=-1,
-                    beam_context_block_ngram=-1, label_truncate=60):  # fmt: skip
-        engine = Scheduler(agent, max_size=4, draft_interval_s=3600.0)
-        await engine.start()
-        drafts: list[str] = []
-        try:
-            for text in _texts(agent, 10, seed=11):
-                await engine.generate(agent.clone(), text, on_draft=drafts.append)
-                assert len(drafts) <= 1
-                drafts.clear()
-        finally:
-            await engine.close()
+    drafts: list[str] = []
+    async with greedy_scheduler(agent, label_truncate=60, draft_interval_s=3600.0) as engine:
+        for text in _texts(agent, 10, seed=11):
+            await engine.generate(agent.clone(), text, on_draft=drafts.append)
+            assert len(drafts) <= 1
+            drafts.clear()
 
 
 def test_which_engine(agent: Any, tiny_model_file: str, tmp_path: Path) -> None:

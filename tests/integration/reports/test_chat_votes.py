@@ -3,26 +3,17 @@ pair per chat and variant, the per-user cap, the experiment filter and the `unti
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.db.engine import make_engine, make_sessionmaker
-from bot.db.models import Assignment, Session
+from bot.db.models import Session
 from bot.reports.variant_stats import USER_VOTE_CAP
 from bot.reports.variants import chat_vote_table, chat_votes
-from tests.support.dbutil import add_voted_replies
+from tests.support.dbutil import add_assignment, add_voted_replies
 
 DAY = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-async def sessionmaker(db_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    engine = make_engine(db_url)
-    yield make_sessionmaker(engine)
-    await engine.dispose()
 
 
 async def add_votes(
@@ -35,11 +26,7 @@ async def add_votes(
     at: datetime = DAY,
 ) -> None:
     async with sessionmaker.begin() as db:
-        db.add(
-            Assignment(
-                chat_id=chat, experiment=experiment, variant=variant, source="hash", assigned_at=DAY
-            )
-        )
+        add_assignment(db, chat, experiment, variant, DAY)
         s = Session(chat_id=chat, user_id=chat, created_at=DAY)
         db.add(s)
         await db.flush()

@@ -7,21 +7,19 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.admin.cli import admin
-from bot.db.engine import make_engine, make_sessionmaker
-from bot.db.models import Assignment, Rating, Session
+from bot.db.models import Rating, Session
 from bot.engine.variants import Experiment, Variant
 from bot.reports import stats as service_stats
 from bot.reports.variant_stats import always_valid_lift
 from bot.reports.variants import chat_votes, format_variant_report, variant_report
 from tests.integration.admin.test_admin import parse_admin
-from tests.support.dbutil import add_voted_replies
+from tests.support.dbutil import add_assignment, add_voted_replies
 
 DAY = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 EXPERIMENT = Experiment(
@@ -47,25 +45,10 @@ SEED: dict[int, tuple[str, list[tuple[int, int]], list[int]]] = {
 }
 
 
-@pytest.fixture
-async def sessionmaker(db_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    engine = make_engine(db_url)
-    yield make_sessionmaker(engine)
-    await engine.dispose()
-
-
 async def seed(sessionmaker: async_sessionmaker[AsyncSession]) -> None:
     async with sessionmaker.begin() as db:
         for chat, (variant, votes, ratings) in SEED.items():
-            db.add(
-                Assignment(
-                    chat_id=chat,
-                    experiment=EXPERIMENT.name,
-                    variant=variant,
-                    source="hash",
-                    assigned_at=DAY,
-                )
-            )
+            add_assignment(db, chat, EXPERIMENT.name, variant, DAY)
             for value in ratings or [None]:
                 s = Session(chat_id=chat, user_id=chat, status="done", created_at=DAY)
                 db.add(s)

@@ -43,9 +43,9 @@ from bot.reports.variants import format_variant_report, report_json, variant_rep
 from bot.service import autopilot
 from bot.service.autopilot import Policy
 from tests.integration.admin.test_admin import parse_admin
-from tests.integration.engine.test_variants_service import write_variants
+from tests.integration.engine.test_variants_service import inline_ab_settings
 from tests.support.fakebotapi import FakeBotAPI
-from tests.support.service_harness import make_settings, running_service
+from tests.support.service_harness import running_service
 from tests.support.waits import until
 
 EXP = "ap-test"
@@ -463,8 +463,7 @@ async def test_a_running_service_decides_and_serves_the_decision(
     # `admin variants autopilot on` reaches it, it promotes b, and its router serves b as the
     # control with all the weight, the decision's change followed like any admin change.
     monkeypatch.setattr(autopilot, "POLL_S", 0.2)
-    vf = write_variants(tmp_path / "v.toml", tiny_model_file, {"a": 1, "b": 1})
-    settings = make_settings(db_url, api, tmp_path, variants_file=vf, model_workers="inline")
+    settings = inline_ab_settings(db_url, api, tmp_path, tiny_model_file)
     async with running_service(settings, None) as service:
         engine = make_engine(db_url)
         try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,7 +14,6 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db import inbox, replicas
-from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.inbox import UpdateRef
 from bot.db.leases import LeaseLost
 from bot.db.models import ChatLease, Inbox, InboxStatus, Replica, utcnow
@@ -29,13 +27,6 @@ from tests.support.waits import until
 # What a container restarted with the same host name (and so the same PID 1, or any reused
 # PID) looks like: our host, namespace and PID, another random part.
 SAME_HOST_AND_PID = f"{HOST}:{PID_NAMESPACE}:{os.getpid()}:0ldc0de1"
-
-
-@pytest.fixture
-async def sessionmaker(db_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    engine = make_engine(db_url)
-    yield make_sessionmaker(engine)
-    await engine.dispose()
 
 
 async def _plant(

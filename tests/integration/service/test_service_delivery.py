@@ -10,7 +10,7 @@ from bot.db import migrate, outbox
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.service.delivery import split_message
 from tests.support.fakebotapi import FakeBotAPI, Fault
-from tests.support.fixtures import StartService
+from tests.support.fixtures import ServeSettings, StartService
 from tests.support.service_harness import (
     EchoResponder,
     make_settings,
@@ -21,10 +21,10 @@ from tests.support.service_harness import (
 
 
 async def test_a_429_delays_the_reply_but_delivers_it_once(
-    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    api: FakeBotAPI, serve_sqlite: ServeSettings
 ) -> None:
     api.inject(Fault("sendMessage", status=429, retry_after=1, times=1))
-    svc = await start_service(make_settings(sqlite_url, api, tmp_path), EchoResponder())
+    svc = await serve_sqlite(EchoResponder())
     api.user_message(501, "please answer")
     assert await api.wait_for_texts(501, 1) == ["echo 501: please answer"]
     refused, accepted = api.calls_to("sendMessage")
@@ -62,11 +62,11 @@ async def test_server_errors_and_timeouts_are_retried(
 
 
 async def test_a_blocked_chat_stops_retrying_and_others_are_unaffected(
-    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    api: FakeBotAPI, serve_db: ServeSettings
 ) -> None:
     blocked, fine = 601, 602
     api.inject(Fault("sendMessage", status=403, chat_id=blocked, times=100))
-    svc = await start_service(make_settings(db_url, api, tmp_path), EchoResponder())
+    svc = await serve_db(EchoResponder())
     api.user_message(blocked, "one")
     api.user_message(blocked, "two")
     api.user_message(fine, "hello")
@@ -93,14 +93,14 @@ async def test_a_blocked_chat_stops_retrying_and_others_are_unaffected(
 
 
 async def test_a_long_reply_goes_out_in_parts_and_a_retry_resends_no_part(
-    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    api: FakeBotAPI, serve_sqlite: ServeSettings
 ) -> None:
     long_reply = ("Sentence number one is here. " * 200 + "\n\n") * 3  # ~17,400 characters
     parts = split_message(long_reply)
     assert len(parts) == 5
     responder = EchoResponder()
     responder.reply_override = lambda chat, text: long_reply
-    svc = await start_service(make_settings(sqlite_url, api, tmp_path), responder)
+    svc = await serve_sqlite(responder)
     # The third part fails twice (5xx, then a 429); parts sent must not repeat.
     api.inject(
         Fault("sendMessage", status=500, times=1, skip=2),

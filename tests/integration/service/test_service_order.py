@@ -7,17 +7,17 @@ from pathlib import Path
 
 from bot.texts import ENGLISH
 from tests.support.fakebotapi import FakeBotAPI
-from tests.support.fixtures import StartService
+from tests.support.fixtures import ServeSettings, StartService
 from tests.support.service_harness import EchoResponder, make_settings, rows, running_service
 
 
 async def test_five_messages_at_once_are_answered_in_order(
-    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    api: FakeBotAPI, serve_db: ServeSettings
 ) -> None:
     rng = random.Random(5)
     # Random generation times would reorder the replies of a sequencer that did not wait.
     responder = EchoResponder(delay_s=lambda chat, text: rng.uniform(0.0, 0.15))
-    svc = await start_service(make_settings(db_url, api, tmp_path), responder)
+    svc = await serve_db(responder)
     sent = [f"message {i}" for i in range(5)]
     for text in sent:
         api.user_message(901, text)
@@ -67,10 +67,10 @@ async def test_twenty_chats_at_once_get_their_own_replies(
 
 
 async def test_a_slow_chat_does_not_block_another(
-    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    api: FakeBotAPI, serve_sqlite: ServeSettings
 ) -> None:
     responder = EchoResponder(delay_s=lambda chat, text: 1.5 if chat == 1101 else 0.0)
-    await start_service(make_settings(sqlite_url, api, tmp_path), responder)
+    await serve_sqlite(responder)
     api.user_message(1101, "slow one")
     api.user_message(1102, "quick one")
     await api.wait_for_texts(1102, 1)
@@ -79,11 +79,11 @@ async def test_a_slow_chat_does_not_block_another(
 
 
 async def test_a_failing_update_is_retried_then_apologised_for_and_the_chat_goes_on(
-    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    api: FakeBotAPI, serve_sqlite: ServeSettings
 ) -> None:
     responder = EchoResponder()
     responder.fail_on = {"boom"}
-    svc = await start_service(make_settings(sqlite_url, api, tmp_path), responder)
+    svc = await serve_sqlite(responder)
     bad = api.user_message(1201, "boom")
     api.user_message(1201, "after the boom")
     texts = await api.wait_for_texts(1201, 2)

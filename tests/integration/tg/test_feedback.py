@@ -7,9 +7,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from bot.app import Service
 from bot.texts import ENGLISH as texts
-from tests.support.fakebotapi import FakeBotAPI
-from tests.support.fixtures import StartService
+from tests.support.fakebotapi import FakeBotAPI, Sent
+from tests.support.fixtures import ServeSettings, StartService
 from tests.support.service_harness import EchoResponder, make_settings, rows
 
 
@@ -30,14 +31,21 @@ async def _eventually(
     raise AssertionError(f"expected {expected!r}, still {got!r}")
 
 
-async def test_votes_are_stored_once_changeable_and_shown_on_the_buttons(
-    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
-) -> None:
-    chat = 301
-    service = await start_service(make_settings(db_url, api, tmp_path), EchoResponder())
+async def replied_to_hello(
+    api: FakeBotAPI, serve_db: ServeSettings, chat: int
+) -> tuple[Service, Sent]:
+    """A started service that has replied to "hello" in `chat`; the reply with its buttons."""
+    service = await serve_db(EchoResponder())
     api.user_message(chat, "hello")
     await api.wait_for_texts(chat, 1)
-    reply = api.last_sent(chat)
+    return service, api.last_sent(chat)
+
+
+async def test_votes_are_stored_once_changeable_and_shown_on_the_buttons(
+    api: FakeBotAPI, serve_db: ServeSettings
+) -> None:
+    chat = 301
+    service, reply = await replied_to_hello(api, serve_db, chat)
     [(message_id,)] = await rows(service, "SELECT id FROM messages WHERE role = 'bot'")
     buttons = reply.reply_markup["inline_keyboard"][0]  # type: ignore[index]
     assert [b["text"] for b in buttons] == ["👍", "👎"]
@@ -64,10 +72,10 @@ async def test_votes_are_stored_once_changeable_and_shown_on_the_buttons(
 
 
 async def test_forged_and_stale_presses_are_answered_and_change_nothing(
-    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    api: FakeBotAPI, serve_db: ServeSettings
 ) -> None:
     mine, other = 311, 312
-    service = await start_service(make_settings(db_url, api, tmp_path), EchoResponder())
+    service = await serve_db(EchoResponder())
     api.user_message(mine, "hello")
     api.user_message(other, "hi")
     await api.wait_for_texts(mine, 1)
@@ -110,13 +118,10 @@ async def test_forged_and_stale_presses_are_answered_and_change_nothing(
 
 
 async def test_done_offers_a_rating_once_and_forget_removes_all_feedback(
-    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    api: FakeBotAPI, serve_db: ServeSettings
 ) -> None:
     chat = 321
-    service = await start_service(make_settings(db_url, api, tmp_path), EchoResponder())
-    api.user_message(chat, "hello")
-    await api.wait_for_texts(chat, 1)
-    reply = api.last_sent(chat)
+    service, reply = await replied_to_hello(api, serve_db, chat)
     [(message_id, session_id)] = await rows(
         service, "SELECT id, session_id FROM messages WHERE role = 'bot'"
     )

@@ -11,7 +11,7 @@ import pytest
 from bot.safety import SafetyGate
 from bot.texts import ENGLISH as texts
 from tests.support.fakebotapi import FakeBotAPI
-from tests.support.fixtures import StartService
+from tests.support.fixtures import ServeSettings, StartService
 from tests.support.service_harness import EchoResponder, make_settings, rows
 
 TOXIC = "you are a fucking idiot"
@@ -36,10 +36,10 @@ def _toxic(responder: EchoResponder, *candidates: str) -> EchoResponder:
 
 
 async def test_block_sends_the_next_clean_beam_or_the_deflection(
-    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    api: FakeBotAPI, serve_db: ServeSettings
 ) -> None:
     responder = _toxic(EchoResponder(), TOXIC_TOO, CLEAN)
-    service = await start_service(make_settings(db_url, api, tmp_path), responder)
+    service = await serve_db(responder)
     api.user_message(601, "say something")
     assert await api.wait_for_texts(601, 1) == [CLEAN]
     responder.candidates = (TOXIC, TOXIC_TOO)
@@ -54,11 +54,9 @@ async def test_block_sends_the_next_clean_beam_or_the_deflection(
     assert len(responder.evicted) >= 2
 
 
-async def test_flag_sends_it_and_marks_it(
-    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
-) -> None:
+async def test_flag_sends_it_and_marks_it(api: FakeBotAPI, serve_db: ServeSettings) -> None:
     responder = _toxic(EchoResponder(), CLEAN)
-    service = await start_service(make_settings(db_url, api, tmp_path, safety="flag"), responder)
+    service = await serve_db(responder, safety="flag")
     api.user_message(611, "say something")
     assert await api.wait_for_texts(611, 1) == [TOXIC]
     assert await rows(
@@ -86,23 +84,19 @@ async def test_an_offensive_persona_is_refused_or_marked(
         assert personas == [(TOXIC_TOO, "flagged" if mode == "flag" else None)]
 
 
-async def test_off_changes_nothing(
-    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
-) -> None:
+async def test_off_changes_nothing(api: FakeBotAPI, serve_db: ServeSettings) -> None:
     responder = _toxic(EchoResponder(), CLEAN)
-    service = await start_service(make_settings(db_url, api, tmp_path, safety="off"), responder)
+    service = await serve_db(responder, safety="off")
     api.user_message(631, "say something")
     assert await api.wait_for_texts(631, 1) == [TOXIC]
     assert await rows(service, "SELECT safety FROM messages WHERE role = 'bot'") == [(None,)]
 
 
-async def test_stats_count_what_the_gate_did(
-    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
-) -> None:
+async def test_stats_count_what_the_gate_did(api: FakeBotAPI, serve_db: ServeSettings) -> None:
     from bot.reports.stats import format_stats, stats
 
     responder = _toxic(EchoResponder(), CLEAN)
-    service = await start_service(make_settings(db_url, api, tmp_path), responder)
+    service = await serve_db(responder)
     api.user_message(641, "one")
     await api.wait_for_texts(641, 1)
     responder.candidates = (TOXIC,)

@@ -11,7 +11,7 @@ from bot.app import Service
 from bot.texts import ENGLISH, for_language
 from tests.integration.admin.test_admin import run
 from tests.support.fakebotapi import FakeBotAPI
-from tests.support.fixtures import StartService
+from tests.support.fixtures import ServeSettings, StartService
 from tests.support.service_harness import TOKEN as IN_PROCESS_TOKEN
 from tests.support.service_harness import (
     EchoResponder,
@@ -116,12 +116,11 @@ async def test_admin_access_allow_and_deny_take_effect_live(
 
 
 async def test_over_quota_the_user_is_told_when_and_the_message_is_kept_unanswered(
-    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    db_url: str, api: FakeBotAPI, serve_db: ServeSettings
 ) -> None:
     """QUOTA_PER_DAY=2 for everyone; user 301 has their own 4 (`admin access quota`)."""
     responder = EchoResponder()
-    settings = make_settings(db_url, api, tmp_path, quota_per_day=2)
-    service = await start_service(settings, responder)
+    service = await serve_db(responder, quota_per_day=2)
     status, said = await run(db_url, "access", "quota", "301", "--per-day", "4")
     assert status == 0, said
     for i in range(4):
@@ -159,11 +158,10 @@ async def test_over_quota_the_user_is_told_when_and_the_message_is_kept_unanswer
 
 
 async def test_a_per_minute_quota_names_the_next_minute(
-    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    db_url: str, api: FakeBotAPI, serve_db: ServeSettings
 ) -> None:
     responder = EchoResponder()
-    settings = make_settings(db_url, api, tmp_path, quota_per_minute=1)
-    service = await start_service(settings, responder)
+    service = await serve_db(responder, quota_per_minute=1)
     before = datetime.now(UTC)
     api.user_message(401, "one")
     api.user_message(401, "two", language_code="es")

@@ -14,7 +14,7 @@ import pytest
 
 from bot.tg import drafts
 from tests.support.fakebotapi import BOT_USERNAME, FakeBotAPI, Fault
-from tests.support.fixtures import StartService
+from tests.support.fixtures import ServeSettings, StartService
 from tests.support.service_harness import EchoResponder, make_settings, rows
 
 
@@ -28,9 +28,9 @@ async def _stored_reply(service: object, chat_id: int) -> str:
 
 
 async def test_a_private_chat_sees_thinking_then_the_draft_then_the_stored_reply(
-    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    api: FakeBotAPI, serve_sqlite: ServeSettings
 ) -> None:
-    service = await start_service(make_settings(sqlite_url, api, tmp_path), EchoResponder(0.4))
+    service = await serve_sqlite(EchoResponder(0.4))
     api.user_message(501, "tell me more")
     [final] = await api.wait_for_texts(501, 1)
     assert api.drafts_to(501) == ["", "echo"]  # "Thinking…" at once, then the draft
@@ -43,10 +43,10 @@ async def test_a_private_chat_sees_thinking_then_the_draft_then_the_stored_reply
 
 
 async def test_groups_keep_the_typing_indicator_and_get_no_drafts(
-    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    api: FakeBotAPI, serve_sqlite: ServeSettings
 ) -> None:
     responder = EchoResponder(0.4)
-    await start_service(make_settings(sqlite_url, api, tmp_path), responder)
+    await serve_sqlite(responder)
     api.user_message(-502, f"@{BOT_USERNAME} hello all", user_id=7, chat_type="group")
     await api.wait_for_texts(-502, 1)
     assert api.drafts == [] and api.calls_to("sendMessageDraft") == []
@@ -68,10 +68,8 @@ async def test_stream_replies_off_means_typing_only(
 @pytest.mark.parametrize("status", [400, 429])
 async def test_a_failing_draft_method_loses_nothing(
     status: int,
-    sqlite_url: str,
-    tmp_path: Path,
     api: FakeBotAPI,
-    start_service: StartService,
+    serve_sqlite: ServeSettings,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An older client (400) or a flood limit (429, retry after 30 s): the drafts fail, the
@@ -80,7 +78,7 @@ async def test_a_failing_draft_method_loses_nothing(
     tried."""
     monkeypatch.setattr(drafts, "DRAFT_TIMEOUT_S", 60.0)
     api.fail_drafts(status)
-    service = await start_service(make_settings(sqlite_url, api, tmp_path), EchoResponder(0.4))
+    service = await serve_sqlite(EchoResponder(0.4))
     api.user_message(504, "still there?")
     [final] = await api.wait_for_texts(504, 1, timeout_s=10.0)
     assert final == await _stored_reply(service, 504)
@@ -90,17 +88,15 @@ async def test_a_failing_draft_method_loses_nothing(
 
 
 async def test_a_hanging_draft_delays_the_reply_by_its_timeout_only(
-    sqlite_url: str,
-    tmp_path: Path,
     api: FakeBotAPI,
-    start_service: StartService,
+    serve_sqlite: ServeSettings,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every draft hangs for a minute: the reply waits for the draft in flight only as long as
     the draft's own timeout (1 s here), then arrives while that draft is still unanswered."""
     monkeypatch.setattr(drafts, "DRAFT_TIMEOUT_S", 1.0)
     api.fail_drafts(None, delay=60.0)
-    service = await start_service(make_settings(sqlite_url, api, tmp_path), EchoResponder(0.2))
+    service = await serve_sqlite(EchoResponder(0.2))
     api.user_message(505, "quick one")
     [final] = await api.wait_for_texts(505, 1, timeout_s=10.0)
     assert final == await _stored_reply(service, 505)
@@ -109,17 +105,15 @@ async def test_a_hanging_draft_delays_the_reply_by_its_timeout_only(
 
 
 async def test_a_draft_in_flight_reaches_telegram_before_the_reply(
-    sqlite_url: str,
-    tmp_path: Path,
     api: FakeBotAPI,
-    start_service: StartService,
+    serve_sqlite: ServeSettings,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The "echo" draft takes Telegram a second to answer, and the reply is ready long before:
     the reply is sent only after that draft was answered, never before it."""
     monkeypatch.setattr(drafts, "DRAFT_TIMEOUT_S", 30.0)
     api.inject(Fault("sendMessageDraft", None, delay=1.0, skip=1))  # "Thinking…" goes through
-    service = await start_service(make_settings(sqlite_url, api, tmp_path), EchoResponder(0.4))
+    service = await serve_sqlite(EchoResponder(0.4))
     api.user_message(508, "in flight")
     [final] = await api.wait_for_texts(508, 1, timeout_s=15.0)
     assert final == await _stored_reply(service, 508)
@@ -128,10 +122,8 @@ async def test_a_draft_in_flight_reaches_telegram_before_the_reply(
 
 
 async def test_drafts_wait_out_a_replys_429(
-    sqlite_url: str,
-    tmp_path: Path,
     api: FakeBotAPI,
-    start_service: StartService,
+    serve_sqlite: ServeSettings,
 ) -> None:
     """One budget for replies and drafts: while the replies wait out Telegram's 429 (retry
     after 2 s), no draft goes either, though another chat is generating meanwhile; its drafts
@@ -139,7 +131,7 @@ async def test_drafts_wait_out_a_replys_429(
     a, b = 509, 510
     api.inject(Fault("sendMessage", 429, retry_after=2, chat_id=a))
     responder = EchoResponder(lambda chat, _text: 5.0 if chat == b else 0.0)
-    await start_service(make_settings(sqlite_url, api, tmp_path), responder)
+    await serve_sqlite(responder)
     api.user_message(a, "a quick one")
     await api.wait_for(
         lambda: any(c.status == 429 for c in api.calls_to("sendMessage")), what="the 429"
@@ -154,10 +146,8 @@ async def test_drafts_wait_out_a_replys_429(
 
 
 async def test_a_429_on_one_chats_draft_holds_no_other_chats_reply(
-    sqlite_url: str,
-    tmp_path: Path,
     api: FakeBotAPI,
-    start_service: StartService,
+    serve_sqlite: ServeSettings,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A's drafts hit a 429 (retry after 30 s) while A generates: B's reply arrives while A
@@ -166,7 +156,7 @@ async def test_a_429_on_one_chats_draft_holds_no_other_chats_reply(
     a, b = 506, 507
     api.inject(Fault("sendMessageDraft", 429, retry_after=30, chat_id=a, times=10**9))
     responder = EchoResponder(lambda chat, _text: 4.0 if chat == a else 0.2)
-    await start_service(make_settings(sqlite_url, api, tmp_path), responder)
+    await serve_sqlite(responder)
     api.user_message(a, "a long one")
     await api.wait_for(lambda: bool(api.calls_to("sendMessageDraft")), what="A's draft")
     api.user_message(b, "a short one")

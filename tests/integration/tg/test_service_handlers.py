@@ -10,7 +10,7 @@ import pytest
 from bot.texts import ENGLISH
 from bot.tg import handlers
 from tests.support.fakebotapi import BOT_ID, BOT_USERNAME, FakeBotAPI
-from tests.support.fixtures import StartService
+from tests.support.fixtures import ServeSettings, StartService
 from tests.support.service_harness import (
     EchoResponder,
     make_settings,
@@ -24,11 +24,11 @@ HELP = ENGLISH.help("en")  # BOT_MODEL_LANGUAGE's default
 
 
 async def test_a_command_followed_by_punctuation_is_that_command(
-    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    api: FakeBotAPI, serve_db: ServeSettings
 ) -> None:
     """Telegram marks only "/help" in "/help." (a command is [A-Za-z0-9_]), and PTB runs /help's
     handler for it: the use case is /help's, not an error."""
-    await start_service(make_settings(db_url, api, tmp_path), EchoResponder())
+    await serve_db(EchoResponder())
     api.user_message(102, "/help.")
     api.user_message(102, "/persona!")
     texts = await api.wait_for_texts(102, 2)
@@ -94,11 +94,11 @@ async def test_commands_persona_turns_done_and_forget(
 
 
 async def test_non_text_edits_and_unknown_commands_get_a_defined_answer(
-    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    api: FakeBotAPI, serve_sqlite: ServeSettings
 ) -> None:
     chat = 102
     responder = EchoResponder()
-    service = await start_service(make_settings(sqlite_url, api, tmp_path), responder)
+    service = await serve_sqlite(responder)
     api.user_message(chat, "/persona first")
     await api.wait_for_texts(chat, 1)
     sticker = {
@@ -216,16 +216,14 @@ async def test_flood_limit_keeps_messages_and_sends_one_notice(
 
 
 async def test_typing_indicator_is_repeated_while_the_model_works(
-    sqlite_url: str,
-    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     api: FakeBotAPI,
-    start_service: StartService,
+    serve_sqlite: ServeSettings,
 ) -> None:
     monkeypatch.setattr(handlers, "TYPING_INTERVAL_S", 0.2)
     responder = EchoResponder(delay_s=1.0)
     # private chats stream drafts instead (tests/integration/tg/test_service_drafts.py)
-    await start_service(make_settings(sqlite_url, api, tmp_path, stream_replies=False), responder)
+    await serve_sqlite(responder, stream_replies=False)
     api.user_message(301, "think hard")
     await api.wait_for_texts(301, 1)
     actions = api.calls_to("sendChatAction")
@@ -292,11 +290,11 @@ async def test_bot_id_and_username_come_from_getme(
 
 
 async def test_a_message_right_after_forget_is_still_answered(
-    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    api: FakeBotAPI, serve_sqlite: ServeSettings
 ) -> None:
     # Regression: /forget deletes the chat's inbox rows, the still-pending next update included.
     responder = EchoResponder()
-    service = await start_service(make_settings(sqlite_url, api, tmp_path), responder)
+    service = await serve_sqlite(responder)
     api.user_message(103, "/forget")
     api.user_message(103, "hello after forget")
     texts = await api.wait_for_texts(103, 2)

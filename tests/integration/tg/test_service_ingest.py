@@ -11,7 +11,7 @@ import pytest
 from bot.app import serve
 from tests.support.botprocess import free_port
 from tests.support.fakebotapi import SECRET_HEADER, FakeBotAPI
-from tests.support.fixtures import StartService
+from tests.support.fixtures import ServeSettings
 from tests.support.service_harness import (
     TOKEN,
     EchoResponder,
@@ -50,10 +50,10 @@ async def test_polling_confirms_an_update_only_after_its_inbox_row_is_committed(
 
 
 async def test_a_duplicated_update_produces_one_turn(
-    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    api: FakeBotAPI, serve_db: ServeSettings
 ) -> None:
     responder = EchoResponder()
-    service = await start_service(make_settings(db_url, api, tmp_path), responder)
+    service = await serve_db(responder)
     first = api.user_message(21, "only once")
     api.redeliver(first)  # in the same getUpdates batch
     await api.wait_for_texts(21, 1)

@@ -7,12 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench import continuous
-
-
-def _has_cuda() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
+from tests.unit.bench.test_bench_peer import _has_cuda, assert_cuda_refused
 
 
 @pytest.mark.skipif(_has_cuda(), reason="this machine has a CUDA device")
@@ -20,9 +15,7 @@ def test_device_cuda_without_a_gpu_stops_at_once_and_says_why(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(continuous, "main_async", lambda args: pytest.fail("nothing may run"))
-    assert continuous.main(["--quick", "--device", "cuda"]) == 2
-    err = capsys.readouterr().err
-    assert "no CUDA device" in err and "--device cpu" in err
+    assert_cuda_refused(continuous.main, capsys)
 
 
 def test_the_windows_gpu_check_shortens(monkeypatch: pytest.MonkeyPatch) -> None:

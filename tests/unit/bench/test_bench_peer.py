@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -229,6 +230,16 @@ def _has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def assert_cuda_refused(
+    main: Callable[[list[str]], int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`main --quick --device cuda` on a machine without CUDA: status 2, a line that says why
+    and what to use instead."""
+    assert main(["--quick", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA device" in err and "--device cpu" in err
+
+
 def test_the_device_option() -> None:
     assert peer.plan_from_args([]).device == "cpu"
     assert peer.plan_from_args(["--quick", "--device", "cuda"]).device == "cuda"
@@ -264,9 +275,7 @@ def test_device_cuda_without_a_gpu_stops_at_once_and_says_why(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(peer, "measure", lambda plan: pytest.fail("nothing may be measured"))
-    assert peer.main(["--quick", "--device", "cuda"]) == 2
-    err = capsys.readouterr().err
-    assert "no CUDA device" in err and "--device cpu" in err
+    assert_cuda_refused(peer.main, capsys)
 
 
 def test_a_cuda_run_is_named_apart_from_a_cpu_one(

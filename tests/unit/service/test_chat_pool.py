@@ -58,10 +58,7 @@ async def test_rows_of_a_chat_in_order_chats_at_once() -> None:
     rows = Rows({1: ["1a", "1b", "1c"], 2: ["2a", "2b"]})
     pool = _pool(rows)
     await pool.start()
-    for _ in range(100):
-        if len(rows.done) == 5:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: len(rows.done) == 5, within_s=10, what="all five rows done")
     await pool.stop(1.0)
     assert [r for r in rows.done if r[0] == "1"] == ["1a", "1b", "1c"]
     assert [r for r in rows.done if r[0] == "2"] == ["2a", "2b"]
@@ -96,10 +93,7 @@ async def test_a_stalled_chat_pauses_outside_the_slot_then_goes_on() -> None:
 
     pool = _pool(rows, max_concurrent=1, after_stall=after_stall)
     await pool.start()
-    for _ in range(200):
-        if len(rows.done) == 3:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: len(rows.done) == 3, within_s=10, what="all three rows done")
     await pool.stop(1.0)
     assert pauses == [True]
     assert [r for r in rows.done if r != "c"] == ["a", "b"]  # the chat's order held
@@ -140,10 +134,7 @@ async def test_a_failing_read_is_retried_by_the_worker_not_logged_as_a_crash(
     )
     caplog.set_level(logging.WARNING)
     await pool.start()
-    for _ in range(200):
-        if rows.done:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: bool(rows.done), within_s=10, what="a row done")
     await pool.stop(1.0)
     assert rows.done == ["a"]
     assert not [r for r in caplog.records if "crashed" in r.getMessage()]
