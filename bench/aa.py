@@ -65,13 +65,8 @@ from bot.reports.variant_stats import (
     two_proportion_test,
     wilson_interval,
 )
-from bot.reports.variants import (
-    VariantReport,
-    chat_vote_table,
-    format_variant_report,
-    plot_variants,
-    variant_report,
-)
+from bot.reports.variants import VariantReport, chat_vote_table, variant_report
+from bot.reports.variants_text import format_variant_report, plot_variants
 
 ALPHA = 0.05
 EXPERIMENT = Experiment(
