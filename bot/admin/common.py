@@ -48,6 +48,7 @@ def dump_json(value: Any) -> str:
 
 
 def when(value: datetime | None) -> str:
+    """A timestamp as the tables show it: UTC, to the second; "" for none."""
     if value is None:
         return ""
     if value.tzinfo is not None:

@@ -196,6 +196,10 @@ async def run_sql(url: str, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _details(details: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in details.items())
+
+
 async def run_audit(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) -> int:
     async with make_sessionmaker(engine)() as db:
         rows = await audit.recent(db, args.limit)
@@ -205,20 +209,10 @@ async def run_audit(engine: AsyncEngine, args: argparse.Namespace, out: TextIO) 
     if not rows:
         print("no admin changes recorded", file=out)
         return 0
-    table = [
-        (
-            r.id,
-            r.at,
-            r.actor,
-            r.source,
-            r.action,
-            r.target,
-            " ".join(f"{k}={v}" for k, v in r.details.items()),
-            r.result,
-        )
-        for r in rows
-    ]
     columns = ["id", "at", "actor", "source", "action", "target", "details", "result"]
+    table = [
+        [getattr(r, c) if c != "details" else _details(r.details) for c in columns] for r in rows
+    ]
     print(format_table(columns, table), file=out)
     return 0
 

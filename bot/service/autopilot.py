@@ -330,17 +330,7 @@ async def _apply(
     """Record the claimed decision, change the variants, and write its audit row, in the
     claim's transaction."""
     experiment, seen = decision.experiment, decision.based_on
-    if not await decisions.record(
-        db,
-        experiment=experiment,
-        based_on=seen,
-        variant=decision.variant,
-        control=decision.control,
-        action=decision.action,
-        reason=decision.reason,
-        figures=decision.figures,
-        decided_by=decided_by,
-    ):
+    if not await decisions.record(db, **asdict(decision), decided_by=decided_by):
         # Unreachable while every change bumps the version first; the unique key is the
         # second lock on the door. Raising rolls the claim back.
         raise RuntimeError(f"autopilot decision for {experiment} v{seen} exists already")
