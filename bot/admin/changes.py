@@ -1,9 +1,9 @@
 """The `admin` subcommands that change data: the experiment's variants (`variants add`,
-`weight`, `promote`, `remove`, `allocation`, `reload`, `autopilot`; with `variants list`, which
-only reads, among them), a chat's variant (`assign`) and everything stored for a chat
-(`forget`).
+`weight`, `promote`, `remove`, `allocation`, `reload`, `autopilot`; with `variants list` and
+`variants autopilot check`, which only read, among them), a chat's variant (`assign`) and
+everything stored for a chat (`forget`).
 
-Every one of them is recorded in the audit log before and after it runs (bot/admin/recording.py).
+Each change is recorded in the audit log before and after it runs (bot/admin/recording.py).
 """
 
 from __future__ import annotations
