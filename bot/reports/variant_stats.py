@@ -55,7 +55,7 @@ MIN_CHATS = 5
 #: The per-user cap: within one variant, one user's votes count as at most this many votes
 #: (a user with m > 10 votes has each vote weighted 10 / m), so a thousand votes from one
 #: account weigh like ten. Applied where the report reads the votes (`chat_votes` in
-#: bot/reports/variants.py), before any figure is computed.
+#: bot/reports/chat_votes.py), before any figure is computed.
 USER_VOTE_CAP = 10
 
 #: The always-valid bound is tuned to be tightest at this many chats with votes (both groups

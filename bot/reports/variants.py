@@ -3,10 +3,10 @@ each non-control variant against the control, and the sample-ratio-mismatch chec
 
 Read-only: a handful of aggregate queries (and the latency columns of the bot replies, for
 the percentiles), then pure arithmetic from bot.reports.variant_stats. The chat is the unit of
-every 👍-rate figure: all votes are read through `chat_vote_table` (one (up, votes) pair per
-chat and variant, with the per-user cap), and the intervals and tests are chat-level
-(cluster-robust, and always-valid beside the fixed-horizon ones); docs/variants.md says what
-each figure means for an operator.
+every 👍-rate figure: all votes are read through `chat_vote_table` (bot/reports/chat_votes.py:
+one (up, votes) pair per chat and variant, with the per-user cap), and the intervals and tests
+are chat-level (cluster-robust, and always-valid beside the fixed-horizon ones);
+docs/variants.md says what each figure means for an operator.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import case, func, select
@@ -23,16 +22,16 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db import autopilot as autopilot_rows
 from bot.db.autopilot import StoredDecision
-from bot.db.models import ArenaMatch, Assignment, AssignmentSource, Message, Rating, Role, Vote
+from bot.db.models import ArenaMatch, Assignment, AssignmentSource, Message, Rating, Role
 from bot.db.variants import current_identity
 from bot.engine.variants import Experiment
 from bot.reports.bradley_terry import bradley_terry_bootstrap
+from bot.reports.chat_votes import ChatVotes, chat_vote_table
 from bot.reports.guards import guard_figures
 from bot.reports.variant_stats import (
     ALWAYS_VALID_NOTE,
     BANDIT_NOTE,
     FIXED_SAMPLE_NOTE,
-    USER_VOTE_CAP,
     SrmResult,
     always_valid_lift,
     chat_lift_test,
@@ -186,85 +185,6 @@ class VariantReport:
 
 async def _grouped(db: AsyncSession, stmt: Any) -> dict[str, tuple[Any, ...]]:
     return {str(row[0]): tuple(row[1:]) for row in await db.execute(stmt)}
-
-
-@dataclass(frozen=True, slots=True)
-class ChatVotes:
-    """One chat's votes on one variant's replies: raw counts, and after the per-user cap."""
-
-    up: int  # 👍 as cast
-    down: int  # 👎 as cast
-    capped_up: float  # 👍 after the per-user cap (USER_VOTE_CAP)
-    capped_votes: float  # all its votes after the cap
-
-    @property
-    def pair(self) -> tuple[float, float]:
-        """The (up, votes) pair the chat-level statistics take."""
-        return (self.capped_up, self.capped_votes)
-
-
-async def chat_vote_table(
-    db: AsyncSession,
-    experiment: str | None = None,
-    *,
-    until: datetime | None = None,
-    cap: float = USER_VOTE_CAP,
-    identity: str | None = None,
-) -> dict[str, dict[int, ChatVotes]]:
-    """variant -> chat -> its votes on that variant's replies: every vote the report counts
-    goes through here (one grouped query).
-
-    The per-user cap: a user with m votes on a variant's replies (all chats together) has
-    each of them weighted min(1, cap / m), so no user counts for more than `cap` votes of a
-    variant. With `experiment`, only chats assigned in that experiment; `until`: only votes
-    cast (created) at or before it, the figures as they stood then. Only votes on replies of
-    each variant's current identity count (bot.db.variants.current_identity, in `identity`'s
-    experiment, else in `experiment`'s): a name added again, or given another model, starts
-    from nothing.
-    """
-    if not cap > 0:
-        raise ValueError(f"the per-user cap must be > 0, got {cap}")
-    is_up = case((Vote.value == 1, 1), else_=0)
-    stmt = (
-        select(Vote.variant, Vote.chat_id, Vote.user_id, func.sum(is_up), func.count())
-        .where(
-            Vote.variant.is_not(None),
-            current_identity(Vote.variant_version, identity or experiment),
-        )
-        .group_by(Vote.variant, Vote.chat_id, Vote.user_id)
-    )
-    if experiment is not None:
-        assigned = select(Assignment.chat_id).where(Assignment.experiment == experiment)
-        stmt = stmt.where(Vote.chat_id.in_(assigned))
-    if until is not None:
-        stmt = stmt.where(Vote.created_at <= until)
-    rows = [
-        (str(variant), int(chat), int(user), int(up or 0), int(n or 0))
-        for variant, chat, user, up, n in await db.execute(stmt)
-    ]
-    per_user: dict[tuple[str, int], int] = {}
-    for variant, _, user, _, n in rows:
-        per_user[(variant, user)] = per_user.get((variant, user), 0) + n
-    out: dict[str, dict[int, ChatVotes]] = {}
-    for variant, chat, user, up, n in rows:
-        w = min(1.0, cap / per_user[(variant, user)])
-        chats = out.setdefault(variant, {})
-        old = chats.get(chat, ChatVotes(0, 0, 0.0, 0.0))
-        chats[chat] = ChatVotes(
-            old.up + up, old.down + n - up, old.capped_up + w * up, old.capped_votes + w * n
-        )
-    return out
-
-
-async def chat_votes(
-    db: AsyncSession, experiment: str | None = None, *, until: datetime | None = None
-) -> dict[str, list[tuple[float, float]]]:
-    """variant name -> one (up votes, all votes) pair per chat that voted on its replies,
-    with the per-user cap (USER_VOTE_CAP) applied: what `always_valid_lift` and
-    `chat_lift_test` take. The report reads the same table with `experiment=None` (every
-    vote); see `chat_vote_table` for `experiment` and `until`."""
-    table = await chat_vote_table(db, experiment, until=until)
-    return {variant: [v.pair for v in chats.values()] for variant, chats in table.items()}
 
 
 @dataclass

@@ -7,7 +7,7 @@ within seconds; while it is on, each `interval_s` it runs `check`.
 
 A check reads the figures of the control and of every candidate (a served variant with a weight
 above 0 that is not the control): the always-valid bound on the 👍 lift
-(bot.reports.variant_stats.always_valid_lift over bot.reports.variants.chat_votes, the chat as
+(bot.reports.variant_stats.always_valid_lift over bot.reports.chat_votes.chat_votes, the chat as
 the unit, each user's votes capped) and the guard metrics (bot.reports.guards). Then, per
 candidate (`judge`):
 
@@ -42,9 +42,9 @@ from bot.db import audit
 from bot.db import autopilot as decisions
 from bot.db import variants as stored
 from bot.db.models import AuditSource
+from bot.reports.chat_votes import chat_votes
 from bot.reports.guards import GuardFigures, guard_figures
 from bot.reports.variant_stats import SequentialLift, always_valid_lift
-from bot.reports.variants import chat_votes
 from bot.reports.variants_json import json_ready
 
 log = logging.getLogger(__name__)

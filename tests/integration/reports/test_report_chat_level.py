@@ -18,8 +18,9 @@ from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import Assignment, Rating, Session
 from bot.engine.variants import Experiment, Variant
 from bot.reports import stats as service_stats
+from bot.reports.chat_votes import chat_votes
 from bot.reports.variant_stats import always_valid_lift
-from bot.reports.variants import chat_votes, variant_report
+from bot.reports.variants import variant_report
 from bot.reports.variants_text import format_variant_report
 from tests.integration.admin.test_admin import parse_admin
 from tests.support.dbutil import add_voted_replies
