@@ -14,7 +14,7 @@ arrived in and the next two (chats keep voting). One user per chat, as in privat
 the A/B experiments b's propensities are Beta(3.25, 1.75): the same spread, mean 65%, a true
 lift of +5 pp. The rows (assignments, conversations, bot replies, votes) are inserted in bulk
 after each batch; then the check reads them back the way the report does: `chat_vote_table`
-(bot/reports/variants.py: one (up, votes) pair per chat, the per-user cap) and
+(bot/reports/chat_votes.py: one (up, votes) pair per chat, the per-user cap) and
 `always_valid_lift`, `chat_lift_test` and, for contrast, the vote-level `two_proportion_test`
 the report used before (bot/reports/variant_stats.py). On a subsample of checks the full
 `variant_report` runs as well, and its comparison must agree with this fast path exactly (the
@@ -57,6 +57,7 @@ from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import Assignment, Message, Rating, Session, Vote
 from bot.engine.variants import Experiment, Variant
+from bot.reports.chat_votes import chat_vote_table
 from bot.reports.variant_stats import (
     PLANNED_CHATS,
     USER_VOTE_CAP,
@@ -65,13 +66,8 @@ from bot.reports.variant_stats import (
     two_proportion_test,
     wilson_interval,
 )
-from bot.reports.variants import (
-    VariantReport,
-    chat_vote_table,
-    format_variant_report,
-    plot_variants,
-    variant_report,
-)
+from bot.reports.variants import VariantReport, variant_report
+from bot.reports.variants_text import format_variant_report, plot_variants
 
 ALPHA = 0.05
 EXPERIMENT = Experiment(

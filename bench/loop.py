@@ -30,7 +30,7 @@ loopback Bot API with a real SQLite database, and runs until every step is done:
    docs/variants.md), the fixed-horizon test, the sample-ratio check; and each variant's share
    of distinct replies among the new chats' replies (`loop_distinct_ratio`: the 👍+👎
    candidate's over the control's). Where the report has no `always_valid_low` yet, the bench
-   computes it with the same code the report uses (bot.reports.variants.chat_votes and
+   computes it with the same code the report uses (bot.reports.chat_votes.chat_votes and
    bot.reports.variant_stats.always_valid_lift) on the same snapshot.
 
 Only new chats count. The experiment stays the one the service runs (a new experiment would
@@ -411,8 +411,8 @@ def always_valid_from_rows(db: Path) -> dict[str, dict[str, float]]:
     """Per candidate, the always-valid lift over the control from the snapshot's rows, with
     the report's own code (chat_votes, always_valid_lift): for a report that does not show it."""
     from bot.db.engine import make_engine, make_sessionmaker
+    from bot.reports.chat_votes import chat_votes
     from bot.reports.variant_stats import always_valid_lift
-    from bot.reports.variants import chat_votes
 
     async def read() -> dict[str, list[tuple[float, float]]]:
         engine = make_engine(f"sqlite+aiosqlite:///{db}")

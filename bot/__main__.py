@@ -13,7 +13,8 @@ import argparse
 import asyncio
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -35,7 +36,22 @@ def _build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    from bot.admin.parsers import add_admin_parser
 
+    for add in (
+        _add_run_and_chat,
+        _add_train,
+        _add_db,
+        _add_model,
+        add_admin_parser,
+        _add_dashboard,
+    ):
+        add(sub)
+    return parser
+
+
+def _add_run_and_chat(sub: Any) -> None:
+    """`run` and `chat`."""
     sub.add_parser("run", help="serve Telegram (polling, or webhook when WEBHOOK_URL is set)")
 
     chat = sub.add_parser("chat", help="talk to the bot in this terminal, on the same pipeline")
@@ -47,6 +63,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "English); /lang in the chat overrides it",
     )
 
+
+def _add_train(sub: Any) -> None:
+    """`train`: the default model, the shipped one, or a candidate from feedback."""
     train = sub.add_parser("train", help="train the embedded default model on chitchat-dataset")
     train.add_argument(
         "--minutes", type=float, default=None, help="time budget (default TRAIN_MINUTES, max 15)"
@@ -96,6 +115,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "100, no 15-minute cap), installed in models/chitchat/ with recipe.json and RECIPE.md",
     )
 
+
+def _add_db(sub: Any) -> None:
+    """`db upgrade/downgrade/current/readonly-role`."""
     db = sub.add_parser("db", help="database schema (Alembic migrations)")
     db_sub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     up = db_sub.add_parser("upgrade", help="apply migrations (default: to head)")
@@ -121,6 +143,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "verifier, never printed)",
     )
 
+
+def _add_model(sub: Any) -> None:
+    """`model check`."""
     model = sub.add_parser("model", help="check a model before serving it")
     model_sub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
     check = model_sub.add_parser(
@@ -139,10 +164,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--turns", type=int, default=4, help="turns of the parity probe (1-4, default 4)"
     )
 
-    from bot.admin.cli import add_admin_parser
 
-    add_admin_parser(sub)
-
+def _add_dashboard(sub: Any) -> None:
+    """`dashboard`."""
     dash = sub.add_parser(
         "dashboard",
         help="serve the read-only admin dashboard in a browser (needs DASHBOARD_PASSWORD)",
@@ -152,10 +176,11 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     dash.add_argument("--listen", default=None, metavar="ADDR", help="default DASHBOARD_LISTEN")
     dash.add_argument("--port", type=int, default=None, help="default DASHBOARD_PORT, else 8090")
-    return parser
 
 
 def _db(settings: Settings, args: argparse.Namespace) -> int:
+    """`db ...`: the schema's migrations, or the read-only role."""
+    _set_up_logging(settings, _quiet_level(settings))
     from bot.db import migrate
     from bot.db.engine import ensure_sqlite_dir, safe_url
 
@@ -256,6 +281,9 @@ def _ensure_model(
 
 
 def _train(settings: Settings, args: argparse.Namespace) -> int:
+    """`train`: the default model, the shipped one, or a candidate from feedback."""
+    _set_up_logging(settings, settings.log_level)
+    _set_up_model_process(settings, training=True)
     from bot.training import TrainingError, train_cli
 
     for given, flag in (
@@ -283,91 +311,106 @@ def _train(settings: Settings, args: argparse.Namespace) -> int:
         return 1
 
 
+def _run(settings: Settings, args: argparse.Namespace) -> int:
+    """`run`: check everything that can be checked offline, then serve Telegram."""
+    settings.require_token()  # fail fast, before loading anything heavy
+    from bot.dashboard import beside_service, check_settings
+
+    if settings.dashboard_port is not None:  # an unsafe setting stops us before the model
+        check_settings(settings, listen=settings.dashboard_listen, required=False)
+    _set_up_logging(settings, settings.log_level)
+    from bot.app import check_offline, must_train, run_service
+
+    # The variants file, personas and privacy notice before anything connects: a
+    # mistake exits 2 now, not after getMe (retried while the Bot API is unreachable).
+    # A first start that trains the default model checks the models after it: the
+    # variants file may name that model.
+    train_first = settings.model_backend == "local" and must_train(settings)
+    check_offline(settings, models=not train_first)
+    if settings.model_backend == "local":
+        # MODEL_BACKEND=ray: the Ray replicas load the model, and set themselves up
+        # (bot.inference.ray_server); this process never imports torch or ParlAI.
+        _set_up_model_process(settings)
+        _ensure_model(settings, settings.log_level)
+    if train_first:
+        check_offline(settings)
+
+    with beside_service(settings):  # DASHBOARD_PORT: the dashboard, in its own thread
+        return run_service(settings)
+
+
+def _chat(settings: Settings, args: argparse.Namespace) -> int:
+    """`chat`: the conversation in this terminal, on the service's pipeline."""
+    # Warnings and errors only (LOG_LEVEL set says otherwise), in this process and in
+    # the model workers; a first start trains at LOG_LEVEL (default INFO).
+    level = _chat_level(settings)
+    _set_up_logging(settings, level)
+    from bot.app import check_offline, must_train
+
+    train_first = must_train(settings)  # as for run: the checks before the database
+    check_offline(settings, models=not train_first)
+    _set_up_model_process(settings)
+    _ensure_model(settings, level, training_level=settings.log_level)
+    if train_first:
+        check_offline(settings)
+    from bot.terminal import run_terminal
+
+    chat_settings = settings.model_copy(update={"log_level": level})
+    return asyncio.run(run_terminal(chat_settings, chat_id=args.chat_id, language=args.lang))
+
+
+def _model(settings: Settings, args: argparse.Namespace) -> int:
+    """`model check PATH`."""
+    level = _quiet_level(settings)
+    _set_up_logging(settings, level)
+    _set_up_model_process(settings)
+    from bot.inference.check import run_check
+    from bot.inference.model import route_parlai_logging
+
+    route_parlai_logging(level)
+    return run_check(settings, args.path, args.turns, sys.stdout)
+
+
+def _dashboard(settings: Settings, args: argparse.Namespace) -> int:
+    """`dashboard`: the read-only admin dashboard."""
+    from bot.dashboard import run_dashboard
+
+    _set_up_logging(settings, settings.log_level)
+    return run_dashboard(settings, listen=args.listen, port=args.port)
+
+
+def _admin(settings: Settings, args: argparse.Namespace) -> int:
+    """`admin ...` (bot/admin/cli.py)."""
+    from bot.admin.cli import run_admin
+
+    _set_up_logging(settings, _quiet_level(settings))
+    return run_admin(settings, args)
+
+
+# Each command: set the process up for it, run it, return the exit status.
+COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
+    "run": _run,
+    "chat": _chat,
+    "train": _train,
+    "model": _model,
+    "db": _db,
+    "dashboard": _dashboard,
+    "admin": _admin,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point, the composition root: set the process up for the command, run it, and
     return the exit status."""
     args = _build_parser().parse_args(argv)
     try:
-        settings = get_settings()
-        if args.command == "run":
-            settings.require_token()  # fail fast, before loading anything heavy
-            from bot.dashboard import beside_service, check_settings
-
-            if settings.dashboard_port is not None:  # an unsafe setting stops us before the model
-                check_settings(settings, listen=settings.dashboard_listen, required=False)
-            _set_up_logging(settings, settings.log_level)
-            from bot.app import check_offline, must_train, run_service
-
-            # The variants file, personas and privacy notice before anything connects: a
-            # mistake exits 2 now, not after getMe (retried while the Bot API is unreachable).
-            # A first start that trains the default model checks the models after it: the
-            # variants file may name that model.
-            train_first = settings.model_backend == "local" and must_train(settings)
-            check_offline(settings, models=not train_first)
-            if settings.model_backend == "local":
-                # MODEL_BACKEND=ray: the Ray replicas load the model, and set themselves up
-                # (bot.inference.ray_server); this process never imports torch or ParlAI.
-                _set_up_model_process(settings)
-                _ensure_model(settings, settings.log_level)
-            if train_first:
-                check_offline(settings)
-
-            with beside_service(settings):  # DASHBOARD_PORT: the dashboard, in its own thread
-                return run_service(settings)
-        if args.command == "chat":
-            # Warnings and errors only (LOG_LEVEL set says otherwise), in this process and in
-            # the model workers; a first start trains at LOG_LEVEL (default INFO).
-            level = _chat_level(settings)
-            _set_up_logging(settings, level)
-            from bot.app import check_offline, must_train
-
-            train_first = must_train(settings)  # as for run: the checks before the database
-            check_offline(settings, models=not train_first)
-            _set_up_model_process(settings)
-            _ensure_model(settings, level, training_level=settings.log_level)
-            if train_first:
-                check_offline(settings)
-            from bot.terminal import run_terminal
-
-            chat_settings = settings.model_copy(update={"log_level": level})
-            return asyncio.run(
-                run_terminal(chat_settings, chat_id=args.chat_id, language=args.lang)
-            )
-        if args.command == "train":
-            _set_up_logging(settings, settings.log_level)
-            _set_up_model_process(settings, training=True)
-            return _train(settings, args)
-        if args.command == "model":
-            level = _quiet_level(settings)
-            _set_up_logging(settings, level)
-            _set_up_model_process(settings)
-            from bot.inference.check import run_check
-            from bot.inference.model import route_parlai_logging
-
-            route_parlai_logging(level)
-            return run_check(settings, args.path, args.turns, sys.stdout)
-        if args.command == "db":
-            _set_up_logging(settings, _quiet_level(settings))
-            return _db(settings, args)
-        if args.command == "dashboard":
-            from bot.dashboard import run_dashboard
-
-            _set_up_logging(settings, settings.log_level)
-            return run_dashboard(settings, listen=args.listen, port=args.port)
-        if args.command == "admin":
-            from bot.admin.cli import run_admin
-
-            _set_up_logging(settings, _quiet_level(settings))
-            return run_admin(settings, args)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except ValidationError as err:
-        print(f"error: {describe_invalid_settings(err)}", file=sys.stderr)
+        return COMMANDS[args.command](get_settings(), args)
+    except (ConfigError, ValidationError) as err:
+        shown = describe_invalid_settings(err) if isinstance(err, ValidationError) else err
+        print(f"error: {shown}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    return 2
 
 
 if __name__ == "__main__":

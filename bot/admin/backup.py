@@ -29,7 +29,6 @@ Restore refuses (exit status 2):
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import hashlib
@@ -43,12 +42,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from alembic.script import ScriptDirectory
 from sqlalchemy import func, inspect, select, text
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import DBAPIError
 
 from bot.db import migrate, replicas
 from bot.db.dialect import db_now
@@ -564,56 +562,3 @@ async def restore(url: str, path: Path, *, force: bool, alive_after_s: float) ->
                 "`python -m bot db upgrade`"
             ) from err
     return Restored(revision, head, migrated, signs if signs.busy else None)
-
-
-async def run(url: str, args: argparse.Namespace, out: TextIO) -> int:
-    """`admin backup` / `admin restore`, parsed; returns the exit status."""
-    settings = getattr(args, "settings", None)
-    alive_after_s = float(getattr(settings, "takeover_after_s", 5.0))
-    path = Path(args.path)
-    try:
-        if args.admin_command == "backup":
-            written = await backup(url, path, keep=args.keep)
-            manifest = written.manifest
-            if args.json:
-                payload = {
-                    "path": str(written.path),
-                    **manifest.__dict__,
-                    "pruned": [str(p) for p in written.pruned],
-                }
-                print(json.dumps(payload, indent=2), file=out)
-            else:
-                print(
-                    f"backed up {manifest.database} (schema revision {manifest.revision}) to "
-                    f"{written.path}: {manifest.bytes:,} bytes, manifest "
-                    f"{manifest_path(written.path)}",
-                    file=out,
-                )
-                for old in written.pruned:
-                    print(f"deleted the older backup {old}", file=out)
-            return 0
-        done = await restore(url, path, force=args.force, alive_after_s=alive_after_s)
-    except DBAPIError as err:
-        reason = err.orig if err.orig is not None else err
-        raise AdminError(f"database {safe_url(url)}: {reason}") from err
-    except OSError as err:
-        raise AdminError(f"{args.admin_command} {path}: {err}") from err
-    except sqlite3.Error as err:
-        raise AdminError(f"{args.admin_command} {path}: SQLite: {err}") from err
-    if args.json:
-        payload = {
-            "restored": str(path),
-            "database": safe_url(url),
-            "revision": done.revision,
-            "head": done.head,
-            "migrated": done.migrated,
-            "forced": done.forced.__dict__ if done.forced else None,
-        }
-        print(json.dumps(payload, indent=2), file=out)
-    else:
-        then = f", then migrated up to {done.head}" if done.migrated else ""
-        print(
-            f"restored {path} (schema revision {done.revision}) into {safe_url(url)}{then}",
-            file=out,
-        )
-    return 0

@@ -237,6 +237,88 @@ async def _revoke_from_public(conn: Any, owner: str) -> None:
         await conn.execute(f"GRANT CREATE ON SCHEMA public TO {_ident(owner)}")
 
 
+async def _target(conn: Any, name: str) -> tuple[str, str, str, Any]:
+    """(the caller's role, the database, the tables' owner, `name`'s pg_roles row or None);
+    a RoleError where there are no bot tables or `name` may not become the read-only role."""
+    me, database = await conn.fetchrow("SELECT current_user::text, current_database()::text")
+    owner = await conn.fetchval(
+        "SELECT pg_catalog.pg_get_userbyid(relowner)::text FROM pg_catalog.pg_class"
+        " WHERE oid = pg_catalog.to_regclass('public.sessions')"
+    )
+    if owner is None:
+        raise RoleError(
+            f"database {database!r} has no bot tables yet: run `python -m bot db upgrade` first"
+        )
+    existing = await conn.fetchrow(
+        "SELECT rolsuper, rolcanlogin, rolcreatedb, rolcreaterole, rolreplication,"
+        " rolbypassrls FROM pg_catalog.pg_roles WHERE rolname = $1",
+        name,
+    )
+    if name in (me, owner) or (existing is not None and existing["rolsuper"]):
+        raise RoleError(
+            f"role {name!r} is the service's own role or a superuser; "
+            "pick a new name for the read-only role"
+        )
+    return me, database, owner, existing
+
+
+async def _set_up_role(
+    conn: Any, name: str, existing: Any, verifier: str | None, *, database: str, owner: str
+) -> None:
+    """Create the role (or bring its attributes back), set its password if given, make its
+    transactions read-only and grant it SELECT on the bot's tables, now and later ones."""
+    role = _ident(name)
+    if existing is None:
+        await conn.execute(f"CREATE ROLE {role} LOGIN")
+    else:
+        # Only what differs: a CREATEROLE (non-superuser) caller may not mention some.
+        wanted = [
+            ("LOGIN", "rolcanlogin", True),
+            ("NOCREATEDB", "rolcreatedb", False),
+            ("NOCREATEROLE", "rolcreaterole", False),
+            ("NOREPLICATION", "rolreplication", False),
+            ("NOBYPASSRLS", "rolbypassrls", False),
+        ]
+        changes = [opt for opt, key, value in wanted if existing[key] != value]
+        if changes:
+            await conn.execute(f"ALTER ROLE {role} WITH {' '.join(changes)}")
+    if verifier is not None:
+        await conn.execute(f"ALTER ROLE {role} PASSWORD {_literal(verifier)}")
+    await conn.execute(f"ALTER ROLE {role} SET default_transaction_read_only = on")
+    await conn.execute(f"GRANT CONNECT ON DATABASE {_ident(database)} TO {role}")
+    await conn.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
+    await conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+    # Tables that later migrations create (as the owner) are readable too.
+    await conn.execute(
+        f"ALTER DEFAULT PRIVILEGES FOR ROLE {_ident(owner)} IN SCHEMA public "
+        f"GRANT SELECT ON TABLES TO {role}"
+    )
+
+
+async def _check_read_only(conn: Any, name: str, me: str, owner: str) -> None:
+    """Revoke from PUBLIC what writes (a superuser caller only), then refuse, rolling the
+    transaction back, a role that could still do more than read."""
+    superuser = await conn.fetchval(
+        "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1", me
+    )
+    if superuser:  # only a superuser may (once done, a rerun need not)
+        await _revoke_from_public(conn, owner)
+    problems = await role_problems(conn, name)
+    if problems:
+        hint = (
+            " Remove those rights by hand or pick a new name."
+            if superuser
+            else " Revoking from PUBLIC needs a superuser: run this command once with "
+            "a superuser's DATABASE_URL."
+        )
+        raise RoleError(
+            f"role {name!r} would not be read-only (nothing was changed): it "
+            + "; ".join(problems)
+            + "."
+            + hint
+        )
+
+
 async def ensure_readonly_role(url: str, name: str, password: str | None = None) -> ReadonlyRole:
     """Create or update `name` as a read-only LOGIN role for the bot's database at `url`.
 
@@ -263,71 +345,10 @@ async def ensure_readonly_role(url: str, name: str, password: str | None = None)
     except (OSError, asyncpg.PostgresError, TimeoutError) as err:
         raise RoleError(f"cannot connect to PostgreSQL: {err}") from err
     try:
-        me, database = await conn.fetchrow("SELECT current_user::text, current_database()::text")
-        owner = await conn.fetchval(
-            "SELECT pg_catalog.pg_get_userbyid(relowner)::text FROM pg_catalog.pg_class"
-            " WHERE oid = pg_catalog.to_regclass('public.sessions')"
-        )
-        if owner is None:
-            raise RoleError(
-                f"database {database!r} has no bot tables yet: run `python -m bot db upgrade` first"
-            )
-        existing = await conn.fetchrow(
-            "SELECT rolsuper, rolcanlogin, rolcreatedb, rolcreaterole, rolreplication,"
-            " rolbypassrls FROM pg_catalog.pg_roles WHERE rolname = $1",
-            name,
-        )
-        if name in (me, owner) or (existing is not None and existing["rolsuper"]):
-            raise RoleError(
-                f"role {name!r} is the service's own role or a superuser; "
-                "pick a new name for the read-only role"
-            )
-        role = _ident(name)
+        me, database, owner, existing = await _target(conn, name)
         async with conn.transaction():
-            if existing is None:
-                await conn.execute(f"CREATE ROLE {role} LOGIN")
-            else:
-                # Only what differs: a CREATEROLE (non-superuser) caller may not mention some.
-                wanted = [
-                    ("LOGIN", "rolcanlogin", True),
-                    ("NOCREATEDB", "rolcreatedb", False),
-                    ("NOCREATEROLE", "rolcreaterole", False),
-                    ("NOREPLICATION", "rolreplication", False),
-                    ("NOBYPASSRLS", "rolbypassrls", False),
-                ]
-                changes = [opt for opt, key, value in wanted if existing[key] != value]
-                if changes:
-                    await conn.execute(f"ALTER ROLE {role} WITH {' '.join(changes)}")
-            if verifier is not None:
-                await conn.execute(f"ALTER ROLE {role} PASSWORD {_literal(verifier)}")
-            await conn.execute(f"ALTER ROLE {role} SET default_transaction_read_only = on")
-            await conn.execute(f"GRANT CONNECT ON DATABASE {_ident(database)} TO {role}")
-            await conn.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
-            await conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
-            # Tables that later migrations create (as the owner) are readable too.
-            await conn.execute(
-                f"ALTER DEFAULT PRIVILEGES FOR ROLE {_ident(owner)} IN SCHEMA public "
-                f"GRANT SELECT ON TABLES TO {role}"
-            )
-            superuser = await conn.fetchval(
-                "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1", me
-            )
-            if superuser:  # only a superuser may (once done, a rerun need not)
-                await _revoke_from_public(conn, owner)
-            problems = await role_problems(conn, name)
-            if problems:
-                hint = (
-                    " Remove those rights by hand or pick a new name."
-                    if superuser
-                    else " Revoking from PUBLIC needs a superuser: run this command once with "
-                    "a superuser's DATABASE_URL."
-                )
-                raise RoleError(
-                    f"role {name!r} would not be read-only (nothing was changed): it "
-                    + "; ".join(problems)
-                    + "."
-                    + hint
-                )
+            await _set_up_role(conn, name, existing, verifier, database=database, owner=owner)
+            await _check_read_only(conn, name, me, owner)
     except asyncpg.PostgresError as err:
         raise RoleError(f"cannot set up role {name!r}: {err}") from err
     finally:

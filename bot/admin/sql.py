@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.reports.admin import AdminError
@@ -314,48 +314,60 @@ def readonly_engine(url: str, *, timeout_s: float = 30.0) -> AsyncEngine:
     read (so ADMIN_DATABASE_URL must name a role made by `db readonly-role`). A refused
     connection raises SqlRefused when a query first needs it.
     """
-    from sqlalchemy import event
-    from sqlalchemy.ext.asyncio import create_async_engine
-
     u = make_url(url)
     backend = u.get_backend_name()
     if backend == "sqlite":
-        database = u.database
-
-        async def connect() -> Any:
-            import aiosqlite
-
-            # The file is checked at connect time, not now: `run` starts the dashboard before
-            # its migration has created a fresh database.
-            path = sqlite_path(str(u))
-
-            def connector() -> sqlite3.Connection:
-                conn = sqlite3.connect(
-                    f"file:{urllib.parse.quote(str(path))}?mode=ro",
-                    uri=True,
-                    timeout=timeout_s,
-                    check_same_thread=False,
-                )
-                conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-                conn.set_authorizer(_SqliteGuard())
-                return conn
-
-            return await aiosqlite.Connection(connector, iter_chunk_size=256)
-
-        if not database or database == ":memory:":
-            raise AdminError(f"cannot read SQLite database {database or ':memory:'!r}")
-        from sqlalchemy.pool import AsyncAdaptedQueuePool
-
-        # Readers do not block each other (WAL): a few connections serve concurrent pages.
-        return create_async_engine(
-            "sqlite+aiosqlite://",
-            async_creator=connect,
-            poolclass=AsyncAdaptedQueuePool,
-            pool_size=4,
-            hide_parameters=True,
-        )
+        return _sqlite_readonly_engine(u, timeout_s)
     if backend != "postgresql":
         raise AdminError(f"the dashboard does not support {backend} databases")
+    return _pg_readonly_engine(u, timeout_s)
+
+
+def _sqlite_readonly_engine(u: URL, timeout_s: float) -> AsyncEngine:
+    """SQLite: each connection opens the file with mode=ro, no ATTACH, the authorizer."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    database = u.database
+
+    async def connect() -> Any:
+        import aiosqlite
+
+        # The file is checked at connect time, not now: `run` starts the dashboard before
+        # its migration has created a fresh database.
+        path = sqlite_path(str(u))
+
+        def connector() -> sqlite3.Connection:
+            conn = sqlite3.connect(
+                f"file:{urllib.parse.quote(str(path))}?mode=ro",
+                uri=True,
+                timeout=timeout_s,
+                check_same_thread=False,
+            )
+            conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+            conn.set_authorizer(_SqliteGuard())
+            return conn
+
+        return await aiosqlite.Connection(connector, iter_chunk_size=256)
+
+    if not database or database == ":memory:":
+        raise AdminError(f"cannot read SQLite database {database or ':memory:'!r}")
+    from sqlalchemy.pool import AsyncAdaptedQueuePool
+
+    # Readers do not block each other (WAL): a few connections serve concurrent pages.
+    return create_async_engine(
+        "sqlite+aiosqlite://",
+        async_creator=connect,
+        poolclass=AsyncAdaptedQueuePool,
+        pool_size=4,
+        hide_parameters=True,
+    )
+
+
+def _pg_readonly_engine(u: URL, timeout_s: float) -> AsyncEngine:
+    """PostgreSQL: read-only sessions, and every new connection's role checked first."""
+    from sqlalchemy import event
+    from sqlalchemy.ext.asyncio import create_async_engine
+
     engine = create_async_engine(
         u.set(drivername="postgresql+asyncpg"),
         hide_parameters=True,

@@ -483,6 +483,7 @@ async def variants(request: web.Request) -> web.StreamResponse:
     # numpy and scipy load with the first variants page, as with `admin variants`
     from bot.reports import variants as variant_report
     from bot.reports.variant_stats import MIN_CHATS, SRM_ALPHA
+    from bot.reports.variants_text import verdict
 
     dash: Dashboard = request.app[DASHBOARD]
     sm = _sessionmaker(request)
@@ -505,7 +506,7 @@ async def variants(request: web.Request) -> web.StreamResponse:
         by_name={f.name: f for f in report.variants},
         chart=charts.interval_chart(report),
         srm_alpha=SRM_ALPHA,
-        verdicts={c.variant: variant_report.verdict(c) for c in report.comparisons},
+        verdicts={c.variant: verdict(c) for c in report.comparisons},
         min_chats=MIN_CHATS,
     )
 

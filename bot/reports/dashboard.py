@@ -7,6 +7,7 @@ and runs a fixed number of indexed queries, whatever the page size: no query per
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -328,65 +329,8 @@ async def transcript(
     if s is None:
         return None
     session, variant, rating = s
-    votes = (
-        select(
-            Vote.message_id.label("mid"),
-            func.sum(case((Vote.value == 1, 1), else_=0)).label("up"),
-            func.sum(case((Vote.value == -1, 1), else_=0)).label("down"),
-        )
-        .where(Vote.message_id.in_(select(Message.id).where(Message.session_id == session_id)))
-        .group_by(Vote.message_id)
-        .subquery()
-    )
-    # A regenerated reply has one outbox row per version: the newest says the state.
-    latest = (
-        select(func.max(Outbox.id))
-        .where(Outbox.message_id == Message.id, Outbox.kind == "reply")
-        .correlate(Message)
-        .scalar_subquery()
-    )
-    rows = (
-        await db.execute(
-            select(
-                *MESSAGE_COLUMNS,
-                Message.model_ms,
-                Message.variant,
-                Message.safety,
-                func.coalesce(votes.c.up, 0),
-                func.coalesce(votes.c.down, 0),
-                Outbox.sent_at,
-                Outbox.failed_at,
-                func.coalesce(Outbox.attempts, 0),
-                Outbox.last_error,
-            )
-            .outerjoin(votes, votes.c.mid == Message.id)
-            .outerjoin(Outbox, Outbox.id == latest)
-            .where(Message.session_id == session_id)
-            .order_by(Message.id)
-            .limit(limit + 1)
-        )
-    ).all()
-    lines = []
-    read = ""  # the persona the previous reply read; the first reply is compared with none
-    for r in rows[:limit]:
-        persona = r[6]
-        lines.append(
-            TranscriptLine(
-                # MESSAGE_COLUMNS, TranscriptMessage's fields
-                *(r[0], r[1], r[2], r[3], r[4], r[5], persona),
-                model_ms=r[7],
-                variant=r[8],
-                safety=r[9],
-                votes_up=int(r[10]),
-                votes_down=int(r[11]),
-                delivery=_delivery(r[4], r[12], r[13], r[1]),
-                attempts=int(r[14]),
-                last_error=r[15],
-                persona_changed=persona is not None and persona != read,
-            )
-        )
-        if persona is not None:
-            read = persona
+    rows = await _transcript_rows(db, session_id, limit)
+    lines = _transcript_lines(rows[:limit])
     siblings = [
         (int(i), created, str(status))
         for i, created, status in await db.execute(
@@ -411,6 +355,75 @@ async def transcript(
         truncated=len(rows) > limit,
         siblings=siblings,
     )
+
+
+async def _transcript_rows(db: AsyncSession, session_id: int, limit: int) -> Sequence[Any]:
+    """The conversation's messages (at most `limit` + 1, to tell a cut one), each with its
+    votes and its newest delivery."""
+    votes = (
+        select(
+            Vote.message_id.label("mid"),
+            func.sum(case((Vote.value == 1, 1), else_=0)).label("up"),
+            func.sum(case((Vote.value == -1, 1), else_=0)).label("down"),
+        )
+        .where(Vote.message_id.in_(select(Message.id).where(Message.session_id == session_id)))
+        .group_by(Vote.message_id)
+        .subquery()
+    )
+    # A regenerated reply has one outbox row per version: the newest says the state.
+    latest = (
+        select(func.max(Outbox.id))
+        .where(Outbox.message_id == Message.id, Outbox.kind == "reply")
+        .correlate(Message)
+        .scalar_subquery()
+    )
+    return (
+        await db.execute(
+            select(
+                *MESSAGE_COLUMNS,
+                Message.model_ms,
+                Message.variant,
+                Message.safety,
+                func.coalesce(votes.c.up, 0),
+                func.coalesce(votes.c.down, 0),
+                Outbox.sent_at,
+                Outbox.failed_at,
+                func.coalesce(Outbox.attempts, 0),
+                Outbox.last_error,
+            )
+            .outerjoin(votes, votes.c.mid == Message.id)
+            .outerjoin(Outbox, Outbox.id == latest)
+            .where(Message.session_id == session_id)
+            .order_by(Message.id)
+            .limit(limit + 1)
+        )
+    ).all()
+
+
+def _transcript_lines(rows: Sequence[Any]) -> list[TranscriptLine]:
+    """The transcript's lines; a reply whose persona differs from the one before is marked."""
+    lines = []
+    read = ""  # the persona the previous reply read; the first reply is compared with none
+    for r in rows:
+        persona = r[6]
+        lines.append(
+            TranscriptLine(
+                # MESSAGE_COLUMNS, TranscriptMessage's fields
+                *(r[0], r[1], r[2], r[3], r[4], r[5], persona),
+                model_ms=r[7],
+                variant=r[8],
+                safety=r[9],
+                votes_up=int(r[10]),
+                votes_down=int(r[11]),
+                delivery=_delivery(r[4], r[12], r[13], r[1]),
+                attempts=int(r[14]),
+                last_error=r[15],
+                persona_changed=persona is not None and persona != read,
+            )
+        )
+        if persona is not None:
+            read = persona
+    return lines
 
 
 # --- health ------------------------------------------------------------------------------------

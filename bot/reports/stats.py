@@ -24,8 +24,8 @@ from bot.db.models import (
     utcnow,
 )
 from bot.db.variants import current_identity
+from bot.reports.chat_votes import chat_vote_table
 from bot.reports.variant_stats import clustered_rate
-from bot.reports.variants import chat_vote_table
 
 DEFAULT_LATENCY_WINDOW = timedelta(hours=24)
 
@@ -42,7 +42,7 @@ class VariantStats:
     replies: int  # bot replies it produced
     votes_up: int
     votes_down: int
-    # The same 👍 rate as `admin variants` (after the per-user cap, bot/reports/variants.py
+    # The same 👍 rate as `admin variants` (after the per-user cap, bot/reports/chat_votes.py
     # chat_votes): votes_up / (votes_up + votes_down) when no user has more than the cap.
     # None without votes.
     up_rate: float | None

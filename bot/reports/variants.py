@@ -3,21 +3,18 @@ each non-control variant against the control, and the sample-ratio-mismatch chec
 
 Read-only: a handful of aggregate queries (and the latency columns of the bot replies, for
 the percentiles), then pure arithmetic from bot.reports.variant_stats. The chat is the unit of
-every 👍-rate figure: all votes are read through `chat_vote_table` (one (up, votes) pair per
-chat and variant, with the per-user cap), and the intervals and tests are chat-level
-(cluster-robust, and always-valid beside the fixed-horizon ones); docs/variants.md says what
-each figure means for an operator.
+every 👍-rate figure: all votes are read through `chat_vote_table` (bot/reports/chat_votes.py:
+one (up, votes) pair per chat and variant, with the per-user cap), and the intervals and tests
+are chat-level (cluster-robust, and always-valid beside the fixed-horizon ones);
+docs/variants.md says what each figure means for an operator.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import textwrap
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import case, func, select
@@ -25,20 +22,18 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db import autopilot as autopilot_rows
 from bot.db.autopilot import StoredDecision
-from bot.db.models import ArenaMatch, Assignment, AssignmentSource, Message, Rating, Role, Vote
+from bot.db.models import ArenaMatch, Assignment, AssignmentSource, Message, Rating, Role
 from bot.db.variants import current_identity
 from bot.engine.variants import Experiment
+from bot.reports.bradley_terry import bradley_terry_bootstrap
+from bot.reports.chat_votes import ChatVotes, chat_vote_table
 from bot.reports.guards import guard_figures
 from bot.reports.variant_stats import (
     ALWAYS_VALID_NOTE,
     BANDIT_NOTE,
     FIXED_SAMPLE_NOTE,
-    MIN_CHATS,
-    SRM_ALPHA,
-    USER_VOTE_CAP,
     SrmResult,
     always_valid_lift,
-    bradley_terry_bootstrap,
     chat_lift_test,
     clustered_rate,
     ipw_rate,
@@ -49,10 +44,8 @@ from bot.reports.variant_stats import (
 )
 
 NAN = math.nan
-NOTE_WIDTH = 96
 #: The report's note: which figures may be read at any time, and which only once.
 REPORT_NOTE = f"{ALWAYS_VALID_NOTE} {FIXED_SAMPLE_NOTE}"
-TOO_FEW = "n/a (too few)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,83 +187,26 @@ async def _grouped(db: AsyncSession, stmt: Any) -> dict[str, tuple[Any, ...]]:
     return {str(row[0]): tuple(row[1:]) for row in await db.execute(stmt)}
 
 
-@dataclass(frozen=True, slots=True)
-class ChatVotes:
-    """One chat's votes on one variant's replies: raw counts, and after the per-user cap."""
+@dataclass
+class _Rows:
+    """What the report reads, per variant name (current identities only)."""
 
-    up: int  # 👍 as cast
-    down: int  # 👎 as cast
-    capped_up: float  # 👍 after the per-user cap (USER_VOTE_CAP)
-    capped_votes: float  # all its votes after the cap
+    assigned: dict[str, tuple[Any, ...]]  # (chats, hash-assigned chats)
+    turns: dict[str, tuple[Any, ...]]  # (replies, mean length)
+    votes: dict[str, dict[int, ChatVotes]]
+    latency: dict[str, list[float]]
+    model: dict[str, list[float]]
+    ratings: dict[str, dict[int, list[float]]]  # variant -> chat -> its ratings
+    weighted: _Weighted
 
-    @property
-    def pair(self) -> tuple[float, float]:
-        """The (up, votes) pair the chat-level statistics take."""
-        return (self.capped_up, self.capped_votes)
-
-
-async def chat_vote_table(
-    db: AsyncSession,
-    experiment: str | None = None,
-    *,
-    until: datetime | None = None,
-    cap: float = USER_VOTE_CAP,
-    identity: str | None = None,
-) -> dict[str, dict[int, ChatVotes]]:
-    """variant -> chat -> its votes on that variant's replies: every vote the report counts
-    goes through here (one grouped query).
-
-    The per-user cap: a user with m votes on a variant's replies (all chats together) has
-    each of them weighted min(1, cap / m), so no user counts for more than `cap` votes of a
-    variant. With `experiment`, only chats assigned in that experiment; `until`: only votes
-    cast (created) at or before it, the figures as they stood then. Only votes on replies of
-    each variant's current identity count (bot.db.variants.current_identity, in `identity`'s
-    experiment, else in `experiment`'s): a name added again, or given another model, starts
-    from nothing.
-    """
-    if not cap > 0:
-        raise ValueError(f"the per-user cap must be > 0, got {cap}")
-    is_up = case((Vote.value == 1, 1), else_=0)
-    stmt = (
-        select(Vote.variant, Vote.chat_id, Vote.user_id, func.sum(is_up), func.count())
-        .where(
-            Vote.variant.is_not(None),
-            current_identity(Vote.variant_version, identity or experiment),
+    def names(self) -> set[str]:
+        return (
+            set(self.assigned)
+            | set(self.turns)
+            | set(self.votes)
+            | set(self.ratings)
+            | set(self.weighted.moved_off)
         )
-        .group_by(Vote.variant, Vote.chat_id, Vote.user_id)
-    )
-    if experiment is not None:
-        assigned = select(Assignment.chat_id).where(Assignment.experiment == experiment)
-        stmt = stmt.where(Vote.chat_id.in_(assigned))
-    if until is not None:
-        stmt = stmt.where(Vote.created_at <= until)
-    rows = [
-        (str(variant), int(chat), int(user), int(up or 0), int(n or 0))
-        for variant, chat, user, up, n in await db.execute(stmt)
-    ]
-    per_user: dict[tuple[str, int], int] = {}
-    for variant, _, user, _, n in rows:
-        per_user[(variant, user)] = per_user.get((variant, user), 0) + n
-    out: dict[str, dict[int, ChatVotes]] = {}
-    for variant, chat, user, up, n in rows:
-        w = min(1.0, cap / per_user[(variant, user)])
-        chats = out.setdefault(variant, {})
-        old = chats.get(chat, ChatVotes(0, 0, 0.0, 0.0))
-        chats[chat] = ChatVotes(
-            old.up + up, old.down + n - up, old.capped_up + w * up, old.capped_votes + w * n
-        )
-    return out
-
-
-async def chat_votes(
-    db: AsyncSession, experiment: str | None = None, *, until: datetime | None = None
-) -> dict[str, list[tuple[float, float]]]:
-    """variant name -> one (up votes, all votes) pair per chat that voted on its replies,
-    with the per-user cap (USER_VOTE_CAP) applied: what `always_valid_lift` and
-    `chat_lift_test` take. The report reads the same table with `experiment=None` (every
-    vote); see `chat_vote_table` for `experiment` and `until`."""
-    table = await chat_vote_table(db, experiment, until=until)
-    return {variant: [v.pair for v in chats.values()] for variant, chats in table.items()}
 
 
 async def variant_report(
@@ -281,108 +217,16 @@ async def variant_report(
     Replies, votes and ratings count for the current identity of their variant only
     (bot.db.variants.current_identity): a name added again, or given another model, starts
     from nothing."""
-    is_hash = case((Assignment.source == AssignmentSource.HASH, 1), else_=0)
-    replies = (
-        Message.role == Role.BOT,
-        Message.variant.is_not(None),
-        current_identity(Message.variant_version, experiment.name),
-    )
     async with sessionmaker() as db:
-        assigned = await _grouped(
-            db,
-            select(Assignment.variant, func.count(), func.sum(is_hash)).group_by(
-                Assignment.variant
-            ),
-        )
-        turns = await _grouped(
-            db,
-            select(Message.variant, func.count(), func.avg(func.length(Message.text)))
-            .where(*replies)
-            .group_by(Message.variant),
-        )
-        votes = await chat_vote_table(db, identity=experiment.name)
-        latency: dict[str, list[float]] = {}
-        model: dict[str, list[float]] = {}
-        timed = select(Message.variant, Message.latency_ms, Message.model_ms).where(
-            *replies, (Message.latency_ms.is_not(None)) | (Message.model_ms.is_not(None))
-        )
-        for name, latency_ms, model_ms in await db.execute(timed):
-            if latency_ms is not None:
-                latency.setdefault(str(name), []).append(float(latency_ms))
-            if model_ms is not None:
-                model.setdefault(str(name), []).append(float(model_ms))
-        ratings: dict[str, dict[int, list[float]]] = {}
-        for name, chat, value in await db.execute(
-            select(Rating.variant, Rating.chat_id, Rating.value).where(
-                Rating.variant.is_not(None),
-                current_identity(Rating.variant_version, experiment.name),
-            )
-        ):
-            ratings.setdefault(str(name), {}).setdefault(int(chat), []).append(float(value))
-        weighted = await _weighted(db, votes)
-
+        rows = await _read(db, experiment)
     served = experiment.names
-    known = set(assigned) | set(turns) | set(votes) | set(ratings) | set(weighted.moved_off)
-    extra = sorted(known - set(served))
+    extra = sorted(rows.names() - set(served))
     control = experiment.control.name
-    figures = []
-    for name in [*served, *extra]:
-        variant = experiment.get(name)
-        chats, chats_hash = assigned.get(name, (0, 0))
-        n_turns, chars = turns.get(name, (0, None))
-        mine = votes.get(name, {})
-        up = sum(v.up for v in mine.values())
-        down = sum(v.down for v in mine.values())
-        rate = clustered_rate([v.pair for v in mine.values()])
-        rating = rating_interval(list(ratings.get(name, {}).values()))
-        p50, p95 = latency_percentiles(latency.get(name, []))
-        model_p50, _ = latency_percentiles(model.get(name, []))
-        figures.append(
-            VariantFigures(
-                name=name,
-                weight=variant.weight if variant is not None else 0.0,
-                control=name == control,
-                served=variant is not None,
-                chats=int(chats or 0),
-                chats_hash=int(chats_hash or 0) + weighted.moved_off.get(name, 0),
-                turns=int(n_turns or 0),
-                votes_up=up,
-                votes_down=down,
-                up_rate=rate.rate,
-                up_low=rate.low,
-                up_high=rate.high,
-                ratings=rating.n,
-                rating_mean=rating.mean,
-                rating_low=rating.low,
-                rating_high=rating.high,
-                latency_p50_ms=p50,
-                latency_p95_ms=p95,
-                model_p50_ms=model_p50,
-                reply_chars=NAN if chars is None else float(chars),
-                vote_chats=rate.chats,
-                votes_counted=rate.votes,
-                up_effective_votes=rate.effective_votes,
-            )
-        )
+    figures = [_figures(name, experiment, rows) for name in [*served, *extra]]
     base = next(f for f in figures if f.control)
-    comparisons = [_compare(base, f, votes, weighted.chats) for f in figures if not f.control]
-    weights = {f.name: f.weight for f in figures}
-    observed = {f.name: f.chats_hash for f in figures}
-    if weighted.recorded:
-        # Rows without a recorded split (before migration 0008) expect the weights' share.
-        total_w = sum(w for w in weights.values() if w > 0)
-        expected = {
-            name: weighted.expected.get(name, 0.0)
-            + (weighted.unrecorded * w / total_w if total_w > 0 and w > 0 else 0.0)
-            for name, w in weights.items()
-        }
-        srm = sample_ratio_against(observed, expected)
-    else:
-        expected = {
-            name: (w / sum(weights.values()) * sum(observed.values()) if w > 0 else 0.0)
-            for name, w in weights.items()
-        }
-        srm = sample_ratio_mismatch(observed, weights)
+    weighted = rows.weighted
+    comparisons = [_compare(base, f, rows.votes, weighted.chats) for f in figures if not f.control]
+    srm, expected = _sample_ratio(figures, weighted)
     figures = [
         _with_weighted(f, weighted.chats.get(f.name, {}), expected.get(f.name, NAN))
         for f in figures
@@ -403,6 +247,107 @@ async def variant_report(
         bandit=bandit,
     )
     return await _with_guards(sessionmaker, report)
+
+
+async def _read(db: AsyncSession, experiment: Experiment) -> _Rows:
+    """The report's queries: assignments, replies, votes, latencies, ratings, the splits."""
+    is_hash = case((Assignment.source == AssignmentSource.HASH, 1), else_=0)
+    replies = (
+        Message.role == Role.BOT,
+        Message.variant.is_not(None),
+        current_identity(Message.variant_version, experiment.name),
+    )
+    assigned = await _grouped(
+        db,
+        select(Assignment.variant, func.count(), func.sum(is_hash)).group_by(Assignment.variant),
+    )
+    turns = await _grouped(
+        db,
+        select(Message.variant, func.count(), func.avg(func.length(Message.text)))
+        .where(*replies)
+        .group_by(Message.variant),
+    )
+    votes = await chat_vote_table(db, identity=experiment.name)
+    latency: dict[str, list[float]] = {}
+    model: dict[str, list[float]] = {}
+    timed = select(Message.variant, Message.latency_ms, Message.model_ms).where(
+        *replies, (Message.latency_ms.is_not(None)) | (Message.model_ms.is_not(None))
+    )
+    for name, latency_ms, model_ms in await db.execute(timed):
+        if latency_ms is not None:
+            latency.setdefault(str(name), []).append(float(latency_ms))
+        if model_ms is not None:
+            model.setdefault(str(name), []).append(float(model_ms))
+    ratings: dict[str, dict[int, list[float]]] = {}
+    for name, chat, value in await db.execute(
+        select(Rating.variant, Rating.chat_id, Rating.value).where(
+            Rating.variant.is_not(None),
+            current_identity(Rating.variant_version, experiment.name),
+        )
+    ):
+        ratings.setdefault(str(name), {}).setdefault(int(chat), []).append(float(value))
+    weighted = await _weighted(db, votes)
+    return _Rows(assigned, turns, votes, latency, model, ratings, weighted)
+
+
+def _figures(name: str, experiment: Experiment, rows: _Rows) -> VariantFigures:
+    """One variant's figures from what the report read."""
+    variant = experiment.get(name)
+    chats, chats_hash = rows.assigned.get(name, (0, 0))
+    n_turns, chars = rows.turns.get(name, (0, None))
+    mine = rows.votes.get(name, {})
+    rate = clustered_rate([v.pair for v in mine.values()])
+    rating = rating_interval(list(rows.ratings.get(name, {}).values()))
+    p50, p95 = latency_percentiles(rows.latency.get(name, []))
+    model_p50, _ = latency_percentiles(rows.model.get(name, []))
+    return VariantFigures(
+        name=name,
+        weight=variant.weight if variant is not None else 0.0,
+        control=name == experiment.control.name,
+        served=variant is not None,
+        chats=int(chats or 0),
+        chats_hash=int(chats_hash or 0) + rows.weighted.moved_off.get(name, 0),
+        turns=int(n_turns or 0),
+        votes_up=sum(v.up for v in mine.values()),
+        votes_down=sum(v.down for v in mine.values()),
+        up_rate=rate.rate,
+        up_low=rate.low,
+        up_high=rate.high,
+        ratings=rating.n,
+        rating_mean=rating.mean,
+        rating_low=rating.low,
+        rating_high=rating.high,
+        latency_p50_ms=p50,
+        latency_p95_ms=p95,
+        model_p50_ms=model_p50,
+        reply_chars=NAN if chars is None else float(chars),
+        vote_chats=rate.chats,
+        votes_counted=rate.votes,
+        up_effective_votes=rate.effective_votes,
+    )
+
+
+def _sample_ratio(
+    figures: Sequence[VariantFigures], weighted: _Weighted
+) -> tuple[SrmResult, dict[str, float]]:
+    """The sample-ratio check of the hash-assigned chats, and each variant's expected count:
+    against the recorded splits where there are any, else against the weights."""
+    weights = {f.name: f.weight for f in figures}
+    observed = {f.name: f.chats_hash for f in figures}
+    if weighted.recorded:
+        # Rows without a recorded split (before migration 0008) expect the weights' share.
+        total_w = sum(w for w in weights.values() if w > 0)
+        expected = {
+            name: weighted.expected.get(name, 0.0)
+            + (weighted.unrecorded * w / total_w if total_w > 0 and w > 0 else 0.0)
+            for name, w in weights.items()
+        }
+        return sample_ratio_against(observed, expected), expected
+    expected = {
+        name: (w / sum(weights.values()) * sum(observed.values()) if w > 0 else 0.0)
+        for name, w in weights.items()
+    }
+    return sample_ratio_mismatch(observed, weights), expected
 
 
 async def _with_guards(
@@ -565,333 +510,3 @@ async def _arena_ranking(db: AsyncSession, experiment: str) -> tuple[ArenaRank, 
         ranks.append(ArenaRank(name, len(mine), wins, ties, est.strength, est.low, est.high))
     ranks.sort(key=lambda r: -r.strength)
     return tuple(ranks)
-
-
-# --- text ------------------------------------------------------------------------------------
-
-
-def _num(value: float, spec: str, suffix: str = "") -> str:
-    return "n/a" if math.isnan(value) else f"{value:{spec}}{suffix}"
-
-
-def _interval(low: float, high: float, spec: str, suffix: str = "", *, known: bool = False) -> str:
-    """`low..high`; without bounds "n/a", or "n/a (too few)" when there is data (`known`)
-    but too little for an interval."""
-    if math.isnan(low) or math.isnan(high):
-        return TOO_FEW if known else "n/a"
-    return f"{low:{spec}}..{high:{spec}}{suffix}"
-
-
-def _pp(low: float, high: float) -> str:
-    """A lift interval in percentage points: `-1.2..+3.4 pp`."""
-    if math.isnan(low) or math.isnan(high):
-        return TOO_FEW
-    return f"{100 * low:+.1f}..{100 * high:+.1f} pp"
-
-
-def verdict(c: Comparison) -> str:
-    """What the always-valid bound says now, in words (it may be read at any time)."""
-    if c.always_valid_low > 0:
-        return f"{c.variant} is better (the bound is above 0)"
-    if c.always_valid_high < 0:
-        return f"{c.variant} is worse (the bound is below 0)"
-    if min(c.control_chats, c.variant_chats) < MIN_CHATS:
-        return f"no decision (fewer than {MIN_CHATS} chats with votes on a side)"
-    return "no decision yet (the bound contains 0)"
-
-
-def _pct(value: float) -> str:
-    return _num(100.0 * value, ".1f", "%")
-
-
-def _table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Fixed width: the first column left-aligned, the others right-aligned."""
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
-
-    def line(cells: Sequence[str]) -> str:
-        parts = [
-            c.ljust(w) if i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ]
-        return "  ".join(parts).rstrip()
-
-    return "\n".join([line(columns), "  ".join("-" * w for w in widths), *map(line, rows)])
-
-
-COLUMNS = (
-    "variant",
-    "weight",
-    "chats",
-    "turns",
-    "up",
-    "down",
-    "up rate",
-    "95% CI",
-    "ratings",
-    "mean",
-    "95% CI",
-    "p50 ms",
-    "p95 ms",
-    "model p50",
-    "chars",
-)
-
-
-def _label(f: VariantFigures) -> str:
-    if f.control:
-        return f"{f.name} (control)"
-    if not f.served:
-        return f"{f.name} (not served)"
-    return f.name
-
-
-def _p(value: float) -> str:
-    return "p < 0.001" if value < 0.001 else f"p = {value:.3f}"
-
-
-def format_variant_report(report: VariantReport) -> str:
-    """A fixed-width table, one line per comparison with the control, the SRM line, the note."""
-    rows = [
-        (
-            _label(f),
-            f"{f.weight:g}",
-            f"{f.chats:,}",
-            f"{f.turns:,}",
-            f"{f.votes_up:,}",
-            f"{f.votes_down:,}",
-            _pct(f.up_rate),
-            _interval(100 * f.up_low, 100 * f.up_high, ".1f", "%", known=f.votes > 0),
-            f"{f.ratings:,}",
-            _num(f.rating_mean, ".2f"),
-            _interval(f.rating_low, f.rating_high, ".2f", known=f.ratings > 0),
-            _num(f.latency_p50_ms, ".0f"),
-            _num(f.latency_p95_ms, ".0f"),
-            _num(f.model_p50_ms, ".0f"),
-            _num(f.reply_chars, ".1f"),
-        )
-        for f in report.variants
-    ]
-    lines = [
-        f"experiment {report.experiment}, control {report.control}",
-        "",
-        _table(COLUMNS, rows),
-        "",
-    ]
-    by_name = {f.name: f for f in report.variants}
-    base = by_name[report.control]
-    for c in report.comparisons:
-        f = by_name[c.variant]
-        rating_part = (
-            "mean rating n/a"
-            if math.isnan(c.rating_diff)
-            else f"mean rating {c.rating_diff:+.2f} ({f.rating_mean:.2f} vs {base.rating_mean:.2f})"
-        )
-        if math.isnan(c.lift):
-            lines.append(
-                f"{c.variant} vs {c.control}: up rate n/a (votes: {f.votes} vs {base.votes}); "
-                f"{rating_part}"
-            )
-            continue
-        lines.append(
-            f"{c.variant} vs {c.control}: up rate {100 * c.lift:+.1f} pp ({_pct(f.up_rate)} vs "
-            f"{_pct(base.up_rate)}), chats with votes {c.variant_chats} vs {c.control_chats}; "
-            f"{rating_part}"
-        )
-        if min(c.control_chats, c.variant_chats) < MIN_CHATS:
-            lines.append(f"  always valid and fixed horizon: {TOO_FEW}: {verdict(c)}")
-            continue
-        lines += [
-            f"  always valid (read any time): {_pp(c.always_valid_low, c.always_valid_high)}, "
-            f"{_p(c.always_valid_p)}: {verdict(c)}",
-            f"  fixed horizon (read once): 95% CI {_pp(c.lift_low, c.lift_high)}, "
-            f"z = {c.z:.2f}, {_p(c.p_value)}",
-        ]
-    if report.recorded:
-        lines.append(
-            "inverse-propensity 👍 rates (each chat's votes weighted by 1 / the probability it "
-            "was assigned with; plain rate in brackets):"
-        )
-        for f in report.variants:
-            if f.ipw_chats:
-                lines.append(
-                    f"  {f.name}: {_pct(f.ipw_up_rate)} "
-                    f"[{_interval(100 * f.ipw_low, 100 * f.ipw_high, '.1f', '%', known=True)}] "
-                    f"({_pct(f.up_rate)}), {f.ipw_chats} chats "
-                    f"(worth {f.ipw_effective_chats:.1f} equally weighted)"
-                )
-            else:
-                lines.append(f"  {f.name}: n/a (no votes from chats with a recorded probability)")
-        for c in report.comparisons:
-            if not math.isnan(c.ipw_lift):
-                lines.append(
-                    f"  {c.variant} vs {c.control} (IPW, fixed horizon): "
-                    f"{100 * c.ipw_lift:+.1f} pp, 95% CI {_pp(c.ipw_lift_low, c.ipw_lift_high)}, "
-                    f"{_p(c.ipw_p_value)}"
-                )
-    srm = report.srm
-    against = "their recorded allocation probabilities" if report.recorded else "the weights"
-    if srm.dof:
-        lines.append(
-            f"sample ratio (hash-assigned chats against {against}): "
-            f"chi2 = {srm.chi2:.2f}, df {srm.dof}, {_p(srm.p_value)}" + ("" if srm.warn else ", ok")
-        )
-        if srm.warn:
-            lines += [
-                f"  WARNING: sample ratio mismatch (p < {SRM_ALPHA:g}): the chats do not follow "
-                f"{against};",
-                "  find out why before trusting any comparison",
-            ]
-    else:
-        lines.append("sample ratio: nothing to test (fewer than two variants with a weight)")
-    if report.arena:
-        lines += ["", "arena (Bradley-Terry strength, 95% bootstrap interval; 1 = average):"]
-        for i, r in enumerate(report.arena, start=1):
-            lines.append(
-                f"  {i}. {r.name}: {r.strength:.2f} [{r.low:.2f}..{r.high:.2f}], "
-                f"{r.matches} duels, {r.wins} won, {r.ties} both bad"
-            )
-    lines += ["", *format_guards(report)]
-    if report.bandit:
-        lines += ["", f"allocation: {report.allocation} (a bandit chose some of the chats)"]
-    lines += ["", textwrap.fill(f"Note: {report.note}", width=NOTE_WIDTH)]
-    return "\n".join(lines)
-
-
-GUARD_COLUMNS = ("variant", "replies read", "distinct", "repetitive", "safety", "failed", "p95 ms")
-
-
-def format_guards(report: VariantReport) -> list[str]:
-    """The guard metrics table, the autopilot's state and its recent decisions."""
-    rows = [
-        (
-            _label(f),
-            f"{f.guard_window:,}",
-            _pct(f.distinct_share),
-            _pct(f.repetition_share),
-            _pct(f.safety_share),
-            f"{_pct(f.failed_share)} ({f.failed_turns:,})",
-            _num(f.latency_p95_ms, ".0f"),
-        )
-        for f in report.variants
-    ]
-    lines = [
-        "guards (distinct, repetitive: of the replies read, the most recent; safety, failed: "
-        "of all):",
-        _table(GUARD_COLUMNS, rows),
-        "",
-    ]
-    if report.autopilot is None:
-        lines.append("autopilot: off (`admin variants autopilot on` turns it on)")
-    else:
-        policy = ", ".join(f"{k} {v:g}" for k, v in sorted(report.autopilot.items()))
-        lines.append(f"autopilot: on ({policy})")
-    if report.decisions:
-        lines.append("autopilot decisions, newest first:")
-    for d in report.decisions:
-        lines.append(
-            f"  {d.created_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} {d.action} {d.variant} "
-            f"(control {d.control}, version {d.based_on}, by {d.decided_by}): {d.reason}"
-        )
-    return lines
-
-
-# --- JSON ------------------------------------------------------------------------------------
-
-
-def json_ready(value: Any) -> Any:
-    """`value` with every NaN or infinite float (no data) as None, for JSON; dicts, lists and
-    tuples (as lists) all the way down."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_ready(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_ready(v) for v in value]
-    return value
-
-
-def report_json(report: VariantReport) -> dict[str, Any]:
-    """The report as JSON-ready data; NaN (no data) becomes None."""
-    data = {
-        "experiment": report.experiment,
-        "control": report.control,
-        "variants": [{**asdict(f), "votes": f.votes} for f in report.variants],
-        "comparisons": [asdict(c) for c in report.comparisons],
-        "srm": {**asdict(report.srm), "alpha": SRM_ALPHA},
-        "arena": [asdict(r) for r in report.arena],
-        "allocation": report.allocation,
-        "recorded_probabilities": report.recorded,
-        "bandit": report.bandit,
-        "note": report.note,
-        "autopilot": report.autopilot,
-        "decisions": [
-            {**asdict(d), "created_at": d.created_at.astimezone(UTC).isoformat()}
-            for d in report.decisions
-        ],
-    }
-    result: dict[str, Any] = json_ready(data)
-    return result
-
-
-# --- plot ------------------------------------------------------------------------------------
-
-
-def plot_variants(report: VariantReport, path: str | Path) -> None:
-    """A PNG: each variant's 👍 rate with its 95% chat-level interval; the control stands out.
-
-    Variants without votes show only a (0-100%) bar, those with too few chats for an interval
-    only their rate. Needs matplotlib.
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as err:
-        raise RuntimeError(
-            "plotting needs matplotlib, which is not installed: pip install matplotlib"
-        ) from err
-
-    names = [_label(f) for f in report.variants]
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.4 * len(names) + 1.5), 4.0))
-    try:
-        for x, f in enumerate(report.variants):
-            colour = "tab:red" if f.control else ("tab:blue" if f.served else "tab:gray")
-            if f.votes:
-                few = math.isnan(f.up_low) or math.isnan(f.up_high)
-                ax.errorbar(
-                    [x],
-                    [100 * f.up_rate],
-                    yerr=None
-                    if few
-                    else [[100 * (f.up_rate - f.up_low)], [100 * (f.up_high - f.up_rate)]],
-                    fmt="D" if f.control else "o",
-                    color=colour,
-                    capsize=6,
-                    markersize=8,
-                )
-                ax.annotate(
-                    f"{100 * f.up_rate:.0f}% ({f.vote_chats} chats"
-                    + (", too few for an interval)" if few else ")"),
-                    (x, 100 * f.up_rate),
-                    textcoords="offset points",
-                    xytext=(10, 0),
-                    va="center",
-                )
-            else:
-                ax.errorbar([x], [50.0], yerr=[[50.0], [50.0]], fmt="none", color=colour, capsize=6)
-                ax.annotate("no votes", (x, 50.0), textcoords="offset points", xytext=(10, 0))
-        base = report.get(report.control)
-        if base is not None and base.votes:
-            ax.axhline(100 * base.up_rate, color="tab:red", linestyle=":", linewidth=1)
-        ax.set_xticks(range(len(names)), names)
-        ax.set_xlim(-0.6, len(names) - 0.4)
-        ax.set_ylim(0, 105)
-        ax.set_yticks(range(0, 101, 20))
-        ax.set_ylabel("thumbs-up rate, % (95% chat-level interval)")
-        ax.set_title(f"experiment {report.experiment}")
-        ax.grid(axis="y", alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(Path(path), format="png", dpi=100)
-    finally:
-        plt.close(fig)

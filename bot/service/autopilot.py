@@ -7,7 +7,7 @@ within seconds; while it is on, each `interval_s` it runs `check`.
 
 A check reads the figures of the control and of every candidate (a served variant with a weight
 above 0 that is not the control): the always-valid bound on the 👍 lift
-(bot.reports.variant_stats.always_valid_lift over bot.reports.variants.chat_votes, the chat as
+(bot.reports.variant_stats.always_valid_lift over bot.reports.chat_votes.chat_votes, the chat as
 the unit, each user's votes capped) and the guard metrics (bot.reports.guards). Then, per
 candidate (`judge`):
 
@@ -42,9 +42,10 @@ from bot.db import audit
 from bot.db import autopilot as decisions
 from bot.db import variants as stored
 from bot.db.models import AuditSource
+from bot.reports.chat_votes import chat_votes
 from bot.reports.guards import GuardFigures, guard_figures
 from bot.reports.variant_stats import SequentialLift, always_valid_lift
-from bot.reports.variants import chat_votes, json_ready
+from bot.reports.variants_json import json_ready
 
 log = logging.getLogger(__name__)
 
@@ -275,13 +276,7 @@ async def check(
     if chosen is None or chosen.action is None:
         return None
     weights_before = {v.name: v.weight for v in row.variants}
-    after = dict(weights_before)
-    if chosen.action == ROLLBACK:
-        after[chosen.variant] = 0.0
-        if not any(w > 0 for w in after.values()):
-            after[control.name] = 1.0
-    else:
-        after = {name: (w if name == chosen.variant else 0.0) for name, w in after.items()}
+    after = _weights_after(chosen, control.name, weights_before)
     figures = json_ready(
         {
             "lift": asdict(chosen.lift),
@@ -295,48 +290,13 @@ async def check(
             "weights_after": after,
         }
     )
-    async with sessionmaker.begin() as db:
-        if not await decisions.claim(db, experiment, seen):
-            return None  # another replica decided, or something changed: judged again later
-        if not await decisions.record(
-            db,
-            experiment=experiment,
-            based_on=seen,
-            variant=chosen.variant,
-            control=control.name,
-            action=chosen.action,
-            reason=chosen.reason,
-            figures=figures,
-            decided_by=decided_by,
-        ):
-            # Unreachable while every change bumps the version first; the unique key is the
-            # second lock on the door. Raising rolls the claim back.
-            raise RuntimeError(f"autopilot decision for {experiment} v{seen} exists already")
-        if chosen.action == PROMOTE:
-            await stored.set_control(db, experiment, chosen.variant)
-        for name, weight in after.items():
-            if weight != weights_before[name]:
-                await stored.set_weight(db, experiment, name, weight)
-        # The audit log's row commits with the decision (bot/db/audit.py).
-        await audit.record(
-            db,
-            actor=audit.autopilot_actor(decided_by),
-            source=AuditSource.AUTOPILOT,
-            action=f"variants {chosen.action}",
-            target=chosen.variant,
-            details={
-                "experiment": experiment,
-                "based_on": seen,
-                "control": control.name,
-                "reason": chosen.reason,
-                "weights_before": weights_before,
-                "weights_after": after,
-            },
-            result=audit.OK,
-        )
     decision = Decision(
         experiment, seen, chosen.variant, control.name, chosen.action, chosen.reason, figures
     )
+    async with sessionmaker.begin() as db:
+        if not await decisions.claim(db, experiment, seen):
+            return None  # another replica decided, or something changed: judged again later
+        await _apply(db, decision, decided_by, weights_before, after)
     log.warning(
         "autopilot %s: %s %s (control %s): %s",
         experiment,
@@ -346,6 +306,56 @@ async def check(
         decision.reason,
     )
     return decision
+
+
+def _weights_after(chosen: Judgement, control: str, before: dict[str, float]) -> dict[str, float]:
+    """The weights once `chosen` is acted on: a rollback drains the candidate (the control
+    takes the new chats if nothing else has a weight), a promotion gives it every new chat."""
+    after = dict(before)
+    if chosen.action == ROLLBACK:
+        after[chosen.variant] = 0.0
+        if not any(w > 0 for w in after.values()):
+            after[control] = 1.0
+        return after
+    return {name: (w if name == chosen.variant else 0.0) for name, w in after.items()}
+
+
+async def _apply(
+    db: AsyncSession,
+    decision: Decision,
+    decided_by: str,
+    weights_before: dict[str, float],
+    after: dict[str, float],
+) -> None:
+    """Record the claimed decision, change the variants, and write its audit row, in the
+    claim's transaction."""
+    experiment, seen = decision.experiment, decision.based_on
+    if not await decisions.record(db, **asdict(decision), decided_by=decided_by):
+        # Unreachable while every change bumps the version first; the unique key is the
+        # second lock on the door. Raising rolls the claim back.
+        raise RuntimeError(f"autopilot decision for {experiment} v{seen} exists already")
+    if decision.action == PROMOTE:
+        await stored.set_control(db, experiment, decision.variant)
+    for name, weight in after.items():
+        if weight != weights_before[name]:
+            await stored.set_weight(db, experiment, name, weight)
+    # The audit log's row commits with the decision (bot/db/audit.py).
+    await audit.record(
+        db,
+        actor=audit.autopilot_actor(decided_by),
+        source=AuditSource.AUTOPILOT,
+        action=f"variants {decision.action}",
+        target=decision.variant,
+        details={
+            "experiment": experiment,
+            "based_on": seen,
+            "control": decision.control,
+            "reason": decision.reason,
+            "weights_before": weights_before,
+            "weights_after": after,
+        },
+        result=audit.OK,
+    )
 
 
 async def run_forever(

@@ -19,7 +19,8 @@ from pydantic import SecretStr
 from sqlalchemy import String, select, update
 
 from bot.admin import sql as admin_sql
-from bot.admin.cli import add_admin_parser, admin, run_admin
+from bot.admin.cli import admin, run_admin
+from bot.admin.parsers import add_admin_parser
 from bot.config import Settings
 from bot.conversations.store import ConversationStore
 from bot.db import outbox

@@ -31,13 +31,9 @@ from bot.engine.variants import Experiment, Variant
 from bot.reports import stats as service_stats
 from bot.reports.admin import AdminError
 from bot.reports.variant_stats import ALWAYS_VALID_NOTE, FIXED_SAMPLE_NOTE
-from bot.reports.variants import (
-    REPORT_NOTE,
-    format_variant_report,
-    plot_variants,
-    report_json,
-    variant_report,
-)
+from bot.reports.variants import REPORT_NOTE, variant_report
+from bot.reports.variants_json import report_json
+from bot.reports.variants_text import format_variant_report, plot_variants
 from tests.integration.admin.test_admin import parse_admin
 from tests.integration.admin.test_admin import sql_url as sql_url  # the fixture: a read-only role
 from tests.integration.admin.test_admin_docs import DocQuery, assert_doc_queries_return

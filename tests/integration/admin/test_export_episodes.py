@@ -281,7 +281,7 @@ async def test_a_persona_change_starts_an_episode_with_the_conversation_so_far(
 
 
 async def test_filters_need_an_episode_format(store: ConversationStore, db_url: str) -> None:
-    from bot.admin.cli import UsageError
+    from bot.admin.common import UsageError
 
     with pytest.raises(UsageError, match="--votes filter"):
         await export(db_url, "--votes", "up")

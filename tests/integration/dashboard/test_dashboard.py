@@ -422,7 +422,8 @@ async def test_transcript_shows_persona_votes_delivery_and_escapes_markup(dash: 
 async def test_variants_page_is_the_admin_variants_report(dash: Dash) -> None:
     await login(dash.client)
     body = await page(dash.client, "/variants")
-    from bot.reports.variants import report_json, variant_report
+    from bot.reports.variants import variant_report
+    from bot.reports.variants_json import report_json
 
     engine = make_engine(dash.db_url)
     try:
@@ -440,7 +441,8 @@ async def test_variants_page_is_the_admin_variants_report(dash: Dash) -> None:
     assert body.count('class="rate"') == sum(1 for v in report["variants"] if v["votes"])
     assert "nucleus vs beam" in body and "Sample ratio" in body
     # Each comparison with the same verdict as the text report: always valid beside fixed horizon.
-    from bot.reports.variants import Comparison, verdict
+    from bot.reports.variants import Comparison
+    from bot.reports.variants_text import verdict
 
     for c in report["comparisons"]:
         item = re.search(rf'<li data-variant="{c["variant"]}">(.*?)</li>', body, re.S)
@@ -459,7 +461,8 @@ async def test_variants_page_is_the_admin_variants_report(dash: Dash) -> None:
 
 async def test_variants_page_shows_the_guards_and_the_autopilots_decisions(dash: Dash) -> None:
     from bot.db import autopilot as autopilot_rows
-    from bot.reports.variants import report_json, variant_report
+    from bot.reports.variants import variant_report
+    from bot.reports.variants_json import report_json
 
     experiment = load_experiment(dash.settings)
     engine = make_engine(dash.db_url)

@@ -36,7 +36,8 @@ from bot.engine.protocol import Generated
 from bot.engine.router import Backend, VariantResponder
 from bot.engine.variants import load_experiment
 from bot.reports import stats as service_stats
-from bot.reports.variants import format_variant_report, variant_report
+from bot.reports.variants import variant_report
+from bot.reports.variants_text import format_variant_report
 from tests.integration.admin.test_admin import parse_admin
 from tests.integration.engine.test_live_variants import admin_settings
 from tests.support.waits import until

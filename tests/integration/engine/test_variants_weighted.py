@@ -21,7 +21,9 @@ from bot.engine.bandit import thompson_split
 from bot.engine.router import Backend, VariantResponder
 from bot.engine.variants import Experiment, Variant
 from bot.reports.variant_stats import BANDIT_NOTE
-from bot.reports.variants import REPORT_NOTE, format_variant_report, report_json, variant_report
+from bot.reports.variants import REPORT_NOTE, variant_report
+from bot.reports.variants_json import report_json
+from bot.reports.variants_text import format_variant_report
 from tests.support.dbutil import add_assignment, add_voted_replies
 
 DAY = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

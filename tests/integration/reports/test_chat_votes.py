@@ -1,4 +1,4 @@
-"""`chat_votes` (bot/reports/variants.py) on real rows, SQLite and PostgreSQL: one (up, votes)
+"""`chat_votes` (bot/reports/chat_votes.py) on real rows, SQLite and PostgreSQL: one (up, votes)
 pair per chat and variant, the per-user cap, the experiment filter and the `until` cut-off."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db.models import Session
+from bot.reports.chat_votes import chat_vote_table, chat_votes
 from bot.reports.variant_stats import USER_VOTE_CAP
-from bot.reports.variants import chat_vote_table, chat_votes
 from tests.support.dbutil import add_assignment, add_voted_replies
 
 DAY = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

@@ -16,8 +16,10 @@ from bot.admin.cli import admin
 from bot.db.models import Rating, Session
 from bot.engine.variants import Experiment, Variant
 from bot.reports import stats as service_stats
+from bot.reports.chat_votes import chat_votes
 from bot.reports.variant_stats import always_valid_lift
-from bot.reports.variants import chat_votes, format_variant_report, variant_report
+from bot.reports.variants import variant_report
+from bot.reports.variants_text import format_variant_report
 from tests.integration.admin.test_admin import parse_admin
 from tests.support.dbutil import add_assignment, add_voted_replies
 

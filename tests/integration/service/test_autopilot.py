@@ -39,7 +39,9 @@ from bot.db.models import (
 )
 from bot.engine import live
 from bot.engine.variants import Experiment, Variant
-from bot.reports.variants import format_variant_report, report_json, variant_report
+from bot.reports.variants import variant_report
+from bot.reports.variants_json import report_json
+from bot.reports.variants_text import format_variant_report
 from bot.service import autopilot
 from bot.service.autopilot import Policy
 from tests.integration.admin.test_admin import parse_admin
@@ -361,7 +363,7 @@ async def test_autopilot_on_reaches_every_replica_loop_and_off_stops_it(
 async def test_admin_rejects_a_bad_policy_and_check_changes_nothing(
     db: async_sessionmaker[AsyncSession], db_url: str, tmp_path: Path
 ) -> None:
-    from bot.admin.cli import UsageError
+    from bot.admin.common import UsageError
 
     await stage_winner(db)
     settings = _settings(db_url, tmp_path)

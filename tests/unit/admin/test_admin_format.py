@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from bot.admin.cli import format_table
+from bot.admin.common import format_table
 from bot.reports import stats as service_stats
 
 

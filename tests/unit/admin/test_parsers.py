@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from bot.admin.cli import add_admin_parser
+from bot.admin.parsers import add_admin_parser
 
 
 def parse_admin(*argv: str) -> argparse.Namespace:
