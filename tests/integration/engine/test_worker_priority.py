@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from bot.config import Settings
-from bot.engine.client import ModelProcess, process_spec
+from bot.engine.backends.local import ModelProcess, process_spec
 from bot.inference.process import MODEL_PROCESS_NICE
 from tests.integration.engine.test_worker_drafts import NoHistory
 
