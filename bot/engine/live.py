@@ -27,7 +27,7 @@ from bot.db import autopilot as autopilot_rows
 from bot.db import replicas
 from bot.db import variants as stored
 from bot.db.variants import StoredExperiment, StoredVariant
-from bot.engine.backends import models_load_here
+from bot.engine.backends.registry import models_load_here
 from bot.engine.variants import (
     ALLOCATIONS,
     MAX_WEIGHT,

@@ -1,12 +1,12 @@
 """The responder the service runs: every chat's turn goes to its variant's backend.
 
-A backend (bot.engine.spec.Backend) is made by MODEL_BACKEND's factory (bot.engine.backends):
-a model process (bot.engine.backends.local.ModelProcess, MODEL_WORKERS=process), an in-process
-Responder (MODEL_WORKERS=inline), or a Ray Serve deployment (MODEL_BACKEND=ray,
-bot.engine.backends.ray.backend.RayBackend). The chat's variant comes with its session
-row (one statement); a chat without one gets the allocation's choice (bot.engine.bandit: the
-weights' shares, or the Thompson split), drawn from the chat's hash and stored at this turn
-with the probability it had.
+A backend (bot.engine.spec.Backend) is made by MODEL_BACKEND's factory
+(bot.engine.backends.registry): a model process (bot.engine.backends.local.ModelProcess,
+MODEL_WORKERS=process), an in-process Responder (MODEL_WORKERS=inline), or a Ray Serve
+deployment (MODEL_BACKEND=ray, bot.engine.backends.ray.backend.RayBackend). The chat's variant
+comes with its session row (one statement); a chat without one gets the allocation's choice
+(bot.engine.bandit: the weights' shares, or the Thompson split), drawn from the chat's hash and
+stored at this turn with the probability it had.
 
 The variants live in the database (bot.engine.live); the backends serving them here are
 started, followed and drained by ServedVariants (bot.engine.served). Every POLL_S the router
@@ -46,8 +46,8 @@ from bot.db.conversations import SessionRow
 from bot.db.models import AssignmentSource
 from bot.engine import live, served
 from bot.engine.assign import choose
-from bot.engine.backends import models_load_here
 from bot.engine.backends.local import ModelProcess
+from bot.engine.backends.registry import models_load_here
 from bot.engine.bandit import Allocator
 from bot.engine.protocol import (
     LOCAL_REPLICA,

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from bot.config import Settings
 from bot.db import variants as stored
 from bot.engine import live
-from bot.engine.backends import backend_kind
+from bot.engine.backends.registry import backend_kind
 from bot.engine.protocol import VariantStore
 from bot.engine.spec import Backend, resolve
 from bot.engine.variants import Experiment, Variant

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.config import ConfigError, Settings
-from bot.engine.backends import models_load_here, parse_variant_keys, variant_keys
+from bot.engine.backends.registry import models_load_here, parse_variant_keys, variant_keys
 from bot.model_files import unservable_model
 
 DEFAULT_EXPERIMENT = "default"
@@ -62,7 +62,7 @@ _INT_KEYS = {
 _FLOAT_KEYS = {"temperature": (0.0, 100.0), "topp": (0.0, 1.0)}
 # Weights are shares of new chats: only their ratios matter.
 MAX_WEIGHT = 1_000_000
-# With the backends' own keys (Ray's replicas, CPUs and GPUs: bot.engine.backends).
+# With the backends' own keys (Ray's replicas, CPUs and GPUs: bot.engine.backends.registry).
 KNOWN_KEYS = frozenset(
     {"name", "model", "weight", "control", "inference", *_INT_KEYS, *_FLOAT_KEYS, *variant_keys()}
 )

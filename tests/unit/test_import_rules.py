@@ -17,8 +17,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("bot.reports",),  # the read side (forgetting a chat goes through the use case)
     ("bot.conversations",),  # the use cases
     ("bot.engine",),  # the router, the live variants, the allocation
-    # The backends: a model process (or this one), Ray Serve.
-    ("bot.engine.backends.local", "bot.engine.backends.deadline", "bot.engine.backends.ray"),
+    # The backends, each in its own module or package: a model process (or this one), Ray Serve.
+    ("bot.engine.backends",),
     ("bot.inference",),  # what runs inside a model process
     # The seam's floor: the types that cross it, what a backend is and starts a model with, the
     # variants' definitions they name, and the backends' registry with their variant keys.
@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
         "bot.engine.pipe",
         "bot.engine.spec",
         "bot.engine.variants",
-        "bot.engine.backends",
+        "bot.engine.backends.registry",
         "bot.engine.backends.ray.sizing",
     ),
     ("bot.db",),

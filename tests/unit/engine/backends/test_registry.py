@@ -10,7 +10,12 @@ import pytest
 
 from bot.config import Settings
 from bot.engine import spec
-from bot.engine.backends import BACKENDS, backend_kind, models_load_here, parse_variant_keys
+from bot.engine.backends.registry import (
+    BACKENDS,
+    backend_kind,
+    models_load_here,
+    parse_variant_keys,
+)
 from bot.engine.variants import KNOWN_KEYS
 
 
