@@ -2,7 +2,7 @@
 
     python -m bench.sharing [--conversations 1000] [--quick]
 
-Every case starts its own model worker processes (bot.engine.client.ModelProcess, spawn,
+Every case starts its own model worker processes (bot.engine.backends.local.ModelProcess, spawn,
 exactly as the service does), on the BlenderBot-90M-architecture model
 (bench/common.build_bench_model), and answers one turn on each so that everything lazy is
 loaded. Cases:
@@ -36,9 +36,9 @@ from typing import Any
 from bench import common
 from bot.config import Settings
 from bot.db.conversations import MessageRow, SessionRow
-from bot.engine.client import ModelProcess
+from bot.engine.backends.local import ModelProcess
 from bot.engine.protocol import ConversationContext
-from bot.inference.process import ProcessSpec
+from bot.engine.spec import ProcessSpec
 
 MB = 2**20
 

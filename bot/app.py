@@ -111,9 +111,9 @@ def build_application(
 
 def worker_pids(variants: object) -> dict[str, int]:
     """Variant -> the pid of its model worker process now, for the variants served by one
-    (bot.engine.client.ModelProcess, in the router's `backends`); none for inline or Ray
+    (bot.engine.backends.local.ModelProcess, in the router's `backends`); none for inline or Ray
     backends, nor for a worker that is down."""
-    from bot.engine.client import ModelProcess
+    from bot.engine.backends.local import ModelProcess
 
     backends = getattr(variants, "backends", {})
     return {

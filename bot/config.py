@@ -140,7 +140,7 @@ class Settings(BaseSettings):
     # "process": every variant in a worker process of its own; "inline": in this process.
     model_workers: Literal["process", "inline"] = "process"
     # Where the variants' models run: "local" on this machine (MODEL_WORKERS), "ray" in a Ray
-    # Serve deployment per variant (bot/engine/ray_backend.py; `pip install '.[ray]'`).
+    # Serve deployment per variant (bot/engine/backends/ray/; `pip install '.[ray]'`).
     model_backend: Literal["local", "ray"] = "local"
     # MODEL_BACKEND=ray: the Ray cluster to join (host:6379, or ray://host:10001); unset: a
     # local Ray instance is started, owned by this process and stopped with it.
@@ -151,7 +151,8 @@ class Settings(BaseSettings):
     # Torch threads per worker process (a variant's `threads` wins); None: TORCH_THREADS.
     worker_threads: int | None = Field(default=None, ge=1, le=CORES)
     # A worker that answers no ping, or makes no decoding step while it has work, for this
-    # long is killed and restarted; its turns are retried on the new one (bot/engine/client.py).
+    # long is killed and restarted; its turns are retried on the new one
+    # (bot/engine/backends/local.py).
     worker_stall_s: float = Field(default=10.0, ge=2.0, le=600.0)
     # Every turn's deadline, waiting for a restarting worker included; then it fails (and is
     # retried, then apologised for, like any failed turn).

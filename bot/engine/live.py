@@ -27,6 +27,7 @@ from bot.db import autopilot as autopilot_rows
 from bot.db import replicas
 from bot.db import variants as stored
 from bot.db.variants import StoredExperiment, StoredVariant
+from bot.engine.backends.registry import models_load_here
 from bot.engine.variants import (
     ALLOCATIONS,
     MAX_WEIGHT,
@@ -184,7 +185,7 @@ async def cannot_serve(
     replicas read it (MODEL_BACKEND=local: the same paths as here), or every running replica
     that reports on its variants fails to load it (`replicas.info` "load_errors")."""
     out: dict[str, str] = {}
-    if settings.model_backend == "local":
+    if models_load_here(settings):
         for v in experiment.variants:
             if not v.model.startswith("zoo:"):
                 why = unservable_model(v.model)

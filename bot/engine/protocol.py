@@ -1,9 +1,10 @@
 """The one typed seam between the conversation layer and the model, wherever it runs.
 
 The use cases (bot/conversations) talk to a ResponderProtocol; the service's responder
-(bot/engine/router.py) routes each chat's turn to its variant's model, which runs in a model
-process (bot/engine/client.py, bot/inference/) or, for tests, in this process. What crosses the
-seam is defined here: a turn's Reply (and the model's Generated, inside a model process), the
+(bot/engine/router.py) routes each chat's turn to its variant's backend (bot/engine/spec.py:
+what a backend is, and what starts a model; bot/engine/backends/: a model process, this
+process, or Ray Serve), whose model runs in bot/inference/. What crosses the seam is defined
+here: a turn's Reply (and the model's Generated, inside a model process), the
 view of what the model reads (ModelView), the context a conversation is rebuilt from
 (ConversationContext), where a turn's drafts go (DraftSink), and what a responder can do
 beyond answering (Abilities: drafts, /context, /arena, several variants). A caller asks

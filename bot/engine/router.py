@@ -1,22 +1,23 @@
 """The responder the service runs: every chat's turn goes to its variant's backend.
 
-A backend is a model process (bot.engine.client.ModelProcess, MODEL_WORKERS=process),
-an in-process Responder (MODEL_WORKERS=inline), or a Ray Serve deployment
-(bot.engine.ray_backend.RayBackend, MODEL_BACKEND=ray). The chat's variant comes with its session
-row (one statement); a chat without one gets the allocation's choice (bot.engine.bandit: the
-weights' shares, or the Thompson split), drawn from the chat's hash and stored at this turn
-with the probability it had.
+A backend (bot.engine.spec.Backend) is made by MODEL_BACKEND's factory
+(bot.engine.backends.registry): a model process (bot.engine.backends.local.ModelProcess,
+MODEL_WORKERS=process), an in-process Responder (MODEL_WORKERS=inline), or a Ray Serve
+deployment (MODEL_BACKEND=ray, bot.engine.backends.ray.backend.RayBackend). The chat's variant
+comes with its session row (one statement); a chat without one gets the allocation's choice
+(bot.engine.bandit: the weights' shares, or the Thompson split), drawn from the chat's hash and
+stored at this turn with the probability it had.
 
-The variants live in the database (bot.engine.live). Every POLL_S the router reads the
-experiment's version and, when it moved, follows: weights, the control and the allocation
-change at once; a new variant's backend starts in the background (new chats go to the variants
-served here meanwhile; a chat already assigned to it waits, or goes to a replica that has it); a
-removed variant takes no new chats at once, its backend stops
-once its turns in flight are answered (at most DRAIN_S), and each of its chats is assigned
-again by the allocation at its next turn (source `moved`: no draw of its new variant). A
-variant that cannot load is logged and shown in `load_errors` (the replica's status, and
-/readyz fails while it has a weight above 0); the others keep serving, and it is tried again
-every RETRY_LOAD_S.
+The variants live in the database (bot.engine.live); the backends serving them here are
+started, followed and drained by ServedVariants (bot.engine.served). Every POLL_S the router
+reads the experiment's version and, when it moved, follows: weights, the control and the
+allocation change at once; a new variant's backend starts in the background (new chats go to
+the variants served here meanwhile; a chat already assigned to it waits, or goes to a replica
+that has it); a removed variant takes no new chats at once, its backend stops once its turns in
+flight are answered (at most DRAIN_S), and each of its chats is assigned again by the
+allocation at its next turn (source `moved`: no draw of its new variant). A variant that cannot
+load is logged and shown in `load_errors` (the replica's status, and /readyz fails while it has
+a weight above 0); the others keep serving, and it is tried again every RETRY_LOAD_S.
 
 A new chat is only ever assigned to a variant served here now: with no weighted variant served
 (the only weighted one is loading or cannot load) it goes to the control, else to another
@@ -31,21 +32,22 @@ belong to that identity, so a name added again, or given another model, starts f
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 from bot.config import ConfigError, Settings
 from bot.db import variants as stored
 from bot.db.assignments import FALLBACK, Choice
 from bot.db.conversations import SessionRow
 from bot.db.models import AssignmentSource
-from bot.engine import live
+from bot.engine import live, served
 from bot.engine.assign import choose
+from bot.engine.backends.local import ModelProcess
+from bot.engine.backends.registry import models_load_here
 from bot.engine.bandit import Allocator
 from bot.engine.protocol import (
     LOCAL_REPLICA,
@@ -56,68 +58,16 @@ from bot.engine.protocol import (
     Reply,
     VariantStore,
 )
-from bot.engine.variants import Experiment, Variant, load_experiment
+from bot.engine.served import POLL_S, ServedVariants, VariantUnavailable
+from bot.engine.spec import Backend
+from bot.engine.variants import Experiment, load_experiment
 
 log = logging.getLogger(__name__)
 
 HOLDERS = 100_000  # sessions whose backend is remembered (about 100 bytes each)
-POLL_S = 2.0  # how often a replica reads the experiment's version (a change shows within this)
-DRAIN_S = 60.0  # the longest a removed variant's turns in flight keep its backend running
-RETRY_LOAD_S = 30.0  # a variant that could not load is tried again after this
-WAIT_LOAD_S = 120.0  # a turn for a variant whose backend is starting here waits this long
 
 
-class VariantUnavailable(RuntimeError):
-    """The chat's variant has no backend on this replica (it cannot load here); the turn stays
-    pending and is retried, here or on a replica that serves the variant."""
-
-
-class Backend(Protocol):
-    """One variant's model, wherever it runs."""
-
-    async def generate(
-        self, session: SessionRow, user_text: str, *, on_draft: DraftSink | None = None
-    ) -> Generated:
-        """One turn in the session's context; drafts of the reply to `on_draft` if it streams."""
-        ...
-
-    def evict(self, session_id: int) -> None:
-        """Drop a cached clone."""
-        ...
-
-    def turn_stored(self, session_id: int, last_message_id: int) -> None:
-        """The cached clone is in step with the database up to `last_message_id`."""
-        ...
-
-    def set_persona(self, session_id: int, persona: str) -> None:
-        """Use a new persona from the next turn."""
-        ...
-
-    async def inspect(self, session: SessionRow) -> ModelView:
-        """What the model reads now for the conversation."""
-        ...
-
-    @property
-    def alive(self) -> bool:
-        """Whether it takes turns now (a model process that stalled or died does not)."""
-        ...
-
-    @property
-    def state(self) -> str:
-        """Why it takes no turns now ("" while it does), for /readyz."""
-        ...
-
-    @property
-    def restart_reasons(self) -> Mapping[str, int]:
-        """Why and how often it was restarted (never, in-process)."""
-        ...
-
-    async def close(self) -> None:
-        """Stop."""
-        ...
-
-
-class VariantResponder:
+class VariantResponder(ServedVariants):
     """ResponderProtocol over the experiment's variants: it streams drafts, shows /context,
     duels two variants for /arena, and serves every variant in its lane."""
 
@@ -137,30 +87,15 @@ class VariantResponder:
         secrets: tuple[str, ...] = (),
         poll_s: float = POLL_S,
     ) -> None:
-        self.experiment = experiment
-        self.backends = backends
-        self.store = store
+        super().__init__(
+            experiment, backends, store, settings=settings, secrets=secrets, poll_s=poll_s
+        )
         # Which backend holds a session's clone (the last one that answered it), for the most
         # recent sessions: a forgotten entry only means an evict reaches no worker, whose LRU
         # drops the clone in time (and a stale clone is never used: see Responder).
         self._holder: OrderedDict[int, str] = OrderedDict()
-        self._settings = settings
-        self._secrets = secrets
-        self.poll_s = poll_s
         self.allocator = Allocator(self._count_votes)
-        # The definition each backend was started from (a variant removed and added again
-        # with another model between two polls gets a new backend).
-        self._defs: dict[str, Variant] = {v.name: v for v in experiment.variants}
-        self._inflight: dict[int, int] = {}  # id(backend) -> turns it is answering
-        self._idle: dict[int, asyncio.Event] = {}  # set when a draining backend's turns are done
-        self._loading: dict[str, asyncio.Task[None]] = {}
-        self._draining: set[asyncio.Task[None]] = set()
-        # Variants this replica cannot serve: name -> why (its status and the log say so).
-        self.load_errors: dict[str, str] = {}
-        self._failed: dict[str, tuple[Variant, float]] = {}
         self._fallback_logged: str | None = None  # the fallback variant last logged
-        self._follow_lock = asyncio.Lock()
-        self._watcher: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(
@@ -177,7 +112,7 @@ class VariantResponder:
         seed = load_experiment(settings)
         # A model file must exist where it is loaded: here, or (ray) on the cluster's nodes,
         # whose replicas say so when they cannot load it.
-        local = settings.model_backend == "local"
+        local = models_load_here(settings)
         loaded = await live.ensure_seeded(store.sessionmaker, seed, settings, check_model=local)
         experiment, problems = loaded.experiment, loaded.problems
         if problems:
@@ -187,7 +122,7 @@ class VariantResponder:
             )
         names = experiment.names
         results = await asyncio.gather(
-            *(_start_backend(v, settings, store, secrets) for v in experiment.variants),
+            *(served.start_backend(v, settings, store, secrets) for v in experiment.variants),
             return_exceptions=True,
         )
         backends: dict[str, Backend] = {}
@@ -217,188 +152,6 @@ class VariantResponder:
         router = cls(experiment, backends, store, settings=settings, secrets=secrets, poll_s=poll_s)
         router.follow()
         return router
-
-    def follow(self) -> None:
-        """Start following the database's changes of the experiment (every `poll_s`)."""
-        if self._watcher is None and self._settings is not None:
-            self._watcher = asyncio.create_task(self._follow_forever(), name="variants")
-
-    async def _follow_forever(self) -> None:
-        failures = 0
-        while True:
-            await asyncio.sleep(self.poll_s)
-            try:
-                await self.refresh()
-                failures = 0
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:  # noqa: BLE001 - the database is down: try again
-                failures += 1
-                if failures == 1 or failures % 30 == 0:
-                    log.warning("reading the variants failed (%s: %s)", type(err).__name__, err)
-
-    async def refresh(self) -> bool:
-        """Follow the stored experiment if it changed; True if it did."""
-        if self._settings is None:
-            return False
-        settings = self._settings
-        async with self._follow_lock:
-            async with self.store.sessionmaker() as db:
-                version = await stored.version(db, self.experiment.name)
-            retry = any(time.monotonic() - at >= RETRY_LOAD_S for _, at in self._failed.values())
-            if version is None or (version == self.experiment.version and not retry):
-                return False
-            loaded = await live.read(self.store.sessionmaker, self.experiment.name, settings)
-            if loaded is None:
-                return False
-            self._apply(loaded)
-            return True
-
-    def _apply(self, loaded: live.Loaded) -> None:
-        new = loaded.experiment
-        before = self.experiment
-        for name in list(self.backends):
-            if new.get(name) is None:
-                log.info("variant %s was removed: no new chats; its worker stops", name)
-                self._retire(name)
-        self.experiment = new
-        for variant in new.variants:
-            name = variant.name
-            if name in loaded.problems:
-                self._fail(variant, loaded.problems[name])
-                continue
-            if name in self._loading:
-                continue
-            running = self._defs.get(name)
-            if name in self.backends and running is not None and running.same_model(variant):
-                self._defs[name] = variant  # the same backend; its identity may be new
-                continue
-            failed = self._failed.get(name)
-            if (
-                failed is not None
-                and failed[0].same_model(variant)
-                and time.monotonic() - failed[1] < RETRY_LOAD_S
-            ):
-                continue
-            self._loading[name] = asyncio.create_task(
-                self._load(variant), name=f"variant-start:{name}"
-            )
-        for name in list(self.load_errors):
-            if new.get(name) is None:
-                self.load_errors.pop(name, None)
-                self._failed.pop(name, None)
-        if before.version != new.version:
-            log.info(
-                "experiment %s version %d (%s allocation): %s; control %s",
-                new.name,
-                new.version,
-                new.allocation,
-                ", ".join(f"{v.name} (weight {v.weight:g})" for v in new.variants),
-                new.control.name if any(v.control for v in new.variants) else "none",
-            )
-
-    def _fail(self, variant: Variant, why: str) -> None:
-        if self.load_errors.get(variant.name) != why:
-            log.error(
-                "variant %s cannot be served here: %s; the other variants keep serving",
-                variant.name,
-                why,
-            )
-        self.load_errors[variant.name] = why
-        self._failed[variant.name] = (variant, time.monotonic())
-
-    async def _load(self, variant: Variant) -> None:
-        """Start a variant's backend (off the event loop: a worker process, or a thread for
-        an inline model) and serve it once it is up, if it is still wanted."""
-        name = variant.name
-        assert self._settings is not None
-        try:
-            backend = await _start_backend(variant, self._settings, self.store, self._secrets)
-        except Exception as err:  # noqa: BLE001 - one variant's failure, reported
-            self._fail(variant, str(err) or type(err).__name__)
-            return
-        finally:
-            self._loading.pop(name, None)
-        wanted = self.experiment.get(name)
-        if wanted is None or not wanted.same_model(variant):
-            await backend.close()  # removed or changed again while it loaded
-            return
-        old = self.backends.get(name)
-        self.backends[name] = backend
-        self._defs[name] = wanted  # the same model; its identity as the experiment has it now
-        self.load_errors.pop(name, None)
-        self._failed.pop(name, None)
-        if old is not None:
-            self._drain(name, old)
-        log.info("variant %s is serving (%s)", name, variant.model)
-
-    def _retire(self, name: str) -> None:
-        backend = self.backends.pop(name)
-        self._defs.pop(name, None)
-        self._drain(name, backend)
-
-    def _drain(self, name: str, backend: Backend) -> None:
-        task = asyncio.create_task(self._stop_when_idle(name, backend), name=f"variant-stop:{name}")
-        self._draining.add(task)
-        task.add_done_callback(self._draining.discard)
-
-    async def _stop_when_idle(self, name: str, backend: Backend) -> None:
-        key = id(backend)
-        if self._inflight.get(key, 0) > 0:
-            idle = self._idle.setdefault(key, asyncio.Event())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(idle.wait(), DRAIN_S)
-        self._idle.pop(key, None)
-        left = self._inflight.pop(key, 0)
-        if left:
-            log.warning("variant %s: stopping with %d turn(s) still in flight", name, left)
-        await backend.close()
-        log.info("variant %s: its old worker stopped", name)
-
-    @contextlib.contextmanager
-    def _serving(self, backend: Backend) -> Iterator[None]:
-        key = id(backend)
-        self._inflight[key] = self._inflight.get(key, 0) + 1
-        try:
-            yield
-        finally:
-            self._inflight[key] -= 1
-            if not self._inflight[key] and key in self._idle:
-                self._idle[key].set()  # a removed variant's last turn: its backend may stop
-
-    async def _backend(self, name: str) -> Backend:
-        """The variant's backend; waits for one that is starting here."""
-        backend = self.backends.get(name)
-        if backend is not None:
-            return backend
-        loading = self._loading.get(name)
-        if loading is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(loading), WAIT_LOAD_S)
-            backend = self.backends.get(name)
-            if backend is not None:
-                return backend
-        why = self.load_errors.get(name, "its backend is not started here")
-        raise VariantUnavailable(f"variant {name} cannot answer on this replica: {why}")
-
-    async def close(self) -> None:
-        """Stop following, and stop every backend."""
-        tasks = [t for t in (self._watcher, *self._loading.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        for task in list(self._draining):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await asyncio.gather(*(e.close() for e in self.backends.values()), return_exceptions=True)
-
-    @property
-    def ready(self) -> list[str]:
-        """The variants this replica answers now, in the experiment's order."""
-        return [name for name in self.experiment.names if name in self.backends]
 
     async def variant_for(self, session: SessionRow) -> str:
         """The session's chat's variant, assigned and stored now if it has none."""
@@ -628,8 +381,6 @@ class VariantResponder:
 
     async def worker_stats(self) -> dict[str, dict[str, Any]]:
         """Per variant: pid, restarts and (for workers) cache and memory figures."""
-        from bot.engine.client import ModelProcess
-
         out: dict[str, dict[str, Any]] = {}
         # A copy: a variant that finishes loading while a process answers changes the dict.
         for name, backend in list(self.backends.items()):
@@ -657,33 +408,3 @@ def _reply(result: Generated, latency_ms: float, variant: str, version: int | No
         model_text=result.model_text,
         variant_version=version,
     )
-
-
-async def _start_backend(
-    variant: Variant, settings: Settings, store: VariantStore, secrets: tuple[str, ...]
-) -> Backend:
-    own = variant.settings(settings)
-    if settings.model_backend == "ray":
-        from bot.engine.ray_backend import RayBackend
-
-        return await RayBackend.start(variant, own, store)
-    if settings.model_workers == "inline":
-        from bot.inference.responder import Responder
-
-        try:
-            return await Responder.start(own, store, variant.parlai_overrides())
-        except ConfigError:
-            raise
-        except Exception as err:
-            raise ConfigError(str(err) or type(err).__name__) from err
-    from bot.engine.client import ModelProcess, ModelStartError, process_spec
-
-    handle = ModelProcess(
-        process_spec(variant.name, own, variant.parlai_overrides(), variant.threads, secrets),
-        store,
-    )
-    try:
-        await handle.start()
-    except ModelStartError as err:
-        raise ConfigError(str(err)) from err
-    return handle

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.config import ConfigError, Settings
+from bot.engine.backends.registry import models_load_here, parse_variant_keys, variant_keys
 from bot.model_files import unservable_model
 
 DEFAULT_EXPERIMENT = "default"
@@ -57,19 +58,13 @@ _INT_KEYS = {
     # replica with fewer cores uses them all and says so (bot.inference.model.set_torch_threads).
     "threads": (1, MAX_THREADS),
 }
-# MODEL_BACKEND=ray only: the variant's deployment (bot.engine.ray_backend). key -> (lowest,
-# highest); `replicas` a whole number, the resources per replica numbers (Ray's fractions).
-_RAY_KEYS: dict[str, tuple[float, float]] = {
-    "replicas": (1, 64),
-    "num_cpus": (0, 256),
-    "num_gpus": (0, 64),
-}
 # Number keys: key -> (values must be above, and at most).
 _FLOAT_KEYS = {"temperature": (0.0, 100.0), "topp": (0.0, 1.0)}
 # Weights are shares of new chats: only their ratios matter.
 MAX_WEIGHT = 1_000_000
+# With the backends' own keys (Ray's replicas, CPUs and GPUs: bot.engine.backends.registry).
 KNOWN_KEYS = frozenset(
-    {"name", "model", "weight", "control", "inference", *_INT_KEYS, *_FLOAT_KEYS, *_RAY_KEYS}
+    {"name", "model", "weight", "control", "inference", *_INT_KEYS, *_FLOAT_KEYS, *variant_keys()}
 )
 # Generation options ParlAI takes under these names, beside the Settings-level ones.
 PARLAI_ONLY = ("temperature", "topp", "topk", "beam_delay")
@@ -90,7 +85,8 @@ class Variant:
     # The variant's other keys as written in the file or `admin variants add` (model and
     # threads only where given, unresolved): what the database stores.
     options: dict[str, Any] = field(default_factory=dict, compare=False)
-    # MODEL_BACKEND=ray: its deployment's replicas, and the CPUs and GPUs of each.
+    # MODEL_BACKEND=ray: its deployment's replicas, and the CPUs and GPUs of each
+    # (bot.engine.backends.ray.sizing).
     replicas: int = 1
     num_cpus: float = 1.0
     num_gpus: float = 0.0
@@ -175,7 +171,7 @@ def load_experiment(settings: Settings, *, check_model: bool | None = None) -> E
     commands that take it out of service.
     """
     if check_model is None:
-        check_model = settings.model_backend == "local"
+        check_model = models_load_here(settings)
     if settings.variants_file is None:
         return single_variant(settings)
     path = Path(settings.variants_file)
@@ -271,6 +267,32 @@ def _parse_variant(
         problems.append(f"{label}: duplicate name")
     seen.add(name)
     problems += [f"{label}: unknown key {k!r}" for k in sorted(set(table) - KNOWN_KEYS)]
+    weight = _weight(table, label, problems)
+    control = table.get("control", False)
+    if not isinstance(control, bool):
+        problems.append(f"{label}: control must be true or false")
+    model = _model(table, label, settings, problems, check_model=check_model)
+    generation, threads = _generation(table, label, problems)
+    sizing = parse_variant_keys(table, label, problems)
+    # ParlAI's greedy search refuses a beam size above 1, and the model file may carry one.
+    if generation.get("inference") == "greedy" and generation.setdefault("beam_size", 1) != 1:
+        problems.append(f"{label}: greedy decoding needs beam_size = 1")
+    if len(problems) > before:
+        return None
+    options = {k: v for k, v in table.items() if k not in ("name", "weight", "control")}
+    return Variant(
+        name,
+        model,
+        float(weight),
+        bool(control),
+        threads if threads is not None else settings.worker_threads,
+        generation,
+        options,
+        **sizing,
+    )
+
+
+def _weight(table: dict[str, Any], label: str, problems: list[str]) -> float:
     weight = table.get("weight", 1)
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight):
         problems.append(f"{label}: weight must be a number")
@@ -281,14 +303,17 @@ def _parse_variant(
         problems.append(
             f"{label}: weight must be at most {MAX_WEIGHT:,} (only the ratios of weights count)"
         )
-    control = table.get("control", False)
-    if not isinstance(control, bool):
-        problems.append(f"{label}: control must be true or false")
+    return float(weight)
+
+
+def _model(
+    table: dict[str, Any], label: str, settings: Settings, problems: list[str], *, check_model: bool
+) -> str:
     model = table.get("model", settings.model_file)
     if not isinstance(model, str) or not model.strip():
         problems.append(f"{label}: model must be a model file or a zoo: path")
-        model = ""
-    elif check_model and not model.startswith("zoo:"):
+        return ""
+    if check_model and not model.startswith("zoo:"):
         if not Path(model + ".opt").exists():
             problems.append(
                 f"{label}: no model at {model} (no {model}.opt); train one with "
@@ -296,6 +321,13 @@ def _parse_variant(
             )
         elif (incomplete := unservable_model(model)) is not None:
             problems.append(f"{label}: {incomplete}")
+    return model
+
+
+def _generation(
+    table: dict[str, Any], label: str, problems: list[str]
+) -> tuple[dict[str, Any], int | None]:
+    """The variant's generation options (ParlAI names) and its threads."""
     generation: dict[str, Any] = {}
     inference = table.get("inference")
     if inference is not None:
@@ -323,39 +355,4 @@ def _parse_variant(
             problems.append(f"{label}: {key} must be at most {most:g}")
         else:
             generation[key] = float(number)
-    ray: dict[str, float] = {}
-    for key, (bottom, top) in _RAY_KEYS.items():
-        if key not in table:
-            continue
-        amount = table[key]
-        whole = key == "replicas"
-        if (
-            isinstance(amount, bool)
-            or not isinstance(amount, int if whole else int | float)
-            or not math.isfinite(amount)
-            or not bottom <= amount <= top
-        ):
-            kind = "a whole number" if whole else "a number"
-            problems.append(f"{label}: {key} must be {kind} from {bottom:g} to {top:g}")
-        else:
-            ray[key] = float(amount)
-    if ray.get("num_cpus") == 0 and ray.get("num_gpus", 0) == 0:
-        problems.append(f"{label}: num_cpus = 0 needs num_gpus above 0 (a replica needs a core)")
-    # ParlAI's greedy search refuses a beam size above 1, and the model file may carry one.
-    if generation.get("inference") == "greedy" and generation.setdefault("beam_size", 1) != 1:
-        problems.append(f"{label}: greedy decoding needs beam_size = 1")
-    if len(problems) > before:
-        return None
-    options = {k: v for k, v in table.items() if k not in ("name", "weight", "control")}
-    return Variant(
-        name,
-        model,
-        float(weight),
-        bool(control),
-        threads if threads is not None else settings.worker_threads,
-        generation,
-        options,
-        replicas=int(ray.get("replicas", 1)),
-        num_cpus=float(ray.get("num_cpus", 1.0)),
-        num_gpus=float(ray.get("num_gpus", 0.0)),
-    )
+    return generation, threads

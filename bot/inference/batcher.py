@@ -63,7 +63,7 @@ class _Job:
 class Liveness:
     """Whether the inference thread makes progress: the time of its last sign of it (a
     decoding step, a batch taken or finished) and whether it has work in hand. The worker
-    reports `stuck_s` in its answer to the service's pings (bot/engine/client.py), so a
+    reports `stuck_s` in its answer to the service's pings (bot/engine/backends/local.py), so a
     long generation is not a hang, and an idle thread is never stuck."""
 
     def __init__(self) -> None:

@@ -209,14 +209,45 @@ def load_shared_agent(
 
     Expects the process set up (ParlAI shims, torch threads, logging): bot/__main__.py does it.
     """
-    import torch
     from parlai.core.agents import create_agent_from_model_file
-    from parlai.core.build_data import modelzoo_path
 
     device = resolve_device(settings)
     dtype = model_dtype(settings, device)  # refused before the model loads
     datapath = str((settings.data_dir / "parlai").resolve())
     model_file = settings.model_file
+    resolved = _servable_model(model_file, datapath)
+    overrides: dict[str, Any] = {
+        "interactive_mode": True,
+        "skip_generation": False,
+        "datapath": datapath,
+        "no_cuda": device == "cpu",
+        **generation_overrides(settings),
+        **(extra_overrides or {}),
+    }
+    log.info("loading model %s on %s", model_file, device)
+    agent = create_agent_from_model_file(str(resolved), overrides)
+    if agent is None:  # pragma: no cover - guarded by the .opt check above
+        raise ConfigError(f"could not load a ParlAI model from {model_file}")
+    agent.model.eval()
+    if share_weights and settings.quantize == "none" and dtype is None and device == "cpu":
+        shared = map_weights(agent, str(resolved))
+        log.info("weights of %s: %s", model_file, "mapped from the file" if shared else "private")
+    agent = _prepared(agent, settings, device, dtype)
+    log.info(
+        "model ready: %s, inference=%s beam=%s text_truncate=%s",
+        type(agent).__name__,
+        agent.opt.get("inference"),
+        agent.opt.get("beam_size"),
+        getattr(agent, "text_truncate", None),
+    )
+    return agent
+
+
+def _servable_model(model_file: str, datapath: str) -> Any:
+    """BOT_MODEL's model file, resolved (a zoo: path downloaded); ConfigError where it is
+    missing, incomplete or not a generator."""
+    from parlai.core.build_data import modelzoo_path
+
     # zoo: paths are downloaded here, into the data directory, on first use; a model not
     # staged there while the zoo is unreachable is refused within seconds, naming where its
     # files go, instead of ParlAI's 15 s of retries.
@@ -237,22 +268,14 @@ def load_shared_agent(
     refused = not_a_generator(str(resolved))
     if refused is not None:
         raise ConfigError(refused)
-    overrides: dict[str, Any] = {
-        "interactive_mode": True,
-        "skip_generation": False,
-        "datapath": datapath,
-        "no_cuda": device == "cpu",
-        **generation_overrides(settings),
-        **(extra_overrides or {}),
-    }
-    log.info("loading model %s on %s", model_file, device)
-    agent = create_agent_from_model_file(str(resolved), overrides)
-    if agent is None:  # pragma: no cover - guarded by the .opt check above
-        raise ConfigError(f"could not load a ParlAI model from {model_file}")
-    agent.model.eval()
-    if share_weights and settings.quantize == "none" and dtype is None and device == "cpu":
-        shared = map_weights(agent, str(resolved))
-        log.info("weights of %s: %s", model_file, "mapped from the file" if shared else "private")
+    return resolved
+
+
+def _prepared(agent: Any, settings: Settings, device: str, dtype: Any) -> Any:
+    """The loaded agent quantized or cast as the settings say, and with the batched search
+    (SEARCH_IMPL=fast)."""
+    import torch
+
     if settings.quantize == "int8":
         if device != "cpu":
             raise ConfigError(
@@ -280,11 +303,4 @@ def load_shared_agent(
             # the encoder's self-attention as one fused kernel (fastgen/encoder.py)
             fastgen.encoder.prepare(agent.model)
         agent.encoder_buckets = settings.encoder_buckets  # opt-in: not ParlAI's exact replies
-    log.info(
-        "model ready: %s, inference=%s beam=%s text_truncate=%s",
-        type(agent).__name__,
-        agent.opt.get("inference"),
-        agent.opt.get("beam_size"),
-        getattr(agent, "text_truncate", None),
-    )
     return agent

@@ -1,6 +1,6 @@
 """A model worker process: one variant's shared agent, clone cache and batcher.
 
-Started by bot.engine.client with multiprocessing's `spawn`, so it shares nothing with the
+Started by bot.engine.backends.local with multiprocessing's `spawn`, so it shares nothing with the
 service but the pipe it is given. The service sends turns (the session row, the user text, and
 the conversation's context when this worker asked for it) and gets replies back; everything
 that touches Telegram or the database stays in the service. The messages are the typed ones
@@ -20,13 +20,16 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from bot.config import ConfigError, Settings
+from bot.config import ConfigError
 from bot.engine import pipe
 from bot.engine.protocol import ConversationContext, GenerationError
+from bot.engine.spec import ProcessSpec
+
+if TYPE_CHECKING:  # imported in the process, after its logging and torch threads are set
+    from bot.inference.responder import Responder
 
 log = logging.getLogger(__name__)
 
@@ -34,22 +37,6 @@ log = logging.getLogger(__name__)
 # loop (heartbeats, leases, delivery) comes first, and a long generation waits instead. Measured
 # in docs/benchmarks.md ("Scale-out"): a starved loop misses heartbeats and fences itself.
 MODEL_PROCESS_NICE = 5
-
-
-@dataclass(frozen=True)
-class ProcessSpec:
-    """Everything a model process needs to start (pickled to the new process; a Ray replica
-    gets it as its deployment's argument, with no secrets)."""
-
-    variant: str
-    settings: Settings
-    parlai_overrides: dict[str, Any] = field(default_factory=dict)
-    threads: int | None = None
-    log_level: str = "INFO"
-    log_format: Literal["text", "json"] = "text"
-    secrets: tuple[str, ...] = ()
-    # Map the weights from the model file, shared with other processes serving it.
-    share_weights: bool = True
 
 
 class NeedContext(Exception):
@@ -126,7 +113,6 @@ def main(conn: Connection, spec: ProcessSpec) -> None:
 
 async def _serve(conn: Connection, agent: Any, spec: ProcessSpec) -> None:
     from bot.inference.responder import Responder
-    from bot.logs import log_context
 
     responder = Responder(agent, GivenContext(None), spec.settings)
     await responder.batcher.start()
@@ -144,18 +130,51 @@ async def _serve(conn: Connection, agent: Any, spec: ProcessSpec) -> None:
                 return
 
     threading.Thread(target=read, name="worker-pipe", daemon=True).start()
+    worker = _Worker(conn, responder, spec)
+    running: set[asyncio.Task[None]] = set()
+    while not isinstance(message := await inbox.get(), pipe.Stop):
+        match message:
+            case pipe.TurnRequest() | pipe.Inspect():
+                task = asyncio.create_task(worker.logged(message))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            case pipe.Ping():
+                # Answered here, on the event loop; the inference thread's progress goes with it.
+                worker.send(pipe.Pong(responder.batcher.liveness.stuck_s()))
+            case pipe.Evict(session_id=session_id):
+                responder.evict(session_id)
+            case pipe.Stored(session_id=session_id, last_message_id=last):
+                responder.turn_stored(session_id, last)
+            case pipe.StatsRequest(req_id=req_id):
+                worker.send(pipe.Stats(req_id, worker.stats()))
+            case _:
+                log.error("variant %s: unexpected message: %r", spec.variant, message)
+    for task in list(running):
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+    await responder.close()
 
-    def send(message: pipe.Message) -> None:
+
+class _Worker:
+    """A model process's answers to the service's requests, over its pipe."""
+
+    def __init__(self, conn: Connection, responder: Responder, spec: ProcessSpec) -> None:
+        self.conn = conn
+        self.responder = responder
+        self.spec = spec
+
+    def send(self, message: pipe.Message) -> None:
         with contextlib.suppress(OSError):  # the service is gone; the reader stops us
-            conn.send(message)
+            self.conn.send(message)
 
-    def need_context(req_id: int) -> None:
-        send(pipe.NeedContext(req_id, responder.cache.tail_limit))
+    def need_context(self, req_id: int) -> None:
+        self.send(pipe.NeedContext(req_id, self.responder.cache.tail_limit))
 
-    async def turn(request: pipe.TurnRequest) -> None:
+    async def turn(self, request: pipe.TurnRequest) -> None:
+        responder, send = self.responder, self.send
         req_id, session, context = request.req_id, request.session, request.context
         if context is None and not responder.has_fresh(session):
-            need_context(req_id)
+            self.need_context(req_id)
             return
         on_draft = (lambda draft: send(pipe.Draft(req_id, draft))) if request.stream else None
         try:
@@ -163,64 +182,47 @@ async def _serve(conn: Connection, agent: Any, spec: ProcessSpec) -> None:
                 session, request.text, GivenContext(context), on_draft
             )
         except NeedContext:
-            need_context(req_id)
+            self.need_context(req_id)
         except GenerationError as err:
             send(pipe.Error(req_id, str(err)))
         except Exception as err:
-            log.exception("variant %s: turn of session %s failed", spec.variant, session.id)
+            log.exception("variant %s: turn of session %s failed", self.spec.variant, session.id)
             responder.evict(session.id)
             send(pipe.Error(req_id, f"{type(err).__name__}: {err}"))
         else:
             send(pipe.ReplyMessage(req_id, result))
 
-    async def inspect(request: pipe.Inspect) -> None:
+    async def inspect(self, request: pipe.Inspect) -> None:
         req_id, session, context = request.req_id, request.session, request.context
-        if context is None and not responder.has_fresh(session):
-            need_context(req_id)
+        if context is None and not self.responder.has_fresh(session):
+            self.need_context(req_id)
             return
         try:
-            view = await responder.inspect(session, GivenContext(context))
+            view = await self.responder.inspect(session, GivenContext(context))
         except Exception as err:
-            log.exception("variant %s: inspecting session %s failed", spec.variant, session.id)
-            send(pipe.Error(req_id, f"{type(err).__name__}: {err}"))
+            log.exception("variant %s: inspecting session %s failed", self.spec.variant, session.id)
+            self.send(pipe.Error(req_id, f"{type(err).__name__}: {err}"))
         else:
-            send(pipe.ReplyMessage(req_id, view))
+            self.send(pipe.ReplyMessage(req_id, view))
 
-    async def logged(request: pipe.TurnRequest | pipe.Inspect) -> None:
+    async def logged(self, request: pipe.TurnRequest | pipe.Inspect) -> None:
+        from bot.logs import log_context
+
         with log_context(chat_id=request.session.chat_id):
-            await (turn(request) if isinstance(request, pipe.TurnRequest) else inspect(request))
+            await (
+                self.turn(request)
+                if isinstance(request, pipe.TurnRequest)
+                else self.inspect(request)
+            )
 
-    def stats() -> dict[str, Any]:
-        cache = responder.cache
+    def stats(self) -> dict[str, Any]:
+        cache = self.responder.cache
         return {
             "cached": len(cache),
             "hits": cache.stats.hits,
             "misses": cache.stats.misses,
             "evictions": cache.stats.evictions,
-            "batches": responder.batcher.stats.batches,
-            "requests": responder.batcher.stats.requests,
+            "batches": self.responder.batcher.stats.batches,
+            "requests": self.responder.batcher.stats.requests,
             **rss_bytes(),
         }
-
-    running: set[asyncio.Task[None]] = set()
-    while not isinstance(message := await inbox.get(), pipe.Stop):
-        match message:
-            case pipe.TurnRequest() | pipe.Inspect():
-                task = asyncio.create_task(logged(message))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            case pipe.Ping():
-                # Answered here, on the event loop; the inference thread's progress goes with it.
-                send(pipe.Pong(responder.batcher.liveness.stuck_s()))
-            case pipe.Evict(session_id=session_id):
-                responder.evict(session_id)
-            case pipe.Stored(session_id=session_id, last_message_id=last):
-                responder.turn_stored(session_id, last)
-            case pipe.StatsRequest(req_id=req_id):
-                send(pipe.Stats(req_id, stats()))
-            case _:
-                log.error("variant %s: unexpected message: %r", spec.variant, message)
-    for task in list(running):
-        task.cancel()
-    await asyncio.gather(*running, return_exceptions=True)
-    await responder.close()

@@ -1,6 +1,6 @@
 """A model server in a Ray Serve replica: one variant's shared agent, clone cache and batcher.
 
-The deployment class that bot.engine.ray_backend deploys (MODEL_BACKEND=ray): each replica runs
+The deployment class that bot.engine.backends.ray deploys (MODEL_BACKEND=ray): each replica runs
 the same Responder as a model process (bot.inference.process), and speaks the same typed
 messages (bot/engine/pipe.py), over Serve's handle instead of a pipe. A turn (`turn`, a
 streaming method) yields Drafts while it generates (continuous scheduler only), then one
@@ -12,7 +12,7 @@ Cache upkeep (Evict, Stored) rides on the session's next request (`upkeep`), app
 fire-and-forget calls are not ordered before the next turn, and a Stored that came after the
 turn it belongs to would make the clone look stale (one rebuild too many), an Evict that came
 after would leave a duel's clone to answer. The multiplexed model id of every request names
-the session (bot.engine.ray_backend says why); once this replica holds the session's clone,
+the session (bot.engine.backends.ray.backend says why); once this replica holds the session's clone,
 `_pin` registers it with Serve, so that Serve's router sends the session's next requests here.
 
 `check_health` (called by Serve every few seconds) fails while the inference thread has had
@@ -35,11 +35,11 @@ from typing import Any
 from bot.config import ConfigError
 from bot.engine import pipe
 from bot.engine.protocol import GenerationError
+from bot.engine.spec import ProcessSpec
 from bot.inference.process import (
     MODEL_PROCESS_NICE,
     GivenContext,
     NeedContext,
-    ProcessSpec,
     rss_bytes,
 )
 

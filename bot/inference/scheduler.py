@@ -9,7 +9,7 @@ exactly as in `Batcher._run_batch`, and the result is the same `Generated`.
 
 While a chat generates, `on_draft` (if given) receives the start of its reply as far as it is
 settled: the tokens every hypothesis that can still be the result shares
-(`fastgen.continuous.ChatSearch.settled`: the tokens so far, for greedy search), cut to whole
+(`fastgen.chat_search.ChatSearch.settled`: the tokens so far, for greedy search), cut to whole
 words and cleaned as the reply will be, so that every draft is the start of the reply and
 none takes a word back. The best hypothesis so far is not shown: beams overtake each other.
 The first draft goes as soon as a whole word is settled, then at most one per

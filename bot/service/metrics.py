@@ -40,7 +40,8 @@ REBUILD_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 # model_replica values kept per variant (a variant's replicas, and the replaced ones for a while).
 MAX_REPLICAS_PER_VARIANT = 32
 
-# bot_worker_restarts_total's reasons (bot/engine/client.py; unhealthy: bot/engine/ray_backend.py).
+# bot_worker_restarts_total's reasons (bot/engine/backends/local.py; unhealthy:
+# bot/engine/backends/ray/backend.py).
 RESTART_REASONS = ("exited", "stalled", "pipe_full", "unhealthy")
 # The model-side metrics' labels.
 MODEL_LABELS = ("variant", "model_replica")
@@ -302,7 +303,7 @@ class Metrics:
 
 
 class _ModelRestarts(Collector):
-    """The model workers' restarts, counted by their handles (bot/engine/client.py)."""
+    """The model workers' restarts, counted by their handles (bot/engine/backends/local.py)."""
 
     def __init__(self, source: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
         self._source = source

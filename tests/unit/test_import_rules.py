@@ -16,10 +16,20 @@ LAYERS: list[tuple[str, ...]] = [
     ("bot.service",),  # the queue runtime
     ("bot.reports",),  # the read side (forgetting a chat goes through the use case)
     ("bot.conversations",),  # the use cases
-    ("bot.engine",),  # the seam: router, variants, the model-process client
+    ("bot.engine",),  # the router, the live variants, the allocation
+    # The backends, each in its own module or package: a model process (or this one), Ray Serve.
+    ("bot.engine.backends",),
     ("bot.inference",),  # what runs inside a model process
-    # The types that cross the seam, and the variants' definitions they name.
-    ("bot.engine.protocol", "bot.engine.pipe", "bot.engine.variants"),
+    # The seam's floor: the types that cross it, what a backend is and starts a model with, the
+    # variants' definitions they name, and the backends' registry with their variant keys.
+    SEAM := (
+        "bot.engine.protocol",
+        "bot.engine.pipe",
+        "bot.engine.spec",
+        "bot.engine.variants",
+        "bot.engine.backends.registry",
+        "bot.engine.backends.ray.sizing",
+    ),
     ("bot.db",),
     (
         "bot.config",
@@ -32,8 +42,10 @@ LAYERS: list[tuple[str, ...]] = [
         "bot",
     ),
 ]
-# Only these may import bot.inference: the model-process client starts it, training trains it.
-INFERENCE_USERS = ("bot.engine", "bot.training", "bot.inference", "bot.__main__")
+# Only these may import bot.inference: training trains its model, the composition root may
+# build anything. The service side (bot.engine) starts the model's code by name only
+# (bot.engine.spec.resolve), and bot.inference imports nothing of bot.engine but the seam.
+INFERENCE_USERS = ("bot.training", "bot.inference", "bot.__main__", "bot.app", "bot.terminal")
 
 
 def _module(path: Path) -> str:
@@ -80,21 +92,72 @@ def rank(module: str) -> int:
     return best[1]
 
 
-def test_no_module_imports_a_higher_layer() -> None:
-    upward = sorted(
-        f"{a} -> {b}" for a, targets in graph().items() for b in targets if rank(b) < rank(a)
+def _in(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def upward(edges: dict[str, set[str]]) -> list[str]:
+    """Every import from a lower layer up."""
+    return sorted(
+        f"{a} -> {b}" for a, targets in edges.items() for b in targets if rank(b) < rank(a)
     )
-    assert upward == [], "imports from a lower layer up:\n  " + "\n  ".join(upward)
 
 
-def test_only_the_model_process_client_and_training_import_inference() -> None:
-    wrong = sorted(
+def inference_users(edges: dict[str, set[str]]) -> list[str]:
+    """Every import of bot.inference from outside INFERENCE_USERS (bot.engine above all)."""
+    return sorted(
         f"{a} -> {b}"
-        for a, targets in graph().items()
+        for a, targets in edges.items()
         for b in targets
-        if b.startswith("bot.inference") and not a.startswith(INFERENCE_USERS)
+        if _in(b, ("bot.inference",)) and not _in(a, INFERENCE_USERS)
     )
+
+
+def beyond_the_seam(edges: dict[str, set[str]]) -> list[str]:
+    """Every import of bot.inference's into bot.engine beyond the seam's floor."""
+    return sorted(
+        f"{a} -> {b}"
+        for a, targets in edges.items()
+        for b in targets
+        if _in(a, ("bot.inference",))
+        and _in(b, ("bot.engine",))
+        and b != "bot.engine"
+        and rank(b) != rank(SEAM[0])
+    )
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    wrong = upward(graph())
+    assert wrong == [], "imports from a lower layer up:\n  " + "\n  ".join(wrong)
+
+
+def test_the_engine_never_imports_the_model_side() -> None:
+    wrong = inference_users(graph())
     assert wrong == [], "\n  ".join(wrong)
+
+
+def test_the_model_side_imports_only_the_seam_of_the_engine() -> None:
+    wrong = beyond_the_seam(graph())
+    assert wrong == [], "\n  ".join(wrong)
+
+
+def test_the_seam_rules_report_a_planted_edge() -> None:
+    """The three checks above can fail: each reports an edge planted in a small graph."""
+    planted = {
+        "bot.engine.router": {"bot.inference.responder", "bot.engine.spec"},
+        "bot.engine.backends.local": {"bot.inference.process"},
+        "bot.inference.process": {"bot.engine.backends.local", "bot.engine.pipe"},
+        "bot.engine.spec": {"bot.engine.router"},
+    }
+    assert inference_users(planted) == [
+        "bot.engine.backends.local -> bot.inference.process",
+        "bot.engine.router -> bot.inference.responder",
+    ]
+    assert beyond_the_seam(planted) == ["bot.inference.process -> bot.engine.backends.local"]
+    assert upward(planted) == [
+        "bot.engine.spec -> bot.engine.router",
+        "bot.inference.process -> bot.engine.backends.local",
+    ]
 
 
 def test_no_import_circles() -> None:

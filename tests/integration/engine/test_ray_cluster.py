@@ -163,7 +163,7 @@ async def test_a_replica_killed_mid_generation_loses_and_repeats_nothing(
 
 
 # About 30 s beyond the module's Ray start: deselected from `make test` (the stall limit's
-# sizing is unit-tested in tests/unit/engine/test_ray_backend.py).
+# sizing is unit-tested in tests/unit/engine/backends/ray/test_cluster.py).
 @pytest.mark.slow
 async def test_a_stopped_replica_is_replaced_within_the_stall_limit(
     marks: Path, sqlite_url: str, tmp_path: Path, api: FakeBotAPI, tiny_model_file: str
@@ -216,7 +216,8 @@ async def test_front_ends_share_a_variants_application(
     import ray
     from ray import serve
 
-    from bot.engine.ray_backend import RayBackend, _apps, app_name
+    from bot.engine.backends.ray.backend import RayBackend
+    from bot.engine.backends.ray.cluster import _apps, app_name
 
     url = f"sqlite+aiosqlite:///{tmp_path / 'shared.sqlite3'}"
     await asyncio.to_thread(migrate.upgrade, url)

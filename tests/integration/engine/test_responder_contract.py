@@ -4,10 +4,10 @@ bot.engine.protocol.ResponderProtocol, on the tiny model and a real SQLite store
 - echo: the test responder the service tests use (tests/support/service_harness.py);
 - inline: bot.inference.responder.Responder, the model in this process;
 - router-inline / router-process: the service's VariantResponder over two variants of the tiny
-  model, in this process and in model processes (bot.engine.client.ModelProcess);
-- router-ray: the same over Ray Serve deployments (bot.engine.ray_backend.RayBackend, one replica
-  per variant) in a local Ray instance of 2 CPUs that the router starts and stops (skipped
-  only where Ray is not installed: `pip install '.[ray]'`, which `make install` does).
+  model, in this process and in model processes (bot.engine.backends.local.ModelProcess);
+- router-ray: the same over Ray Serve deployments (bot.engine.backends.ray.backend.RayBackend,
+  one replica per variant) in a local Ray instance of 2 CPUs that the router starts and stops
+  (skipped only where Ray is not installed: `pip install '.[ray]'`, which `make install` does).
 
 A remote backend (model servers on another machine) joins IMPLEMENTATIONS. What a responder
 declares in `abilities` is tested to work; what it does not declare is tested to be absent

@@ -22,8 +22,9 @@ import pytest
 from bot.admin.cli import run_admin
 from bot.app import Service
 from bot.conversations.store import ConversationStore
-from bot.engine import live, router
-from bot.engine.router import Backend, VariantResponder
+from bot.engine import live, served
+from bot.engine.router import VariantResponder
+from bot.engine.spec import Backend
 from bot.engine.variants import Experiment, Variant, load_experiment
 from tests.integration.admin.test_admin import parse_admin
 from tests.integration.engine.test_live_variants import admin_settings, cli
@@ -108,7 +109,7 @@ async def test_new_chats_go_to_served_variants_while_a_candidate_loads(
     until it has seen a new chat answered meanwhile."""
     loading = asyncio.Event()
     release = asyncio.Event()
-    real_start = router._start_backend
+    real_start = served.start_backend
 
     async def held_start(variant: Any, *args: Any) -> Any:
         if variant.name == "c":
@@ -116,7 +117,7 @@ async def test_new_chats_go_to_served_variants_while_a_candidate_loads(
             await release.wait()
         return await real_start(variant, *args)
 
-    monkeypatch.setattr(router, "_start_backend", held_start)
+    monkeypatch.setattr(served, "start_backend", held_start)
     vf = write_variants(tmp_path / "v.toml", tiny_model_file, {"a": 1})
     settings = make_settings(db_url, api, tmp_path, variants_file=vf, model_workers="inline")
     async with running_service(settings, None) as service:

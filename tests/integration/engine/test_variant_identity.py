@@ -29,11 +29,12 @@ from bot.config import Settings
 from bot.conversations.store import ConversationStore
 from bot.db import variants as stored
 from bot.db.conversations import ReplyFacts
-from bot.engine import live, router
+from bot.engine import live, served
 from bot.engine.assign import choose
 from bot.engine.bandit import thompson_split
 from bot.engine.protocol import Generated
-from bot.engine.router import Backend, VariantResponder
+from bot.engine.router import VariantResponder
+from bot.engine.spec import Backend
 from bot.engine.variants import load_experiment
 from bot.reports import stats as service_stats
 from bot.reports.variants import variant_report
@@ -95,7 +96,7 @@ async def serving(
     async def start_backend(variant: Any, *args: Any) -> Backend:
         return cast(Backend, StandIn(variant.name))
 
-    monkeypatch.setattr(router, "_start_backend", start_backend)
+    monkeypatch.setattr(served, "start_backend", start_backend)
     loaded = await live.ensure_seeded(store.sessionmaker, load_experiment(settings), settings)
     backends = {v.name: cast(Backend, StandIn(v.name)) for v in loaded.experiment.variants}
     return VariantResponder(loaded.experiment, backends, store, settings=settings)
@@ -345,7 +346,7 @@ async def test_a_new_model_for_a_name_is_a_new_identity_but_threads_are_not(
         await release.wait()
         return cast(Backend, StandIn(variant.name))
 
-    monkeypatch.setattr(router, "_start_backend", held_start)
+    monkeypatch.setattr(served, "start_backend", held_start)
     path.write_text(path.read_text().replace("topp = 0.9", "topp = 0.5"))
     await admin(settings, "reload")
     await responder.refresh()

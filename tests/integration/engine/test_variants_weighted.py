@@ -18,7 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from bot.conversations.store import ConversationStore
 from bot.db.models import Assignment, Session
 from bot.engine.bandit import thompson_split
-from bot.engine.router import Backend, VariantResponder
+from bot.engine.router import VariantResponder
+from bot.engine.spec import Backend
 from bot.engine.variants import Experiment, Variant
 from bot.reports.variant_stats import BANDIT_NOTE
 from bot.reports.variants import REPORT_NOTE, variant_report

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bot.config import Settings
 from bot.db.conversations import SessionRow
-from bot.engine.client import ModelProcess, process_spec
+from bot.engine.backends.local import ModelProcess, process_spec
 from bot.engine.protocol import ConversationContext
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bot.config import Settings
-from bot.engine.client import PIPE_FULL, ModelProcess, process_spec
+from bot.engine.backends.local import PIPE_FULL, ModelProcess, process_spec
 from bot.engine.protocol import GenerationError
 from tests.integration.engine.test_worker_drafts import NoHistory, _session
 

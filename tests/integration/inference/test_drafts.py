@@ -20,7 +20,7 @@ import pytest
 
 from bot.config import Settings
 from bot.inference.batcher import chat_reply
-from bot.inference.fastgen import continuous
+from bot.inference.fastgen import chat_search, continuous
 from bot.inference.model import load_shared_agent
 from bot.inference.scheduler import Scheduler
 from bot.training.evaluate import SAMPLE_PROMPTS
@@ -182,7 +182,7 @@ def _check_settled(agent: Any, case: Any, seen: dict[str, int]) -> None:
 
 def _shared_by_live_beams(chat: Any) -> list[int]:
     rows = [chat.hyps[k, 1:].tolist() for k in range(chat.beam) if int(chat.last[0, k]) != chat.eos]
-    return continuous.shared_start(rows)
+    return chat_search.shared_start(rows)
 
 
 def test_a_draft_shows_only_what_the_cleaning_of_the_reply_keeps(agent: Any) -> None:

@@ -78,7 +78,7 @@ def test_a_stale_versions_message_is_recognisable() -> None:
 
 
 def test_the_service_refuses_a_model_process_of_another_protocol_version() -> None:
-    from bot.engine.client import _first_message
+    from bot.engine.backends.local import _first_message
 
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe()

@@ -1,5 +1,10 @@
-"""The service's side of a model worker process (bot.inference.process): start it, send it
-turns, watch that it answers, restart it when it dies or hangs.
+"""MODEL_BACKEND=local: every variant's model on this machine, in a worker process of its own
+(MODEL_WORKERS=process, ModelProcess below) or in this process (MODEL_WORKERS=inline, the
+model's own Responder, named by bot.engine.spec.INLINE_RESPONDER).
+
+ModelProcess is the service's side of a model worker process (bot.engine.spec.PROCESS_MAIN,
+bot.inference.process): start it, send it turns, watch that it answers, restart it when it dies
+or hangs.
 
 Nothing here may block the event loop on the worker: messages to it go through a bounded queue
 to a writer thread of its own (a stopped worker fills its pipe, and a blocking `send` on the
@@ -27,21 +32,23 @@ import multiprocessing
 import queue
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from functools import partial
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
-from bot.config import Settings
+from bot.config import ConfigError, Settings
 from bot.db.conversations import SessionRow
 from bot.engine import pipe
+from bot.engine.backends.deadline import within_turn_deadline
 from bot.engine.protocol import DraftSink, Generated, GenerationError, ModelView
-from bot.inference.process import ProcessSpec
+from bot.engine.spec import INLINE_RESPONDER, PROCESS_MAIN, Backend, ProcessSpec, resolve
 from bot.tasks import cancel_and_wait
 
 if TYPE_CHECKING:  # the service process never imports torch or ParlAI: the workers do
     from bot.engine.protocol import ContextSource, ConversationContext
+    from bot.engine.variants import Variant
 
 
 class _Build(Protocol):
@@ -51,7 +58,9 @@ class _Build(Protocol):
     def __call__(self, req_id: int, *, context: ConversationContext | None) -> pipe.Request: ...
 
 
-log = logging.getLogger(__name__)
+# The logger keeps the name of the module this code came from (bot/engine/client.py): log
+# filters and dashboards that select it keep working.
+log = logging.getLogger("bot.engine.client")
 
 # A turn whose worker died this many times is given up (it may be what kills the worker).
 MAX_LOST = 3
@@ -76,35 +85,6 @@ class ModelStartError(Exception):
 
 class ModelProcessLost(Exception):
     """The worker process died, or was killed for hanging, while a request was in flight."""
-
-
-T = TypeVar("T")
-
-
-class TimedBackend(Protocol):
-    """What within_turn_deadline needs of a variant's backend (worker process or Ray)."""
-
-    name: str
-    turn_timeout_s: float
-
-    def evict(self, session_id: int) -> None: ...
-
-
-async def within_turn_deadline(
-    backend: TimedBackend, session_id: int, work: Coroutine[Any, Any, T]
-) -> T:
-    """`work` (a turn's round trips to the backend's model, waiting for a restarted one
-    included) within GENERATION_TIMEOUT_S; after it, the session's clone is evicted (whatever
-    the model still does with it is not stored) and the turn fails."""
-    try:
-        async with asyncio.timeout(backend.turn_timeout_s):
-            return await work
-    except TimeoutError:
-        backend.evict(session_id)
-        raise GenerationError(
-            f"variant {backend.name}: no reply within GENERATION_TIMEOUT_S "
-            f"({backend.turn_timeout_s:g} s)"
-        ) from None
 
 
 class ModelProcess:
@@ -386,10 +366,11 @@ class ModelProcess:
     async def _spawn(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
-        from bot.inference.process import main
-
         proc = ctx.Process(
-            target=main, args=(child, self.spec), name=f"bot-variant-{self.name}", daemon=True
+            target=resolve(PROCESS_MAIN),
+            args=(child, self.spec),
+            name=f"bot-variant-{self.name}",
+            daemon=True,
         )
         proc.start()
         child.close()
@@ -529,3 +510,30 @@ def process_spec(
         log_format=settings.log_format,
         secrets=secrets,
     )
+
+
+async def make_backend(
+    variant: Variant, settings: Settings, store: ContextSource, secrets: tuple[str, ...]
+) -> Backend:
+    """The variant's model on this machine (`settings`: its own, Variant.settings): a worker
+    process, or (MODEL_WORKERS=inline) a Responder in this process; ConfigError if it cannot
+    load."""
+    if settings.model_workers == "inline":
+        try:
+            backend: Backend = await resolve(INLINE_RESPONDER).start(
+                settings, store, variant.parlai_overrides()
+            )
+        except ConfigError:
+            raise
+        except Exception as err:
+            raise ConfigError(str(err) or type(err).__name__) from err
+        return backend
+    handle = ModelProcess(
+        process_spec(variant.name, settings, variant.parlai_overrides(), variant.threads, secrets),
+        store,
+    )
+    try:
+        await handle.start()
+    except ModelStartError as err:
+        raise ConfigError(str(err)) from err
+    return handle
