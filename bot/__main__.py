@@ -320,14 +320,16 @@ def _run(settings: Settings, args: argparse.Namespace) -> int:
         check_settings(settings, listen=settings.dashboard_listen, required=False)
     _set_up_logging(settings, settings.log_level)
     from bot.app import check_offline, must_train, run_service
+    from bot.engine.backends.registry import models_load_here
 
     # The variants file, personas and privacy notice before anything connects: a
     # mistake exits 2 now, not after getMe (retried while the Bot API is unreachable).
     # A first start that trains the default model checks the models after it: the
     # variants file may name that model.
-    train_first = settings.model_backend == "local" and must_train(settings)
+    models_here = models_load_here(settings)
+    train_first = models_here and must_train(settings)
     check_offline(settings, models=not train_first)
-    if settings.model_backend == "local":
+    if models_here:
         # MODEL_BACKEND=ray: the Ray replicas load the model, and set themselves up
         # (bot.inference.ray_server); this process never imports torch or ParlAI.
         _set_up_model_process(settings)
