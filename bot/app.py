@@ -1,7 +1,7 @@
 """`python -m bot run`: the Telegram service, wired along a text message's way
 (docs/architecture.md).
 
-ingest (polling or webhook) -> inbox -> inbox worker -> handlers -> ChatActions (+ responder)
+ingest (polling or webhook) -> inbox -> inbox worker -> handlers -> use cases (+ responder)
 -> outbox -> delivery. python-telegram-bot supplies the Bot API client, the rate limiter and
 handler dispatch; its Updater is not used, because it acknowledges updates before they are
 handled (see the ingest module).
@@ -26,8 +26,8 @@ from telegram.ext import ApplicationBuilder
 
 from bot import texts
 from bot.config import ConfigError, Settings
-from bot.conversations.actions import ChatActions
 from bot.conversations.store import ConversationStore
+from bot.conversations.usecases import UseCases
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker, safe_url
 from bot.engine.protocol import ResponderProtocol
@@ -168,7 +168,7 @@ class Service:
         self.store = ConversationStore(sessionmaker)
         self.responder = responder
         self.application = application
-        self.chat = ChatActions(self.store, responder, settings)
+        self.cases = UseCases(self.store, responder, settings)
         variants = responder.abilities.variants
         if variants is not None:  # bot_worker_restarts_total{variant,reason}
             self.metrics.watch_worker_restarts(variants.restart_reasons)
@@ -177,7 +177,7 @@ class Service:
         self.metrics.set_build_info(**build_labels(settings))
         # ALLOWED_USERS / ALLOWED_CHATS / admin access, and the quotas (bot/service/access.py).
         self.access = Access(settings, sessionmaker, metrics)
-        self.handlers = Handlers(self.chat, settings, sessionmaker, budget, self.access)
+        self.handlers = Handlers(self.cases, settings, sessionmaker, budget, self.access)
         self.handlers.register(application)
         bot = application.bot
         # Another process may use the same database (a second instance, or replicas): chat
@@ -335,7 +335,7 @@ class Service:
         if self.ops is not None:  # first: /healthz answers, /readyz tells, during start-up
             await self.ops.start()
         self._commands_task = asyncio.create_task(self._set_commands(), name="setMyCommands")
-        await self.chat.safety.warm_up()  # the classifier loads now, not on the first reply
+        await self.cases.core.safety.warm_up()  # the classifier loads now, not on the first reply
         if self.settings.retention_days:
             from bot.service.retention import run_forever
 

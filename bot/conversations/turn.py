@@ -44,7 +44,7 @@ class Drafts:
 @dataclass(frozen=True, slots=True)
 class CommandCall:
     """A command of the table (bot/commands.py) as a front end received it, for
-    ChatActions.command: the same use case runs for Telegram and the terminal."""
+    UseCases.command: the same use case runs for Telegram and the terminal."""
 
     name: str
     argument: str = ""  # everything after the command, inner line breaks kept

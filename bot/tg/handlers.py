@@ -1,7 +1,8 @@
-"""Handlers: Telegram updates -> ChatActions use cases. Registered in one ordered function.
+"""Handlers: Telegram updates -> the conversation use cases (bot/conversations/usecases.py),
+registered in one ordered function.
 
 Handlers never send anything themselves (except the typing indicator): every answer is an outbox
-row that ChatActions writes in the same transaction that closes the update's inbox row, and
+row that a use case writes in the same transaction that closes the update's inbox row, and
 delivery sends it.
 """
 
@@ -35,9 +36,10 @@ from telegram.ext import (
 
 from bot import commands, texts
 from bot.config import Settings
-from bot.conversations.actions import USE_CASES, ChatActions, arena_answer, rating_answer
 from bot.conversations.outcome import COMMAND, FEEDBACK, FLOODED, IGNORED, NOTICE
 from bot.conversations.turn import CommandCall, Drafts, Turn
+from bot.conversations.usecases import COMMAND_NAMES, UseCases
+from bot.conversations.votes import arena_answer, rating_answer
 from bot.db import inbox
 from bot.db.feedback import Outcome
 from bot.db.inbox import InboxRow, UpdateRef
@@ -134,17 +136,17 @@ def _command_argument(message: Message) -> str:
 
 
 class Handlers:
-    """The conversation's Telegram handlers; each ends in one ChatActions call."""
+    """The conversation's Telegram handlers; each ends in one use case call."""
 
     def __init__(
         self,
-        chat: ChatActions,
+        cases: UseCases,
         settings: Settings,
         sessionmaker: async_sessionmaker[AsyncSession],
         budget: SendBudget,
         access: Access | None = None,
     ) -> None:
-        self.chat = chat
+        self.cases = cases
         self.access = access  # the reply quotas (bot/service/access.py); None: no quotas
         self.settings = settings
         self.sessionmaker = sessionmaker
@@ -169,7 +171,7 @@ class Handlers:
         # One handler per entry of the command table: its use case, or Telegram's own.
         own = {"stats": self.stats}
         for command in commands.COMMANDS:
-            callback = self.command if command.name in USE_CASES else own[command.name]
+            callback = self.command if command.name in COMMAND_NAMES else own[command.name]
             application.add_handler(CommandHandler(command.name, callback, filters=message))
         # After every CommandHandler: any other command.
         application.add_handler(MessageHandler(message & filters.COMMAND, self.unknown_command))
@@ -210,7 +212,7 @@ class Handlers:
         if verdict is Flood.OK:
             return
         if verdict is Flood.NOTICE:
-            await self.chat.notice(context.turn, self.flood.notice(context.texts))
+            await self.cases.core.notice(context.turn, self.flood.notice(context.texts))
         context.turn.decided(FLOODED)
         raise ApplicationHandlerStop
 
@@ -282,7 +284,7 @@ class Handlers:
     # --- commands --------------------------------------------------------------------------
 
     async def command(self, update: Update, context: Context) -> None:
-        """A command of the table with a use case (bot/conversations/actions.USE_CASES):
+        """A command of the table with a use case (bot/conversations/usecases.COMMAND_NAMES):
         `/name argument`; /done gets the 1-5 rating keyboard where FEEDBACK_BUTTONS is on."""
         message = update.message
         assert message is not None
@@ -294,22 +296,22 @@ class Handlers:
             sender_language=_sender_language(update),
             rating_markup=feedback.rating_markup_json if self.settings.feedback_buttons else None,
         )
-        await self.chat.command(context.turn, call)
+        await self.cases.command(context.turn, call)
 
     async def stats(self, update: Update, context: Context) -> None:
         """/stats for admins; everyone else gets the unknown-command answer."""
         user_id = _user_id(update)
         if user_id is None or user_id not in self.admin_ids:
             log.info("refused /stats from user %s in chat %s", user_id, _chat_id(update))
-            await self.chat.notice(context.turn, context.texts.UNKNOWN_COMMAND)
+            await self.cases.core.notice(context.turn, context.texts.UNKNOWN_COMMAND)
             return
         figures = await stats(self.sessionmaker, retention_days=self.settings.retention_days)
         text = format_stats(figures)
-        await self.chat.notice(context.turn, text)
+        await self.cases.core.notice(context.turn, text)
 
     async def unknown_command(self, update: Update, context: Context) -> None:
         """Any other /command."""
-        await self.chat.notice(context.turn, context.texts.UNKNOWN_COMMAND)
+        await self.cases.core.notice(context.turn, context.texts.UNKNOWN_COMMAND)
 
     # --- messages --------------------------------------------------------------------------
 
@@ -324,7 +326,7 @@ class Handlers:
             text = re.sub(rf"@{re.escape(context.bot.username)}\b", " ", text, flags=re.I).strip()
         verdict = self.flood.check(chat_id, _sent_at(message), update.update_id)
         if verdict is not Flood.OK:
-            await self.chat.unanswered(
+            await self.cases.core.unanswered(
                 context.turn,
                 text,
                 notice=self.flood.notice(context.texts) if verdict is Flood.NOTICE else None,
@@ -334,7 +336,7 @@ class Handlers:
         if self.access is not None and await self._over_quota(context, text, message):
             return
         async with self._showing_progress(context.bot, context.turn, message.chat.type):
-            await self.chat.text(
+            await self.cases.chat.text(
                 context.turn,
                 text,
                 telegram_message_id=message.message_id,
@@ -359,7 +361,7 @@ class Handlers:
         )
         when = over.until.strftime("%H:%M:%S" if over.span == "minute" else "%Y-%m-%d %H:%M")
         notice = context.texts.quota_reached(over.span, over.limit, when) if over.first else None
-        await self.chat.unanswered(
+        await self.cases.core.unanswered(
             context.turn, text, notice=notice, telegram_message_id=message.message_id
         )
         return True
@@ -370,7 +372,7 @@ class Handlers:
         typing indicator (groups: drafts are for private chats only; and a responder that
         makes no drafts gets the typing indicator too)."""
         chat_id = turn.chat_id
-        streams = self.settings.stream_replies and self.chat.responder.abilities.drafts
+        streams = self.settings.stream_replies and self.cases.core.responder.abilities.drafts
         if chat_type != ChatType.PRIVATE or not streams:
             async with typing_action(bot, chat_id):
                 yield
@@ -379,10 +381,10 @@ class Handlers:
             settings = self.settings
             token, url = settings.require_token(), settings.telegram_base_url
             self.drafts = DraftSender(token, url, self.budget)
-        safety = self.chat.safety
+        safety = self.cases.core.safety
         stream = DraftStream(self.drafts, chat_id, check=safety.offensive if safety.on else None)
         stream.start()
-        turn.drafts = Drafts(stream.send, stream.done)  # ChatActions awaits done() before the reply
+        turn.drafts = Drafts(stream.send, stream.done)  # the use case awaits done() first
         try:
             yield
         finally:
@@ -395,10 +397,10 @@ class Handlers:
         message = update.edited_message
         assert message is not None
         if message.text is None or _command_name(message) is not None:
-            await self.chat.notice(context.turn, context.texts.EDITED)
+            await self.cases.core.notice(context.turn, context.texts.EDITED)
             return
         async with typing_action(context.bot, _chat_id(update)):
-            await self.chat.edit(context.turn, message.message_id, message.text)
+            await self.cases.chat.edit(context.turn, message.message_id, message.text)
 
     async def not_text(self, update: Update, context: Context) -> None:
         """Stickers, photos, voice, files, locations, ...: only text is understood."""
@@ -407,7 +409,7 @@ class Handlers:
         if verdict is Flood.QUIET:
             return  # left pending -> closed as ignored
         text = context.texts.NOT_TEXT if verdict is Flood.OK else self.flood.notice(context.texts)
-        await self.chat.notice(context.turn, text)
+        await self.cases.core.notice(context.turn, text)
 
     # --- feedback --------------------------------------------------------------------------
 
@@ -425,19 +427,19 @@ class Handlers:
         language = context.texts  # the chat's (or the presser's), as for any update
         answer, markup = language.VOTE_STALE, None
         if isinstance(press, feedback.VotePress) and user_id is not None:
-            outcome = await self.chat.vote(
+            outcome = await self.cases.votes.vote(
                 context.turn, user_id, press.message_id, press.value, telegram_message_id=pressed_on
             )
             if outcome is not Outcome.STALE:
                 answer = language.VOTED_UP if press.value > 0 else language.VOTED_DOWN
                 markup = feedback.vote_keyboard(press.message_id, press.value)
         elif isinstance(press, feedback.DuelPress):
-            outcome = await self.chat.arena_pick(context.turn, press.match_id, press.winner)
+            outcome = await self.cases.votes.arena_pick(context.turn, press.match_id, press.winner)
             answer = arena_answer(outcome, press.winner, language)
             if outcome is Outcome.STORED:
                 markup = feedback.duel_keyboard(press.match_id, language, press.winner)
         elif isinstance(press, feedback.RatePress) and press.value > 0:
-            outcome = await self.chat.rate(context.turn, press.session_id, press.value)
+            outcome = await self.cases.votes.rate(context.turn, press.session_id, press.value)
             answer = rating_answer(outcome, press.value, language)
             if outcome is Outcome.STORED:
                 markup = feedback.rating_keyboard(press.session_id, press.value)
@@ -467,7 +469,7 @@ class Handlers:
             return
         emoji = {getattr(r, "emoji", None) for r in change.new_reaction}
         value = 1 if texts.VOTE_UP in emoji else -1 if texts.VOTE_DOWN in emoji else 0
-        await self.chat.vote(
+        await self.cases.votes.vote(
             context.turn,
             change.user.id,
             None,
@@ -479,7 +481,7 @@ class Handlers:
     async def _ignore(self, turn: Turn) -> None:
         """Close the update unanswered."""
         if turn.update is not None:
-            await self.chat.store.finish_update(turn.update, InboxStatus.IGNORED)
+            await self.cases.core.store.finish_update(turn.update, InboxStatus.IGNORED)
 
     # --- errors ----------------------------------------------------------------------------
 
@@ -552,7 +554,7 @@ class UpdateRunner:
         it gets is in it)."""
         chat = update.effective_chat
         texts = (
-            await self.handlers.chat.texts_for(chat.id, _sender_language(update))
+            await self.handlers.cases.languages.texts_for(chat.id, _sender_language(update))
             if chat is not None
             else ENGLISH
         )

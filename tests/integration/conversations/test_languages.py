@@ -8,8 +8,8 @@ import asyncio
 from pathlib import Path
 
 from bot.config import Settings
-from bot.conversations.actions import ChatActions
 from bot.conversations.store import ConversationStore
+from bot.conversations.usecases import UseCases
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.service.inbox import sender_language
@@ -179,7 +179,7 @@ async def test_the_terminal_chat_speaks_its_lang(tmp_path: Path) -> None:
     engine = make_engine(url)
     store = ConversationStore(make_sessionmaker(engine))
     settings = Settings(_env_file=None, database_url=url, data_dir=tmp_path, safety="off")  # type: ignore[call-arg]
-    chat = ChatActions(store, EchoResponder(), settings)
+    chat = UseCases(store, EchoResponder(), settings)
     try:
         for line in ("/help", "hello", "/bogus", "/lang es", "/done"):
             await terminal_dispatch(chat, 7, line, language="de")

@@ -354,12 +354,12 @@ async def test_an_edit_regenerates_from_the_history_without_the_old_turn(
 ) -> None:
     """Through the worker: the regenerated reply's input holds the edited text and not the
     old one, and the history the next turn is rebuilt from holds only the edited turn."""
-    from bot.conversations.actions import ChatActions
     from bot.conversations.turn import Turn
+    from bot.conversations.usecases import UseCases
 
     router, store = workers
     settings = Settings(_env_file=None, data_dir=tmp_path, safety="off")  # type: ignore[call-arg]
-    chat_actions = ChatActions(store, router, settings)
+    chat_actions = UseCases(store, router, settings).chat
     chat = 971
     await chat_actions.text(
         Turn(chat_id=chat, user_id=chat, texts=texts), "hello one", telegram_message_id=1
