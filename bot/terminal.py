@@ -24,6 +24,7 @@ from bot.config import Settings
 from bot.conversations.store import ConversationStore
 from bot.conversations.turn import CommandCall, Drafts, Turn
 from bot.conversations.usecases import COMMAND_NAMES, UseCases
+from bot.db import outbox
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import OutboxKind
 
@@ -107,11 +108,14 @@ async def dispatch(
 
 async def deliver(store: ConversationStore, chat_id: int, out: TextIO) -> None:
     """Print what the outbox holds for this chat and mark it sent."""
-    for row in await store.pending_outbox(chat_id):
+    async with store.read() as db:
+        rows = await outbox.pending(db, chat_id)
+    for row in rows:
         prefix = "bot> " if row.kind == OutboxKind.REPLY else "** "
         out.write(prefix + row.text.replace("\n", "\n" + " " * len(prefix)) + "\n")
         out.flush()
-        await store.mark_sent(row.id)
+        async with store.write() as db:
+            await outbox.sent(db, row.id)
 
 
 async def run_terminal(

@@ -14,6 +14,7 @@ from bot.conversations.personas import Personas
 from bot.conversations.store import StoredTurn
 from bot.conversations.turn import Turn
 from bot.conversations.votes import Votes
+from bot.db import conversations
 from bot.db.conversations import ReplyFacts, SessionRow
 from bot.engine.protocol import GenerationError, Reply
 from bot.persona import join_turns, persona_lines
@@ -68,7 +69,8 @@ class Chat:
         ones were dropped to fit its input."""
         core = self.core
         inspector = core.responder.abilities.inspect
-        session = await core.store.active_session_row(turn.chat_id)
+        async with core.store.read() as db:
+            session = await conversations.get_active_session(db, turn.chat_id)
         if session is None or session.last_message_id is None:
             await core.notice(turn, turn.texts.CONTEXT_EMPTY)
             return
@@ -112,10 +114,11 @@ class Chat:
     async def forget(self, turn: Turn) -> None:
         """/forget: delete everything stored for this chat."""
         store = self.core.store
-        active = await store.active_session_id(turn.chat_id)
+        async with store.read() as db:
+            active = await conversations.get_active_session(db, turn.chat_id)
         await store.forget_chat(turn.chat_id, notice=turn.texts.FORGOTTEN, update=turn.update)
         if active is not None:
-            self.core.responder.evict(active)
+            self.core.responder.evict(active.id)
 
     # --- turns -----------------------------------------------------------------------------
 

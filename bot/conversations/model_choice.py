@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from bot.conversations.core import Core, FeatureCommand
 from bot.conversations.turn import Turn
+from bot.db import conversations
 from bot.db.assignments import Choice
 from bot.db.models import AssignmentSource
 
@@ -37,7 +38,8 @@ class ModelChoice:
         names = experiment.names
         name = name.strip()
         if not name:
-            session = await core.store.active_session_row(turn.chat_id)
+            async with core.store.read() as db:
+                session = await conversations.get_active_session(db, turn.chat_id)
             current = session.variant if session is not None else None
             await core.notice(turn, turn.texts.variants_list(names, current))
             return

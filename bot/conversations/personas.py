@@ -8,6 +8,7 @@ import logging
 
 from bot.conversations.core import Core, FeatureCommand, clean_text
 from bot.conversations.turn import Turn
+from bot.db import conversations
 from bot.presets import load_presets
 from bot.safety import SafetyMark
 
@@ -33,13 +34,20 @@ class Personas:
 
     async def show_persona(self, turn: Turn) -> None:
         """/persona without text."""
-        persona = await self.core.store.current_persona(turn.chat_id)
+        persona = await self.current(turn.chat_id)
         text = (
             turn.texts.persona_shown(persona)
             if persona
             else turn.texts.no_persona(self.core.settings.bot_model_language)
         )
         await self.core.notice(turn, text)
+
+    async def current(self, chat_id: int) -> str:
+        """The persona the next reply of this chat will use (a new conversation keeps the
+        previous one's)."""
+        async with self.core.store.read() as db:
+            active = await conversations.get_active_session(db, chat_id)
+            return active.persona if active else await conversations.latest_persona(db, chat_id)
 
     async def set_persona(self, turn: Turn, text: str) -> None:
         """/persona <text>: set it (or clear it with a clear word); `/persona list` shows the

@@ -481,7 +481,8 @@ class Handlers:
     async def _ignore(self, turn: Turn) -> None:
         """Close the update unanswered."""
         if turn.update is not None:
-            await self.cases.core.store.finish_update(turn.update, InboxStatus.IGNORED)
+            async with self.cases.core.store.write() as db:
+                await inbox.finish(db, turn.update, status=InboxStatus.IGNORED)
 
     # --- errors ----------------------------------------------------------------------------
 

@@ -1,9 +1,8 @@
 """Ingest: Telegram updates into the inbox, acknowledged only once the row is committed.
 
 Polling: an update is confirmed by the next getUpdates whose offset is above its update_id, so
-the offset only moves past an update after `ConversationStore.ingest` committed it. Webhook:
-the HTTP
-200 is the acknowledgement, so it is answered after the commit; anything else makes Telegram
+the offset only moves past an update after `store_update` committed it. Webhook: the HTTP 200
+is the acknowledgement, so it is answered after the commit; anything else makes Telegram
 retry. The inbox's unique update_id makes every redelivery a no-op.
 """
 
@@ -35,6 +34,7 @@ from telegram.request import HTTPXRequest, RequestData
 from telegram.warnings import PTBUserWarning
 
 from bot.conversations.store import ConversationStore
+from bot.db import inbox
 from bot.db.models import InboxStatus
 from bot.service.access import Access, Sender
 from bot.service.metrics import Metrics
@@ -224,14 +224,16 @@ async def store_update(
             if not new and metrics is not None:
                 metrics.duplicate()
             return new
-    new = await store.ingest(
-        update_id=update.update_id,
-        chat_id=_db_int(chat.id) if chat else None,
-        user_id=_db_int(user.id) if user else None,
-        kind=kind,
-        payload=payload,
-        status=InboxStatus.PENDING if handled else InboxStatus.IGNORED,
-    )
+    async with store.write() as db:
+        new = await inbox.insert(
+            db,
+            update_id=update.update_id,
+            chat_id=_db_int(chat.id) if chat else None,
+            user_id=_db_int(user.id) if user else None,
+            kind=kind,
+            payload=payload,
+            status=InboxStatus.PENDING if handled else InboxStatus.IGNORED,
+        )
     if not new:
         log.info("update %s was delivered again; already stored", update.update_id)
         if metrics is not None:
@@ -245,14 +247,16 @@ async def store_unreadable(store: ConversationStore, data: Mapping[str, Any]) ->
         (v.get("chat") for k, v in data.items() if k != "update_id" and isinstance(v, dict)),
         None,
     )
-    return await store.ingest(
-        update_id=int(data["update_id"]),
-        chat_id=_db_int(chat.get("id")) if isinstance(chat, dict) else None,
-        user_id=None,
-        kind=_clean(update_kind(data))[:32],
-        payload=_clean(json.dumps(data, ensure_ascii=False)),
-        status=InboxStatus.IGNORED,
-    )
+    async with store.write() as db:
+        return await inbox.insert(
+            db,
+            update_id=int(data["update_id"]),
+            chat_id=_db_int(chat.get("id")) if isinstance(chat, dict) else None,
+            user_id=None,
+            kind=_clean(update_kind(data))[:32],
+            payload=_clean(json.dumps(data, ensure_ascii=False)),
+            status=InboxStatus.IGNORED,
+        )
 
 
 class PollingIngest:

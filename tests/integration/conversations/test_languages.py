@@ -18,6 +18,7 @@ from bot.texts import ENGLISH, LANGUAGES, for_language
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.fixtures import StartService
 from tests.support.service_harness import EchoResponder, make_settings, rows
+from tests.support.store_rows import pending_outbox
 
 DE, RU, ES = for_language("de"), for_language("ru"), for_language("es")
 
@@ -183,7 +184,7 @@ async def test_the_terminal_chat_speaks_its_lang(tmp_path: Path) -> None:
     try:
         for line in ("/help", "hello", "/bogus", "/lang es", "/done"):
             await terminal_dispatch(chat, 7, line, language="de")
-        texts = [row.text for row in await store.pending_outbox(7)]
+        texts = [row.text for row in await pending_outbox(store, 7)]
     finally:
         await engine.dispose()
     assert texts == [

@@ -27,6 +27,7 @@ from bot.inference.responder import Responder
 from bot.reports import dashboard
 from bot.texts import ENGLISH
 from tests.integration.admin.test_export_episodes import export, read_with_fromfile_teacher
+from tests.support.store_rows import pending_outbox
 
 CHAT = 31
 PIRATE = "I love the sea."
@@ -98,7 +99,7 @@ def _trained_inputs(shared_agent: Any, episodes: list[list[dict[str, Any]]]) -> 
 
 
 async def _notices(store: ConversationStore) -> list[str]:
-    return [row.text for row in await store.pending_outbox(CHAT)]
+    return [row.text for row in await pending_outbox(store, CHAT)]
 
 
 async def test_export_uses_persona_the_model_read(

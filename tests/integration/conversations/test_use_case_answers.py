@@ -22,6 +22,7 @@ from bot.service.delivery import split_message
 from bot.terminal import dispatch as terminal_dispatch
 from bot.texts import ENGLISH, LANGUAGES, for_language
 from tests.support.service_harness import EchoResponder
+from tests.support.store_rows import pending_outbox
 
 
 class VariantsEcho(EchoResponder):
@@ -47,7 +48,7 @@ async def run(
     """Run a command's use case as a front end does; returns what it queued for the chat."""
     turn = Turn(chat_id=chat_id, user_id=chat_id, texts=for_language(language))
     await chat.command(turn, CommandCall(name, argument))
-    return [row.text for row in await chat.core.store.pending_outbox(chat_id)]
+    return [row.text for row in await pending_outbox(chat.core.store, chat_id)]
 
 
 # --- item 4: echoed arguments ------------------------------------------------------------------
@@ -136,9 +137,9 @@ async def test_a_vote_with_no_reply_to_rate_gets_only_the_nothing_to_rate_answer
     # rate yet." The thanks were queued with the vote before it was known to be stale.
     chat = actions(store, tmp_path)
     await terminal_dispatch(chat, 21, command)
-    assert [row.text for row in await store.pending_outbox(21)] == [ENGLISH.NOTHING_TO_VOTE_ON]
+    assert [row.text for row in await pending_outbox(store, 21)] == [ENGLISH.NOTHING_TO_VOTE_ON]
     # With a reply to rate, the thanks alone.
     await terminal_dispatch(chat, 22, "hello")
     await terminal_dispatch(chat, 22, command)
     thanks = ENGLISH.VOTED_UP if command == "/good" else ENGLISH.VOTED_DOWN
-    assert [row.text for row in await store.pending_outbox(22)] == ["echo 22: hello", thanks]
+    assert [row.text for row in await pending_outbox(store, 22)] == ["echo 22: hello", thanks]

@@ -24,6 +24,7 @@ from bot.texts import ENGLISH as texts
 from tests.integration.admin.test_admin import parse_admin
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.service_harness import make_settings, rows, running_service
+from tests.support.store_rows import mark_sent, pending_outbox
 
 
 def write_variants(path: Path, model: str, weights: dict[str, float], **extra: str) -> Path:
@@ -367,8 +368,8 @@ async def test_an_edit_regenerates_from_the_history_without_the_old_turn(
     await chat_actions.text(
         Turn(chat_id=chat, user_id=chat, texts=texts), "tell me about cats", telegram_message_id=2
     )
-    for row in await store.pending_outbox(chat):  # delivered (only those are edited in place)
-        await store.mark_sent(row.id, 1000 + row.id)
+    for row in await pending_outbox(store, chat):  # delivered (only those are edited in place)
+        await mark_sent(store, row.id, 1000 + row.id)
     await chat_actions.edit(Turn(chat_id=chat, user_id=chat, texts=texts), 2, "tell me about dogs")
     session = await store.active_session(chat)
     view = await router.inspect(session)
