@@ -41,9 +41,11 @@ from bot.service.leases import Leases
 from bot.service.metrics import Metrics
 from bot.service.retry import Backoff, Interrupted, retry
 from bot.tg import feedback
-from bot.tg.handlers import App, Handlers, UpdateRunner
-from bot.tg.ingest import BoundedJsonRequest, PollingIngest, WebhookIngest
+from bot.tg.api_request import BoundedJsonRequest
+from bot.tg.handlers import App, Handlers
+from bot.tg.ingest import PollingIngest, WebhookIngest
 from bot.tg.poller import ElectedPolling
+from bot.tg.runner import UpdateRunner
 
 log = logging.getLogger(__name__)
 

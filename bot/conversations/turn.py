@@ -1,6 +1,6 @@
 """One turn: the update being processed, handed from the front end to every use case.
 
-The runner that takes an update (bot/tg/handlers.UpdateRunner for Telegram, the terminal chat
+The runner that takes an update (bot/tg/runner.UpdateRunner for Telegram, the terminal chat
 for a line typed) makes one Turn and passes it down; nothing of a turn travels in a context
 variable (only the log fields do, bot/logs.py). A Turn carries:
 

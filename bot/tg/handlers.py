@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -36,20 +34,18 @@ from telegram.ext import (
 
 from bot import commands, texts
 from bot.config import Settings
-from bot.conversations.outcome import COMMAND, FEEDBACK, FLOODED, IGNORED, NOTICE
+from bot.conversations.outcome import FLOODED
 from bot.conversations.turn import CommandCall, Drafts, Turn
 from bot.conversations.usecases import COMMAND_NAMES, UseCases
 from bot.conversations.votes import arena_answer, rating_answer
 from bot.db import inbox
 from bot.db.feedback import Outcome
-from bot.db.inbox import InboxRow, UpdateRef
 from bot.db.models import InboxStatus, VoteSource
 from bot.reports.stats import format_stats, stats
 from bot.service.access import Access
 from bot.service.budget import SendBudget
-from bot.service.metrics import Metrics
 from bot.tasks import cancel_and_wait
-from bot.texts import ENGLISH, Texts
+from bot.texts import Texts
 from bot.tg import feedback
 from bot.tg.drafts import DraftSender, DraftStream
 from bot.tg.flood import Flood, FloodGate
@@ -112,7 +108,7 @@ async def typing_action(
         await cancel_and_wait(task)
 
 
-def _command_name(message: Message) -> tuple[str, str | None] | None:
+def command_name(message: Message) -> tuple[str, str | None] | None:
     """("persona", "botname"|None) for a message that starts with a command."""
     text = message.text or ""
     entity = next(
@@ -200,7 +196,7 @@ class Handlers:
             return
         message = update.message or update.edited_message
         assert message is not None
-        command = _command_name(message)
+        command = command_name(message)
         if command is None and update.edited_message is None:
             return  # texts and non-text messages meet the flood gate in their handlers
         if command is not None and command[0] in commands.FLOOD_EXEMPT:
@@ -247,7 +243,7 @@ class Handlers:
         policy = self.settings.group_policy
         if policy == "ignore" or update.edited_message is not None:
             raise ApplicationHandlerStop
-        command = _command_name(message)
+        command = command_name(message)
         if command is not None:
             name, target = command
             for_us = (
@@ -288,19 +284,19 @@ class Handlers:
         `/name argument`; /done gets the 1-5 rating keyboard where FEEDBACK_BUTTONS is on."""
         message = update.message
         assert message is not None
-        name = _command_name(message)
+        name = command_name(message)
         assert name is not None
         call = CommandCall(
             name[0],
             _command_argument(message),
-            sender_language=_sender_language(update),
+            sender_language=sender_language(update),
             rating_markup=feedback.rating_markup_json if self.settings.feedback_buttons else None,
         )
         await self.cases.command(context.turn, call)
 
     async def stats(self, update: Update, context: Context) -> None:
         """/stats for admins; everyone else gets the unknown-command answer."""
-        user_id = _user_id(update)
+        user_id = user_id_of(update)
         if user_id is None or user_id not in self.admin_ids:
             log.info("refused /stats from user %s in chat %s", user_id, _chat_id(update))
             await self.cases.core.notice(context.turn, context.texts.UNKNOWN_COMMAND)
@@ -396,7 +392,7 @@ class Handlers:
         bot answered last regenerates the answer; any other gets a short notice."""
         message = update.edited_message
         assert message is not None
-        if message.text is None or _command_name(message) is not None:
+        if message.text is None or command_name(message) is not None:
             await self.cases.core.notice(context.turn, context.texts.EDITED)
             return
         async with typing_action(context.bot, _chat_id(update)):
@@ -421,7 +417,7 @@ class Handlers:
         """
         query = update.callback_query
         assert query is not None
-        chat_id, user_id = _chat_id(update), _user_id(update)
+        chat_id, user_id = _chat_id(update), user_id_of(update)
         pressed_on = query.message.message_id if query.message is not None else None
         press = feedback.parse(query.data)
         language = context.texts  # the chat's (or the presser's), as for any update
@@ -491,109 +487,18 @@ class Handlers:
         log.error("error outside any update", exc_info=context.error)
 
 
-async def dispatch(application: App, update: Update, turn: Turn) -> None:
-    """Run the update through the application's handlers, as Application.process_update does
-    (per group, in group order, the first handler whose check matches; ApplicationHandlerStop
-    ends it), except that a handler's exception propagates to the caller.
-
-    process_update hands exceptions to the error handler instead, which would leave the inbox
-    worker no way to retry the update but shared state keyed by update_id. Every handler here
-    is blocking (PTB's default), so running it in this task is what PTB would do too.
-    Every handler's context is a TurnContext that carries `turn`.
-    """
-    context: Context | None = None
-    for group in sorted(application.handlers):
-        for handler in list(application.handlers[group]):
-            check = handler.check_update(update)
-            if check is None or check is False:
-                continue
-            if context is None:
-                context = TurnContext.from_update(update, application)
-                context.turn = turn
-                await context.refresh_data()
-            try:
-                await handler.handle_update(update, application, check, context)
-            except ApplicationHandlerStop:
-                return
-            break  # at most one handler per group
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class UpdateRunner:
-    """Runs one inbox row through the PTB application (the inbox worker's `handle`)."""
-
-    application: App
-    handlers: Handlers
-    sessionmaker: async_sessionmaker[AsyncSession]
-    metrics: Metrics | None = None
-
-    async def __call__(self, row: InboxRow, owner: str | None) -> None:
-        """Process the update as `owner` (the holder of the chat's inbox lease, checked again
-        when the update is closed); raise what its handler raised, so the inbox worker can
-        retry."""
-        update = Update.de_json(json.loads(row.payload), self.application.bot)
-        started = time.perf_counter()
-        turn = await self.turn_of(update, row, owner)
-        await dispatch(self.application, update, turn)
-        unanswered = False
-        async with self.sessionmaker.begin() as db:
-            # No handler closed it (a group message not for us, a service message): done with it.
-            if await inbox.status_of(db, row.update_id) == InboxStatus.PENDING:
-                await inbox.finish(db, UpdateRef(row.update_id, owner), status=InboxStatus.IGNORED)
-                unanswered = True
-        log.debug(
-            "update %s processed in %.0f ms", row.update_id, (time.perf_counter() - started) * 1000
-        )
-        if self.metrics is not None:
-            # Counted once the update is closed: a failed attempt that is retried counts nothing.
-            self.metrics.turn(_outcome(update, turn, unanswered), turn.variant)
-            for reply in turn.replies:
-                self.metrics.replied(reply, row.received_at)
-
-    async def turn_of(self, update: Update, row: InboxRow, owner: str | None) -> Turn:
-        """The update's Turn, in its language (chosen once for the whole update: every text
-        it gets is in it)."""
-        chat = update.effective_chat
-        texts = (
-            await self.handlers.cases.languages.texts_for(chat.id, _sender_language(update))
-            if chat is not None
-            else ENGLISH
-        )
-        return Turn(
-            chat_id=chat.id if chat is not None else 0,  # (the gate stops an update without one)
-            update_id=row.update_id,
-            user_id=_user_id(update),
-            at=row.received_at,
-            texts=texts,
-            owner=owner,
-        )
-
-
-def _outcome(update: Update, turn: Turn, unanswered: bool) -> str:
-    """The turn's outcome: what the use case decided, else what the update was."""
-    if turn.outcome is not None:
-        return turn.outcome
-    if unanswered:
-        return IGNORED
-    if update.callback_query is not None or update.message_reaction is not None:
-        return FEEDBACK
-    if update.message is not None and _command_name(update.message) is not None:
-        return COMMAND
-    return NOTICE
-
-
 def _chat_id(update: Update) -> int:
     chat = update.effective_chat
     assert chat is not None  # the gate lets only updates with a chat through
     return chat.id
 
 
-def _user_id(update: Update) -> int | None:
+def user_id_of(update: Update) -> int | None:
     user = update.effective_user
     return user.id if user else None
 
 
-def _sender_language(update: Update) -> str | None:
+def sender_language(update: Update) -> str | None:
     """The sender's Telegram client language (an IETF tag such as "de" or "pt-br")."""
     user = update.effective_user
     return user.language_code if user else None
