@@ -152,12 +152,7 @@ def build_service(
     way; the Service only starts and stops them."""
     store = ConversationStore(sessionmaker)
     cases = UseCases(store, responder, settings)
-    variants = responder.abilities.variants
-    if variants is not None:  # bot_worker_restarts_total{variant,reason}
-        metrics.watch_worker_restarts(variants.restart_reasons)
-        # bot_model_process_*{variant}: the worker processes' memory, CPU, descriptors
-        metrics.watch_model_processes(partial(worker_pids, variants))
-    metrics.set_build_info(**build_labels(settings))
+    _watch(metrics, responder, settings)
     # ALLOWED_USERS / ALLOWED_CHATS / admin access, and the quotas (bot/service/access.py).
     access = Access(settings, sessionmaker, metrics)
     handlers = Handlers(cases, settings, sessionmaker, budget, access)
@@ -186,30 +181,8 @@ def build_service(
         Leases(sessionmaker, kind, owner=owner, heartbeat=heartbeat, on_takeover=took_over)
         for kind in ("inbox", "outbox")
     )
-    delivery = Delivery(
-        sessionmaker,
-        application.bot,
-        max_concurrent=settings.max_concurrent_chats,
-        backoff=backoff,
-        leases=outbox_leases,
-        markup=feedback.outbox_markup(settings.feedback_buttons),
-        metrics=metrics,
-        # Texts a dead replica committed but did not send are found by the others' scan:
-        # once a second, like the inbox (one indexed query).
-        poll_interval_s=1.0,
-    )
-    inbox_worker = InboxWorker(
-        sessionmaker,
-        UpdateRunner(application, handlers, sessionmaker, metrics),
-        max_concurrent=settings.max_concurrent_chats,
-        on_processed=delivery.wake,
-        backoff=backoff,
-        leases=inbox_leases,
-        metrics=metrics,
-        lanes=variants,  # a slot share per variant, and no turn for one that is down
-        # Another replica may have stored the rows (it polls, or nginx sent it the POST):
-        # look often enough that its chats never wait long for a free replica.
-        poll_interval_s=1.0,
+    delivery, inbox_worker = _queues(
+        settings, application, handlers, (inbox_leases, outbox_leases), backoff, metrics
     )
     polling_leases = Leases(
         sessionmaker, "poller", owner=owner, ttl_s=10.0, heartbeat=heartbeat, on_takeover=took_over
@@ -217,19 +190,7 @@ def build_service(
     ingest = _ingest(
         settings, application, store, inbox_worker.wake, polling_leases, backoff, metrics, access
     )
-    health = Health(
-        sessionmaker,
-        responder,
-        max_inbox_lag_s=settings.ready_max_inbox_lag_s,
-        secrets=settings_secrets(settings),
-        metrics=metrics,
-    )
-    # METRICS_PORT: /metrics, /healthz, /readyz (bot/service/health.py), from start() to stop().
-    ops = (
-        OpsServer(metrics, health, listen=settings.metrics_listen, port=settings.metrics_port)
-        if settings.metrics_port is not None
-        else None
-    )
+    health, ops = _health(settings, sessionmaker, responder, metrics)
     built.append(
         Service(
             settings=settings,
@@ -254,6 +215,79 @@ def build_service(
         )
     )
     return built[0]
+
+
+def _watch(metrics: Metrics, responder: ServingResponder, settings: Settings) -> None:
+    """The metrics that watch the responder's model workers, and bot_build_info."""
+    variants = responder.abilities.variants
+    if variants is not None:  # bot_worker_restarts_total{variant,reason}
+        metrics.watch_worker_restarts(variants.restart_reasons)
+        # bot_model_process_*{variant}: the worker processes' memory, CPU, descriptors
+        metrics.watch_model_processes(partial(worker_pids, variants))
+    metrics.set_build_info(**build_labels(settings))
+
+
+def _queues(
+    settings: Settings,
+    application: App,
+    handlers: Handlers,
+    leases: tuple[Leases, Leases],
+    backoff: Backoff | None,
+    metrics: Metrics,
+) -> tuple[Delivery, InboxWorker]:
+    """The outbox's delivery and the inbox's worker (which runs each update through the
+    handlers), under the chats' inbox and outbox leases."""
+    inbox_leases, outbox_leases = leases
+    delivery = Delivery(
+        handlers.sessionmaker,
+        application.bot,
+        max_concurrent=settings.max_concurrent_chats,
+        backoff=backoff,
+        leases=outbox_leases,
+        markup=feedback.outbox_markup(settings.feedback_buttons),
+        metrics=metrics,
+        # Texts a dead replica committed but did not send are found by the others' scan:
+        # once a second, like the inbox (one indexed query).
+        poll_interval_s=1.0,
+    )
+    inbox_worker = InboxWorker(
+        handlers.sessionmaker,
+        UpdateRunner(application, handlers, handlers.sessionmaker, metrics),
+        max_concurrent=settings.max_concurrent_chats,
+        on_processed=delivery.wake,
+        backoff=backoff,
+        leases=inbox_leases,
+        metrics=metrics,
+        # A slot share per variant, and no turn for one that is down.
+        lanes=handlers.cases.core.responder.abilities.variants,
+        # Another replica may have stored the rows (it polls, or nginx sent it the POST):
+        # look often enough that its chats never wait long for a free replica.
+        poll_interval_s=1.0,
+    )
+    return delivery, inbox_worker
+
+
+def _health(
+    settings: Settings,
+    sessionmaker: async_sessionmaker[AsyncSession],
+    responder: ServingResponder,
+    metrics: Metrics,
+) -> tuple[Health, OpsServer | None]:
+    """The readiness checks, and the ops server that serves them with the metrics."""
+    health = Health(
+        sessionmaker,
+        responder,
+        max_inbox_lag_s=settings.ready_max_inbox_lag_s,
+        secrets=settings_secrets(settings),
+        metrics=metrics,
+    )
+    # METRICS_PORT: /metrics, /healthz, /readyz (bot/service/health.py), from start() to stop().
+    ops = (
+        OpsServer(metrics, health, listen=settings.metrics_listen, port=settings.metrics_port)
+        if settings.metrics_port is not None
+        else None
+    )
+    return health, ops
 
 
 def _ingest(
