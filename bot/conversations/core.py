@@ -9,6 +9,7 @@ front ends only deliver what the outbox holds.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from bot import texts
@@ -41,24 +42,22 @@ def clean_text(text: str) -> str:
     return storable(text).strip()
 
 
+@dataclass(eq=False)
 class Core:
     """What the use cases of one service share; each use case ends in exactly one
     transaction."""
 
-    def __init__(
-        self,
-        store: ConversationStore,
-        responder: ResponderProtocol,
-        settings: Settings,
-    ) -> None:
-        self.store = store
-        self.responder = responder
-        self.settings = settings
+    store: ConversationStore
+    responder: ResponderProtocol
+    settings: Settings
+    safety: SafetyGate = field(init=False)
+
+    def __post_init__(self) -> None:
         self.safety = SafetyGate(
-            settings.safety,
-            settings.safety_threshold,
+            self.settings.safety,
+            self.settings.safety_threshold,
             # It stands in for a model reply and the model reads it back: the model's language.
-            deflection=texts.for_language(settings.bot_model_language).DEFLECTION,
+            deflection=texts.for_language(self.settings.bot_model_language).DEFLECTION,
         )
 
     async def notice(self, turn: Turn, text: str) -> None:
