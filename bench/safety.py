@@ -2,8 +2,8 @@
 
     python -m bench.safety [--replies 500] [--quick]
 
-Each reply of a chitchat corpus goes through `SafetyGate.reply` the way ChatActions calls it,
-with 5 candidate beams (as beam search at beam 5 gives them): the time from the call to its
+Each reply of a chitchat corpus goes through `SafetyGate.reply` the way the chat use case calls
+it, with 5 candidate beams (as beam search at beam 5 gives them): the time from the call to its
 verdict, on a worker thread off the event loop, is what SAFETY=block adds to a reply. Also
 timed: the same for an offensive reply (every candidate scored), and SAFETY=flag.
 """

@@ -1,7 +1,7 @@
-"""`python -m bot run`: the Telegram service, wired along a text message's way
-(docs/architecture.md).
+"""`python -m bot run`: the Telegram service, built (build_service) from the settings and wired
+along a text message's way (docs/architecture.md); bot/runtime.py's Service starts and stops it.
 
-ingest (polling or webhook) -> inbox -> inbox worker -> handlers -> ChatActions (+ responder)
+ingest (polling or webhook) -> inbox -> inbox worker -> handlers -> use cases (+ responder)
 -> outbox -> delivery. python-telegram-bot supplies the Bot API client, the rate limiter and
 handler dispatch; its Updater is not used, because it acknowledges updates before they are
 handled (see the ingest module).
@@ -17,22 +17,20 @@ import signal
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import Protocol
 from urllib.parse import urlsplit
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
-from telegram.error import InvalidToken, NetworkError, TelegramError
+from telegram.error import InvalidToken, NetworkError
 from telegram.ext import ApplicationBuilder
 
-from bot import texts
 from bot.config import ConfigError, Settings
-from bot.conversations.actions import ChatActions
 from bot.conversations.store import ConversationStore
+from bot.conversations.usecases import UseCases
 from bot.db import migrate
-from bot.db.engine import make_engine, make_sessionmaker, safe_url
-from bot.engine.protocol import ResponderProtocol
+from bot.db.engine import make_engine, make_sessionmaker
 from bot.logs import settings_secrets
 from bot.model_files import unservable_model, zoo_refusal
+from bot.runtime import Service, ServingResponder
 from bot.service.access import Access
 from bot.service.budget import BudgetedRateLimiter, SendBudget
 from bot.service.delivery import Delivery
@@ -43,9 +41,11 @@ from bot.service.leases import Leases
 from bot.service.metrics import Metrics
 from bot.service.retry import Backoff, Interrupted, retry
 from bot.tg import feedback
-from bot.tg.handlers import App, Handlers, UpdateRunner, command_menu
-from bot.tg.ingest import BoundedJsonRequest, PollingIngest, WebhookIngest
+from bot.tg.api_request import BoundedJsonRequest
+from bot.tg.handlers import App, Handlers
+from bot.tg.ingest import PollingIngest, WebhookIngest
 from bot.tg.poller import ElectedPolling
+from bot.tg.runner import UpdateRunner
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +53,6 @@ log = logging.getLogger(__name__)
 # (PTB's default of 0 would hand every 429 to the error handler and lose the reply).
 RATE_LIMIT_RETRIES = 3
 BAD_TOKEN = "the Bot API rejected TELEGRAM_BOT_TOKEN; check the token from @BotFather"
-
-
-class ServingResponder(ResponderProtocol, Protocol):
-    """The responder as the service runs it: the conversation API plus a clean shutdown."""
-
-    async def close(self) -> None:
-        """Stop generating (a running batch finishes first)."""
-        ...
 
 
 ResponderFactory = Callable[[Settings, ConversationStore], Awaitable[ServingResponder]]
@@ -145,360 +137,235 @@ def build_labels(settings: Settings) -> dict[str, str]:
     }
 
 
-class Service:
-    """All parts of the running bot, started and stopped in data-flow order."""
+def build_service(
+    settings: Settings,
+    db_engine: AsyncEngine,
+    sessionmaker: async_sessionmaker[AsyncSession],
+    responder: ServingResponder,
+    application: App,
+    budget: SendBudget,
+    *,
+    backoff: Backoff | None,
+    metrics: Metrics,
+) -> Service:
+    """Every part of the running bot, made from the settings and wired along a text message's
+    way; the Service only starts and stops them."""
+    store = ConversationStore(sessionmaker)
+    cases = UseCases(store, responder, settings)
+    _watch(metrics, responder, settings)
+    # ALLOWED_USERS / ALLOWED_CHATS / admin access, and the quotas (bot/service/access.py).
+    access = Access(settings, sessionmaker, metrics)
+    handlers = Handlers(cases, settings, sessionmaker, budget, access)
+    handlers.register(application)
+    # Another process may use the same database (a second instance, or replicas): chat
+    # leases keep every update answered once and every text sent once, and the heartbeat
+    # lets the others take a dead replica's chats over within takeover_after_s.
+    owner = new_owner()
+    # The heartbeat has a connection of its own: a busy pool (64 chats' turns, a burst of
+    # sends) must never make a healthy replica miss its heartbeats and fence itself.
+    heartbeat_engine = make_engine(settings.db_url, pool_size=1, max_overflow=0)
+    built: list[Service] = []  # the service, once built: the heartbeat reports its status
 
-    def __init__(
-        self,
-        settings: Settings,
-        db_engine: AsyncEngine,
-        sessionmaker: async_sessionmaker[AsyncSession],
-        responder: ServingResponder,
-        application: App,
-        budget: SendBudget,
-        *,
-        backoff: Backoff | None,
-        metrics: Metrics,
-    ) -> None:
-        self.settings = settings
-        self.budget = budget  # the application's rate limiter draws on it, and the drafts
-        self.metrics = metrics  # one registry per service (bot/service/metrics.py)
-        self.db_engine = db_engine
-        self.sessionmaker = sessionmaker
-        self.store = ConversationStore(sessionmaker)
-        self.responder = responder
-        self.application = application
-        self.chat = ChatActions(self.store, responder, settings)
-        variants = responder.abilities.variants
-        if variants is not None:  # bot_worker_restarts_total{variant,reason}
-            self.metrics.watch_worker_restarts(variants.restart_reasons)
-            # bot_model_process_*{variant}: the worker processes' memory, CPU, descriptors
-            self.metrics.watch_model_processes(partial(worker_pids, variants))
-        self.metrics.set_build_info(**build_labels(settings))
-        # ALLOWED_USERS / ALLOWED_CHATS / admin access, and the quotas (bot/service/access.py).
-        self.access = Access(settings, sessionmaker, metrics)
-        self.handlers = Handlers(self.chat, settings, sessionmaker, budget, self.access)
-        self.handlers.register(application)
-        bot = application.bot
-        # Another process may use the same database (a second instance, or replicas): chat
-        # leases keep every update answered once and every text sent once, and the heartbeat
-        # lets the others take a dead replica's chats over within takeover_after_s.
-        owner = new_owner()
-        self.owner = owner
-        # The heartbeat has a connection of its own: a busy pool (64 chats' turns, a burst of
-        # sends) must never make a healthy replica miss its heartbeats and fence itself.
-        self._heartbeat_engine = make_engine(settings.db_url, pool_size=1, max_overflow=0)
-        self.heartbeat = Heartbeat(
-            make_sessionmaker(self._heartbeat_engine),
-            owner,
-            dead_after_s=settings.takeover_after_s,
-            info=self.status,
-            on_alive=budget.share,  # the bot's send budget is split between the live replicas
+    async def status() -> dict[str, object]:
+        return await built[0].status()
+
+    heartbeat = Heartbeat(
+        make_sessionmaker(heartbeat_engine),
+        owner,
+        dead_after_s=settings.takeover_after_s,
+        info=status,
+        on_alive=budget.share,  # the bot's send budget is split between the live replicas
+    )
+    took_over = metrics.lease_taken_over  # bot_lease_takeovers_total{kind}
+    inbox_leases, outbox_leases = (
+        Leases(sessionmaker, kind, owner=owner, heartbeat=heartbeat, on_takeover=took_over)
+        for kind in ("inbox", "outbox")
+    )
+    delivery, inbox_worker = _queues(
+        settings, application, handlers, (inbox_leases, outbox_leases), backoff, metrics
+    )
+    polling_leases = Leases(
+        sessionmaker, "poller", owner=owner, ttl_s=10.0, heartbeat=heartbeat, on_takeover=took_over
+    )
+    ingest = _ingest(
+        settings, application, store, inbox_worker.wake, polling_leases, backoff, metrics, access
+    )
+    health, ops = _health(settings, sessionmaker, responder, metrics)
+    built.append(
+        Service(
+            settings=settings,
+            metrics=metrics,
+            db_engine=db_engine,
+            sessionmaker=sessionmaker,
+            responder=responder,
+            application=application,
+            budget=budget,
+            store=store,
+            cases=cases,
+            handlers=handlers,
+            owner=owner,
+            heartbeat_engine=heartbeat_engine,
+            heartbeat=heartbeat,
+            leases=(inbox_leases, outbox_leases),
+            delivery=delivery,
+            inbox_worker=inbox_worker,
+            ingest=ingest,
+            health=health,
+            ops=ops,
         )
-        took_over = self.metrics.lease_taken_over  # bot_lease_takeovers_total{kind}
-        self.leases = (
-            Leases(
-                sessionmaker, "inbox", owner=owner, heartbeat=self.heartbeat, on_takeover=took_over
-            ),
-            Leases(
-                sessionmaker, "outbox", owner=owner, heartbeat=self.heartbeat, on_takeover=took_over
-            ),
-        )
-        self.delivery = Delivery(
-            sessionmaker,
+    )
+    return built[0]
+
+
+def _watch(metrics: Metrics, responder: ServingResponder, settings: Settings) -> None:
+    """The metrics that watch the responder's model workers, and bot_build_info."""
+    variants = responder.abilities.variants
+    if variants is not None:  # bot_worker_restarts_total{variant,reason}
+        metrics.watch_worker_restarts(variants.restart_reasons)
+        # bot_model_process_*{variant}: the worker processes' memory, CPU, descriptors
+        metrics.watch_model_processes(partial(worker_pids, variants))
+    metrics.set_build_info(**build_labels(settings))
+
+
+def _queues(
+    settings: Settings,
+    application: App,
+    handlers: Handlers,
+    leases: tuple[Leases, Leases],
+    backoff: Backoff | None,
+    metrics: Metrics,
+) -> tuple[Delivery, InboxWorker]:
+    """The outbox's delivery and the inbox's worker (which runs each update through the
+    handlers), under the chats' inbox and outbox leases."""
+    inbox_leases, outbox_leases = leases
+    delivery = Delivery(
+        handlers.sessionmaker,
+        application.bot,
+        max_concurrent=settings.max_concurrent_chats,
+        backoff=backoff,
+        leases=outbox_leases,
+        markup=feedback.outbox_markup(settings.feedback_buttons),
+        metrics=metrics,
+        # Texts a dead replica committed but did not send are found by the others' scan:
+        # once a second, like the inbox (one indexed query).
+        poll_interval_s=1.0,
+    )
+    inbox_worker = InboxWorker(
+        handlers.sessionmaker,
+        UpdateRunner(application, handlers, handlers.sessionmaker, metrics),
+        max_concurrent=settings.max_concurrent_chats,
+        on_processed=delivery.wake,
+        backoff=backoff,
+        leases=inbox_leases,
+        metrics=metrics,
+        # A slot share per variant, and no turn for one that is down.
+        lanes=handlers.cases.core.responder.abilities.variants,
+        # Another replica may have stored the rows (it polls, or nginx sent it the POST):
+        # look often enough that its chats never wait long for a free replica.
+        poll_interval_s=1.0,
+    )
+    return delivery, inbox_worker
+
+
+def _health(
+    settings: Settings,
+    sessionmaker: async_sessionmaker[AsyncSession],
+    responder: ServingResponder,
+    metrics: Metrics,
+) -> tuple[Health, OpsServer | None]:
+    """The readiness checks, and the ops server that serves them with the metrics."""
+    health = Health(
+        sessionmaker,
+        responder,
+        max_inbox_lag_s=settings.ready_max_inbox_lag_s,
+        secrets=settings_secrets(settings),
+        metrics=metrics,
+    )
+    # METRICS_PORT: /metrics, /healthz, /readyz (bot/service/health.py), from start() to stop().
+    ops = (
+        OpsServer(metrics, health, listen=settings.metrics_listen, port=settings.metrics_port)
+        if settings.metrics_port is not None
+        else None
+    )
+    return health, ops
+
+
+def _ingest(
+    settings: Settings,
+    application: App,
+    store: ConversationStore,
+    on_stored: Callable[[], None],
+    polling_leases: Leases,
+    backoff: Backoff | None,
+    metrics: Metrics,
+    access: Access,
+) -> ElectedPolling | WebhookIngest:
+    """Where updates come in: the webhook (WEBHOOK_URL), else getUpdates polling, by the
+    replica that holds `polling_leases`."""
+    bot = application.bot
+    if settings.webhook_url:
+        secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else ""
+        return WebhookIngest(
             bot,
-            max_concurrent=settings.max_concurrent_chats,
-            backoff=backoff,
-            leases=self.leases[1],
-            markup=feedback.outbox_markup(settings.feedback_buttons),
-            metrics=self.metrics,
-            # Texts a dead replica committed but did not send are found by the others' scan:
-            # once a second, like the inbox (one indexed query).
-            poll_interval_s=1.0,
-        )
-        self.inbox_worker = InboxWorker(
-            sessionmaker,
-            UpdateRunner(application, self.handlers, sessionmaker, self.metrics),
-            max_concurrent=settings.max_concurrent_chats,
-            on_processed=self.delivery.wake,
-            backoff=backoff,
-            leases=self.leases[0],
-            metrics=self.metrics,
-            lanes=variants,  # a slot share per variant, and no turn for one that is down
-            # Another replica may have stored the rows (it polls, or nginx sent it the POST):
-            # look often enough that its chats never wait long for a free replica.
-            poll_interval_s=1.0,
-        )
-        self.ingest: ElectedPolling | WebhookIngest
-        if settings.webhook_url:
-            secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else ""
-            self.ingest = WebhookIngest(
-                bot,
-                self.store,
-                self.inbox_worker.wake,
-                url=settings.webhook_url,
-                secret=secret,
-                listen=settings.webhook_listen,
-                port=settings.webhook_port,
-                backoff=backoff,
-                metrics=self.metrics,
-                access=self.access,
-            )
-        else:
-            # getUpdates allows one consumer: the replicas elect one poller; all of them process.
-            self.ingest = ElectedPolling(
-                Leases(
-                    sessionmaker,
-                    "poller",
-                    owner=owner,
-                    ttl_s=10.0,
-                    heartbeat=self.heartbeat,
-                    on_takeover=took_over,
-                ),
-                lambda: PollingIngest(
-                    bot,
-                    self.store,
-                    self.inbox_worker.wake,
-                    backoff=backoff,
-                    metrics=self.metrics,
-                    access=self.access,
-                ),
-            )
-        self.health = Health(
-            sessionmaker,
-            responder,
-            max_inbox_lag_s=settings.ready_max_inbox_lag_s,
-            secrets=settings_secrets(settings),
-            metrics=self.metrics,
-        )
-        # METRICS_PORT: /metrics, /healthz, /readyz (bot/service/health.py), from start() to stop().
-        self.ops: OpsServer | None = None
-        if settings.metrics_port is not None:
-            self.ops = OpsServer(
-                self.metrics,
-                self.health,
-                listen=settings.metrics_listen,
-                port=settings.metrics_port,
-            )
-        self._commands_task: asyncio.Task[None] | None = None
-        self._retention_task: asyncio.Task[None] | None = None
-        self._autopilot_task: asyncio.Task[None] | None = None
-
-    @classmethod
-    async def open(
-        cls,
-        settings: Settings,
-        *,
-        responder_factory: ResponderFactory | None = None,
-        backoff: Backoff | None = None,
-        timeout_s: float = 15.0,
-        stop: asyncio.Event | None = None,
-    ) -> Service:
-        """Connect to the database and Telegram (getMe) and load the responder.
-
-        Raises Interrupted if `stop` is set while getMe is still being retried.
-        """
-        settings.require_token()
-        db_engine = make_engine(settings.db_url)
-        sessionmaker = make_sessionmaker(db_engine)
-        metrics = Metrics()
-        budget = SendBudget()
-        application = build_application(settings, budget, timeout_s=timeout_s, metrics=metrics)
-        try:
-            where = bot_api_address(settings.telegram_base_url)
-            await _initialize(application, backoff or Backoff(), stop, where)
-            log.info("connected to the Bot API as @%s", application.bot.username)
-            responder = await (responder_factory or _load_responder)(
-                settings, ConversationStore(sessionmaker)
-            )
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await application.shutdown()
-            await db_engine.dispose()
-            raise
-        return cls(
-            settings,
-            db_engine,
-            sessionmaker,
-            responder,
-            application,
-            budget,
+            store,
+            on_stored,
+            url=settings.webhook_url,
+            secret=secret,
+            listen=settings.webhook_listen,
+            port=settings.webhook_port,
             backoff=backoff,
             metrics=metrics,
+            access=access,
         )
+    # getUpdates allows one consumer: the replicas elect one poller; all of them process.
+    return ElectedPolling(
+        polling_leases,
+        lambda: PollingIngest(
+            bot, store, on_stored, backoff=backoff, metrics=metrics, access=access
+        ),
+    )
 
-    async def start(self, stop: asyncio.Event | None = None) -> None:
-        """Send leftovers, process pending updates, then take new ones.
 
-        Raises Interrupted if `stop` is set while setWebhook/deleteWebhook is being retried.
-        """
-        if self.ops is not None:  # first: /healthz answers, /readyz tells, during start-up
-            await self.ops.start()
-        self._commands_task = asyncio.create_task(self._set_commands(), name="setMyCommands")
-        await self.chat.safety.warm_up()  # the classifier loads now, not on the first reply
-        if self.settings.retention_days:
-            from bot.service.retention import run_forever
+async def open_service(
+    settings: Settings,
+    *,
+    responder_factory: ResponderFactory | None = None,
+    backoff: Backoff | None = None,
+    timeout_s: float = 15.0,
+    stop: asyncio.Event | None = None,
+) -> Service:
+    """Connect to the database and Telegram (getMe), load the responder, and build the service.
 
-            self._retention_task = asyncio.create_task(
-                run_forever(self.sessionmaker, self.settings.retention_days), name="retention"
-            )
-        experiment = getattr(self.responder, "experiment", None)
-        if experiment is not None:
-            # Every replica watches `admin variants autopilot`; a decision is made once
-            # (bot/service/autopilot.py), and every replica follows it like any change.
-            from bot.service.autopilot import run_forever as autopilot
-
-            self._autopilot_task = asyncio.create_task(
-                autopilot(self.sessionmaker, experiment.name, owner=self.owner), name="autopilot"
-            )
-        # The heartbeat row first: a peer judges our leases by it.
-        await retry(
-            self.heartbeat.start,
-            what="writing this replica's heartbeat",
-            backoff=Backoff(cap_s=10.0),
-            stop=stop,
+    Raises Interrupted if `stop` is set while getMe is still being retried.
+    """
+    settings.require_token()
+    db_engine = make_engine(settings.db_url)
+    sessionmaker = make_sessionmaker(db_engine)
+    metrics = Metrics()
+    budget = SendBudget()
+    application = build_application(settings, budget, timeout_s=timeout_s, metrics=metrics)
+    try:
+        where = bot_api_address(settings.telegram_base_url)
+        await _initialize(application, backoff or Backoff(), stop, where)
+        log.info("connected to the Bot API as @%s", application.bot.username)
+        responder = await (responder_factory or _load_responder)(
+            settings, ConversationStore(sessionmaker)
         )
-        for leases in self.leases:
-            leases.start()
-        await self.delivery.start()
-        await self.inbox_worker.start()
-        await self.ingest.start(stop)
-        mode = "webhook" if isinstance(self.ingest, WebhookIngest) else "polling (elected poller)"
-        log.info("serving Telegram (%s mode); database %s", mode, safe_url(self.settings.db_url))
-
-    async def wait(self, stop: asyncio.Event) -> None:
-        """Until `stop` is set, or polling fails fatally (re-raised)."""
-        waiters: list[asyncio.Future[object]] = [asyncio.ensure_future(stop.wait())]
-        polling = self.ingest.done if isinstance(self.ingest, ElectedPolling) else None
-        if polling is not None:
-            waiters.append(polling)  # type: ignore[arg-type]
-        done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        waiters[0].cancel()
-        if polling is not None and polling in done:
-            polling.result()
-
-    async def stop(self) -> None:
-        """Stop fetching, finish turns in progress within shutdown_grace_s, send their replies."""
-        grace = self.settings.shutdown_grace_s
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
-        log.info("stopping: no new updates; %d in progress", self.inbox_worker.busy)
-        self.health.stopping = True  # /readyz: 503, so a load balancer drains this replica
-        try:
-            await self.ingest.stop()
-        except Exception as err:  # noqa: BLE001 - stopping goes on regardless
-            log.warning("stopping ingest: %s: %s", type(err).__name__, err)
-        await self.inbox_worker.stop(grace)
-        # Replies of the last turns go out too, within what is left of the grace period.
-        await self.delivery.stop(max(deadline - loop.time(), min(grace, 3.0)))
-        for leases in self.leases:
-            await leases.stop()
-        await self.heartbeat.stop()  # after the leases: peers need not wait for anything
-        for task in (self._commands_task, self._retention_task, self._autopilot_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        if self.ops is not None:
-            await self.ops.stop()
-
-    async def status(self) -> dict[str, object]:
-        """What this replica reports in its heartbeat row (`replicas.info`) for operators and
-        the dashboard: mode, whether it polls, readiness (what fails), and its model workers."""
-        polling = isinstance(self.ingest, ElectedPolling)
-        stats_of = getattr(self.responder, "worker_stats", None)
-        workers = []
-        for variant, figures in (await stats_of() if stats_of is not None else {}).items():
-            cache = {
-                k: figures[k] for k in ("cached", "hits", "misses", "evictions") if k in figures
-            }
-            workers.append(
-                {
-                    "variant": variant,
-                    "pid": figures.get("pid"),
-                    "alive": bool(cache) or figures.get("pid") is None,
-                    "restarts": figures.get("restarts", 0),
-                    "cache": cache,
-                }
-            )
-        readiness = await self.health.readiness()
-        problems = [
-            f"{name}: {check.get('detail', '')}"
-            for name, check in readiness["checks"].items()
-            if not check.get("ok")
-        ]
-        # Variants this replica cannot serve (a model that does not load here): the others
-        # keep serving, and operators see why in `replicas.info` and on the dashboard.
-        load_errors: dict[str, str] = dict(getattr(self.responder, "load_errors", {}) or {})
-        experiment = getattr(self.responder, "experiment", None)
-        weights = experiment.weights if experiment is not None else {}
-        problems += [
-            f"variant {name}: {why}"
-            for name, why in load_errors.items()
-            if not weights.get(name)  # a weighted one fails readiness, which named it above
-        ]
-        info: dict[str, object] = {
-            "mode": "polling" if polling else "webhook",
-            "poller": isinstance(self.ingest, ElectedPolling) and self.ingest.polling,
-            "ready": readiness["ready"],
-            "problems": problems,
-            "busy_chats": self.inbox_worker.busy,
-            "workers": workers,
-            # Read by `admin variants weight/remove` (bot.engine.live.cannot_serve): a change
-            # that would leave new chats only variants no replica can load is refused.
-            "load_errors": load_errors,
-            "serving": list(getattr(self.responder, "ready", []) or []),
-        }
-        if experiment is not None:
-            info["experiment"] = {
-                "name": experiment.name,
-                "version": experiment.version,
-                "allocation": experiment.allocation,
-                "control": next((v.name for v in experiment.variants if v.control), None),
-                "variants": {v.name: v.weight for v in experiment.variants},
-            }
-        return info
-
-    async def close(self) -> None:
-        """Release the responder, the Bot API client and the database."""
-        try:
-            await self.responder.close()
-        finally:
-            with contextlib.suppress(Exception):
-                await self.application.shutdown()
-            with contextlib.suppress(Exception):
-                await self.handlers.close()
-            await self._heartbeat_engine.dispose()
-            await self.db_engine.dispose()
-
-    async def _set_commands(self) -> None:
-        """The command menu and the bot's descriptions, once per shipped language: English
-        without a language_code (what every other client language falls back to), each
-        translation with its own."""
-        bot = self.application.bot
-        calls: list[tuple[str, Callable[[], Awaitable[bool]]]] = []
-        for language in texts.LANGUAGES:
-            t = texts.for_language(language)
-            code = None if language == texts.SOURCE_LANGUAGE else language
-            calls += [
-                (
-                    f"setMyCommands({language})",
-                    partial(bot.set_my_commands, command_menu(t), language_code=code),
-                ),
-                (
-                    f"setMyDescription({language})",
-                    partial(bot.set_my_description, t.DESCRIPTION, language_code=code),
-                ),
-                (
-                    f"setMyShortDescription({language})",
-                    partial(bot.set_my_short_description, t.SHORT_DESCRIPTION, language_code=code),
-                ),
-            ]
-        for what, call in calls:
-            try:
-                await retry(call, what=what, backoff=Backoff(cap_s=60.0), on=(NetworkError,))
-            except TelegramError as err:  # a refused description must not cost the menu
-                log.warning("%s failed: %s", what, err)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await application.shutdown()
+        await db_engine.dispose()
+        raise
+    return build_service(
+        settings,
+        db_engine,
+        sessionmaker,
+        responder,
+        application,
+        budget,
+        backoff=backoff,
+        metrics=metrics,
+    )
 
 
 def bot_api_address(base_url: str) -> str:
@@ -561,7 +428,7 @@ async def _serve(
     # Alembic is the only thing that creates tables; running it here makes `make run` just work.
     await asyncio.to_thread(migrate.upgrade, settings.db_url)
     try:
-        service = await Service.open(settings, responder_factory=responder_factory, stop=stop)
+        service = await open_service(settings, responder_factory=responder_factory, stop=stop)
     except InvalidToken:
         log.error(BAD_TOKEN)
         return 1
@@ -611,20 +478,22 @@ def check_offline(settings: Settings, *, models: bool = True) -> None:
     leaves the model files out (a first start checks them after it has trained the default
     model, which the variants file may name), so the rest still fails before training.
     """
+    from bot.engine.backends.registry import models_load_here
     from bot.engine.variants import load_experiment
     from bot.presets import load_presets
 
+    here = models and models_load_here(settings)
     # its models complete (BOT_MODEL where a variant names none), where they load here
     experiment = load_experiment(settings, check_model=None if models else False)
     model = settings.model_file
-    if models and settings.model_backend == "local":
+    if here:
         # A zoo model neither staged nor downloadable: a probe of a few seconds, not ParlAI's
         # retries after getMe (bot.model_files.zoo_refusal).
         datapath = settings.data_dir / "parlai"
         for zoo in sorted({v.model for v in experiment.variants if v.model.startswith("zoo:")}):
             if (refusal := zoo_refusal(datapath.resolve(), zoo)) is not None:
                 raise ConfigError(f"BOT_MODEL {refusal}" if zoo == model else refusal)
-    local = models and settings.variants_file is None and settings.model_backend == "local"
+    local = here and settings.variants_file is None
     if local and not model.startswith("zoo:"):
         named = "BOT_MODEL" if settings.bot_model else "the default model (BOT_MODEL is unset)"
         remedy = (

@@ -1,8 +1,8 @@
 """The command table: the one list that Telegram's handlers, the command menu (setMyCommands,
 in every language), /help and the terminal chat's commands are derived from. A new command is
-one entry here, its use case (bot/conversations/actions.py: a ChatActions method and its line
-in USE_CASES, which both front ends run through ChatActions.command) and its sentences
-(bot/texts, with their translations in the catalogs).
+one entry here, its use case (in its feature's module of bot/conversations/: a method and its
+line in that module's COMMANDS, which both front ends run through UseCases.command) and its
+sentences (bot/texts, with their translations in the catalogs).
 
 Descriptions are English msgids, marked with N_ for extraction and translated where shown
 (bot.texts.Texts.translate); the table itself holds no language.

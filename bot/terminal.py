@@ -21,9 +21,10 @@ from typing import TextIO
 
 from bot.commands import COMMANDS, MENU
 from bot.config import Settings
-from bot.conversations.actions import USE_CASES, ChatActions
 from bot.conversations.store import ConversationStore
 from bot.conversations.turn import CommandCall, Drafts, Turn
+from bot.conversations.usecases import COMMAND_NAMES, UseCases
+from bot.db import outbox
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import OutboxKind
 
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 # The table's commands (bot/commands.py) with a use case every front end runs, less those whose
 # answer needs Telegram's buttons; /quit and the stand-ins for the feedback buttons (/good,
 # /bad, /rate N) are the terminal's own.
-TERMINAL_COMMANDS = frozenset(c.name for c in COMMANDS if c.name in USE_CASES and not c.buttons)
+TERMINAL_COMMANDS = frozenset(c.name for c in COMMANDS if c.name in COMMAND_NAMES and not c.buttons)
 # Advertised when the chat starts: the command menu's, in its order.
 ADVERTISED = " ".join(f"/{c.name}" for c in MENU if c.name in TERMINAL_COMMANDS)
 
@@ -62,7 +63,7 @@ class GrowingLine:
 
 
 async def dispatch(
-    chat: ChatActions,
+    cases: UseCases,
     chat_id: int,
     line: str,
     drafts: GrowingLine | None = None,
@@ -73,7 +74,7 @@ async def dispatch(
     text = line.strip()
     if not text:
         return True
-    texts = await chat.texts_for(chat_id, language)
+    texts = await cases.languages.texts_for(chat_id, language)
     # The terminal's user is its chat; it has no inbox row to close and counts no outcome.
     turn = Turn(chat_id=chat_id, user_id=chat_id, texts=texts)
     if text.startswith("/"):
@@ -83,23 +84,23 @@ async def dispatch(
             return False
         if command in TERMINAL_COMMANDS:
             call = CommandCall(command, argument, sender_language=language)
-            await chat.command(turn, call)
-            if command == "done" and chat.settings.feedback_buttons:
-                await chat.notice(turn, texts.TERMINAL_RATE_HINT)
+            await cases.command(turn, call)
+            if command == "done" and cases.core.settings.feedback_buttons:
+                await cases.core.notice(turn, texts.TERMINAL_RATE_HINT)
         elif command in ("good", "bad"):
             vote = 1 if command == "good" else -1
-            await chat.vote(turn, chat_id, None, vote, answer_in_chat=True)
+            await cases.votes.vote(turn, chat_id, None, vote, answer_in_chat=True)
         elif command == "rate":
             value = argument.strip()
             if value not in ("1", "2", "3", "4", "5"):
-                await chat.notice(turn, texts.RATE_USAGE)
+                await cases.core.notice(turn, texts.RATE_USAGE)
             else:
-                await chat.rate(turn, None, int(value), answer_in_chat=True)
+                await cases.votes.rate(turn, None, int(value), answer_in_chat=True)
         else:
-            await chat.notice(turn, texts.unknown_terminal_command(command))
+            await cases.core.notice(turn, texts.unknown_terminal_command(command))
         return True
     turn.drafts = Drafts(drafts) if drafts is not None else None
-    await chat.text(turn, text)
+    await cases.chat.text(turn, text)
     if drafts is not None:
         drafts.clear()
     return True
@@ -107,11 +108,14 @@ async def dispatch(
 
 async def deliver(store: ConversationStore, chat_id: int, out: TextIO) -> None:
     """Print what the outbox holds for this chat and mark it sent."""
-    for row in await store.pending_outbox(chat_id):
+    async with store.read() as db:
+        rows = await outbox.pending(db, chat_id)
+    for row in rows:
         prefix = "bot> " if row.kind == OutboxKind.REPLY else "** "
         out.write(prefix + row.text.replace("\n", "\n" + " " * len(prefix)) + "\n")
         out.flush()
-        await store.mark_sent(row.id)
+        async with store.write() as db:
+            await outbox.sent(db, row.id)
 
 
 async def run_terminal(
@@ -133,8 +137,8 @@ async def run_terminal(
     db = make_engine(settings.db_url)
     store = ConversationStore(make_sessionmaker(db))
     responder = await VariantResponder.start(settings, store, tuple(settings_secrets(settings)))
-    chat = ChatActions(store, responder, settings)
-    await chat.safety.warm_up()
+    cases = UseCases(store, responder, settings)
+    await cases.core.safety.warm_up()
     interactive = stdin.isatty()
     # Redrawing a line needs a terminal: in a file the escape sequences would be litter.
     streams = settings.stream_replies and responder.abilities.drafts and stdout.isatty()
@@ -150,7 +154,7 @@ async def run_terminal(
             line = await asyncio.to_thread(stdin.readline)
             if not line:
                 break
-            if not await dispatch(chat, chat_id, line, drafts, language):
+            if not await dispatch(cases, chat_id, line, drafts, language):
                 break
             await deliver(store, chat_id, stdout)
     finally:

@@ -1,8 +1,9 @@
 """A turn's outcomes, as the use cases decide them: what bot_turns_total counts.
 
-The use case (ChatActions) records its decision on the Turn (bot/conversations/turn.py); the
-inbox worker's runner (bot/tg/handlers.UpdateRunner) counts it once per update, after the update
-is closed, so a retried attempt never counts twice and an update counts exactly once.
+A use case (bot/conversations/usecases.py) records its decision on the Turn
+(bot/conversations/turn.py); the inbox worker's runner (bot/tg/runner.UpdateRunner) counts it
+once per update, after the update is closed, so a retried attempt never counts twice and an
+update counts exactly once.
 """
 
 from __future__ import annotations

@@ -1,13 +1,19 @@
-"""Use cases: one function per user action, each owning exactly one transaction."""
+"""The conversation store: the transactions of the use cases (bot/conversations/usecases.py),
+each one of them, and the engine's view of the conversations (load_context, the chat's variant).
+
+A use case's own one-repository transaction needs no method here: it calls the repositories
+(bot/db) inside `store.write()` (or reads inside `store.read()`), closing its update with
+`answer` in the same transaction."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.db import arena, assignments, chat_settings, conversations, feedback, inbox, outbox
+from bot.db import arena, assignments, conversations, feedback, inbox, outbox
 from bot.db.arena import Decided
 from bot.db.assignments import Choice
 from bot.db.conversations import NO_FACTS, ReplyFacts, SessionRow
@@ -43,7 +49,7 @@ def _id(update: UpdateRef | None) -> int | None:
     return update.update_id if update is not None else None
 
 
-async def _answer(
+async def answer(
     db: AsyncSession,
     chat_id: int,
     notice: str | None,
@@ -114,7 +120,7 @@ async def _bot_reply(
         reply_to_message_id=reply_to_message_id,
         edit_message_id=edit_message_id,
     )
-    await _answer(db, chat_id, None, update)
+    await answer(db, chat_id, None, update)
     return bot_id, outbox_id
 
 
@@ -123,6 +129,15 @@ class ConversationStore:
 
     def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
         self.sessionmaker = sessionmaker
+
+    def read(self) -> AsyncSession:
+        """A session that reads (`async with store.read() as db:`), committing nothing."""
+        return self.sessionmaker()
+
+    def write(self) -> AbstractAsyncContextManager[AsyncSession]:
+        """One transaction (`async with store.write() as db:`), committed when the block ends;
+        a use case's repository calls (bot/db) inside it, with `answer` closing the update."""
+        return self.sessionmaker.begin()
 
     async def _active_or_new(
         self, db: AsyncSession, chat_id: int, user_id: int | None
@@ -134,49 +149,10 @@ class ConversationStore:
         persona = await conversations.latest_persona(db, chat_id)
         return await conversations.create_session(db, chat_id, user_id, persona)
 
-    async def ingest(
-        self,
-        *,
-        update_id: int,
-        chat_id: int | None,
-        user_id: int | None,
-        kind: str,
-        payload: str,
-        status: InboxStatus = InboxStatus.PENDING,
-    ) -> bool:
-        """Store an update in the inbox; False if this update_id was seen before."""
-        async with self.sessionmaker.begin() as db:
-            return await inbox.insert(
-                db,
-                update_id=update_id,
-                chat_id=chat_id,
-                user_id=user_id,
-                kind=kind,
-                payload=payload,
-                status=status,
-            )
-
     async def active_session(self, chat_id: int, user_id: int | None = None) -> SessionRow:
         """The chat's active conversation, started now if there is none."""
         async with self.sessionmaker.begin() as db:
             return await self._active_or_new(db, chat_id, user_id)
-
-    async def active_session_row(self, chat_id: int) -> SessionRow | None:
-        """The chat's active conversation (with its variant), without starting one."""
-        async with self.sessionmaker() as db:
-            return await conversations.get_active_session(db, chat_id)
-
-    async def active_session_id(self, chat_id: int) -> int | None:
-        """The id of the chat's active conversation, without starting one."""
-        async with self.sessionmaker() as db:
-            active = await conversations.get_active_session(db, chat_id)
-            return active.id if active else None
-
-    async def current_persona(self, chat_id: int) -> str:
-        """The persona the next reply of this chat will use."""
-        async with self.sessionmaker() as db:
-            active = await conversations.get_active_session(db, chat_id)
-            return active.persona if active else await conversations.latest_persona(db, chat_id)
 
     async def load_context(
         self, session_id: int, tail: int | None, upto: int | None = None
@@ -205,7 +181,7 @@ class ConversationStore:
         async with self.sessionmaker.begin() as db:
             session = await self._active_or_new(db, chat_id, user_id)
             await conversations.set_session_persona(db, session.id, persona, safety)
-            await _answer(db, chat_id, notice, update)
+            await answer(db, chat_id, notice, update)
             return session
 
     async def end_session(
@@ -224,14 +200,14 @@ class ConversationStore:
             session = await conversations.get_active_session(db, chat_id)
             if session is not None:
                 await conversations.end_session(db, session.id)
-            await _answer(db, chat_id, notice, update)
+            await answer(db, chat_id, notice, update)
             if (
                 session is not None
                 and session.last_message_id is not None
                 and rating_prompt is not None
                 and rating_markup is not None
             ):
-                await _answer(db, chat_id, rating_prompt, None, markup=rating_markup(session.id))
+                await answer(db, chat_id, rating_prompt, None, markup=rating_markup(session.id))
             return session
 
     async def forget_chat(
@@ -255,7 +231,7 @@ class ConversationStore:
                     status=InboxStatus.DONE,
                 )
             if notice is not None:
-                # Not _answer: the update is closed already (the row inserted just above).
+                # Not answer: the update is closed already (the row inserted just above).
                 await outbox.enqueue(
                     db, chat_id=chat_id, kind=OutboxKind.NOTICE, text=notice, update_id=_id(update)
                 )
@@ -271,26 +247,9 @@ class ConversationStore:
     ) -> int:
         """Queue a notice for a chat and close its update; returns the outbox id."""
         async with self.sessionmaker.begin() as db:
-            outbox_id = await _answer(db, chat_id, text, update, inbox_status)
+            outbox_id = await answer(db, chat_id, text, update, inbox_status)
             assert outbox_id is not None
             return outbox_id
-
-    async def pending_outbox(self, chat_id: int | None = None) -> list[outbox.OutboxRow]:
-        """Texts waiting to be sent, oldest first."""
-        async with self.sessionmaker() as db:
-            return await outbox.pending(db, chat_id)
-
-    async def mark_sent(self, outbox_id: int, telegram_message_id: int | None = None) -> None:
-        """Record that a queued text went out (and its bot message was delivered)."""
-        async with self.sessionmaker.begin() as db:
-            await outbox.sent(db, outbox_id, telegram_message_id)
-
-    async def finish_update(
-        self, update: UpdateRef, status: InboxStatus = InboxStatus.DONE, error: str | None = None
-    ) -> None:
-        """Close an update that needs no reply."""
-        async with self.sessionmaker.begin() as db:
-            await inbox.finish(db, update, status=status, error=error)
 
     async def record_user_message(
         self,
@@ -307,7 +266,7 @@ class ConversationStore:
             message_id = await _user_message(
                 db, session_id, chat_id, text, update, telegram_message_id
             )
-            await _answer(db, chat_id, notice, update)
+            await answer(db, chat_id, notice, update)
             return message_id
 
     async def record_turn(
@@ -416,27 +375,7 @@ class ConversationStore:
         its variant was removed), confirming it with `notice`."""
         async with self.sessionmaker.begin() as db:
             await assignments.set_variant(db, chat_id, choice, source)
-            await _answer(db, chat_id, notice, update)
-
-    # --- the chat's language ----------------------------------------------------------------
-
-    async def chat_language(self, chat_id: int) -> str | None:
-        """The language the chat chose with /lang (None: each sender's Telegram language)."""
-        async with self.sessionmaker() as db:
-            return await chat_settings.language_of(db, chat_id)
-
-    async def set_language(
-        self,
-        chat_id: int,
-        language: str | None,
-        *,
-        notice: str | None = None,
-        update: UpdateRef | None = None,
-    ) -> None:
-        """Store the chat's language (/lang CODE; None: /lang auto), confirming it."""
-        async with self.sessionmaker.begin() as db:
-            await chat_settings.set_language(db, chat_id, language)
-            await _answer(db, chat_id, notice, update)
+            await answer(db, chat_id, notice, update)
 
     # --- feedback --------------------------------------------------------------------------
 
@@ -483,7 +422,7 @@ class ConversationStore:
                 outcome = await feedback.vote(db, reply, user_id, value, source, _id(update))
             stale = outcome is Outcome.STALE
             status = InboxStatus.IGNORED if stale else InboxStatus.DONE
-            await _answer(db, chat_id, stale_notice if stale else notice, update, status)
+            await answer(db, chat_id, stale_notice if stale else notice, update, status)
             return outcome
 
     async def rate(
@@ -503,7 +442,7 @@ class ConversationStore:
             if session_id is not None:
                 outcome = await feedback.rate(db, chat_id, session_id, user_id, value, _id(update))
             status = InboxStatus.IGNORED if outcome is Outcome.STALE else InboxStatus.DONE
-            await _answer(db, chat_id, None, update, status)
+            await answer(db, chat_id, None, update, status)
             return outcome
 
     # --- arena -----------------------------------------------------------------------------
@@ -515,7 +454,7 @@ class ConversationStore:
         async with self.sessionmaker.begin() as db:
             session = await self._active_or_new(db, chat_id, user_id)
             match_id = await arena.request(db, chat_id, session.id)
-            await _answer(db, chat_id, notice, update)
+            await answer(db, chat_id, notice, update)
             return match_id
 
     async def record_duel(
@@ -543,7 +482,7 @@ class ConversationStore:
             )
             await arena.fill(db, match_id, user_message_id, pair, persona, versions)
             await conversations.touch_session(db, session_id)
-            await _answer(db, chat_id, text, update, markup=markup)
+            await answer(db, chat_id, text, update, markup=markup)
             return user_message_id
 
     async def decide_duel(
@@ -553,5 +492,5 @@ class ConversationStore:
         async with self.sessionmaker.begin() as db:
             decided = await arena.decide(db, chat_id, match_id, winner)
             status = InboxStatus.IGNORED if decided.outcome is Outcome.STALE else InboxStatus.DONE
-            await _answer(db, chat_id, None, update, status)
+            await answer(db, chat_id, None, update, status)
             return decided

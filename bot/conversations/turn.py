@@ -1,6 +1,6 @@
 """One turn: the update being processed, handed from the front end to every use case.
 
-The runner that takes an update (bot/tg/handlers.UpdateRunner for Telegram, the terminal chat
+The runner that takes an update (bot/tg/runner.UpdateRunner for Telegram, the terminal chat
 for a line typed) makes one Turn and passes it down; nothing of a turn travels in a context
 variable (only the log fields do, bot/logs.py). A Turn carries:
 
@@ -44,7 +44,7 @@ class Drafts:
 @dataclass(frozen=True, slots=True)
 class CommandCall:
     """A command of the table (bot/commands.py) as a front end received it, for
-    ChatActions.command: the same use case runs for Telegram and the terminal."""
+    UseCases.command: the same use case runs for Telegram and the terminal."""
 
     name: str
     argument: str = ""  # everything after the command, inner line breaks kept

@@ -175,21 +175,10 @@ class Delivery:
                 await self._write(outbox.sent, row.id)
                 return True
             sent = current
-            reply = None
-            if sent == 0 and row.reply_to_message_id is not None and row.chat_id < 0:
-                # In groups the reply shows which message it answers; in private chats it is noise.
-                reply = ReplyParameters(row.reply_to_message_id, allow_sending_without_reply=True)
-            markup = self.markup(row) if sent == len(parts) - 1 else None
             editing = sent == 0 and row.edit_message_id is not None
             method = "editMessageText" if editing else "sendMessage"
             try:
-                async with self._slots:
-                    if sent == 0 and row.edit_message_id is not None:
-                        message: Message = await self._edit(row, parts[0], markup)
-                    else:
-                        message = await self.bot.send_message(
-                            row.chat_id, parts[sent], reply_parameters=reply, reply_markup=markup
-                        )
+                message = await self._send_part(row, parts, sent)
             except RetryAfter as err:
                 wait = retry_after_s(err)
                 log.info("Telegram asks to wait %.1fs before writing to chat %s", wait, row.chat_id)
@@ -243,6 +232,22 @@ class Delivery:
                 if not await self._write(outbox.sent, row.id, message.message_id):
                     await self._write(outbox.withdrawn_reply_went_out, row, message.message_id)
                 return True
+
+    async def _send_part(self, row: OutboxRow, parts: list[str], sent: int) -> Message:
+        """One Bot API call for part `sent` of the row's text: the first part edits the old
+        reply where the row says so (an edited message's new reply), else a new message; the
+        last part carries the row's buttons."""
+        reply = None
+        if sent == 0 and row.reply_to_message_id is not None and row.chat_id < 0:
+            # In groups the reply shows which message it answers; in private chats it is noise.
+            reply = ReplyParameters(row.reply_to_message_id, allow_sending_without_reply=True)
+        markup = self.markup(row) if sent == len(parts) - 1 else None
+        async with self._slots:
+            if sent == 0 and row.edit_message_id is not None:
+                return await self._edit(row, parts[0], markup)
+            return await self.bot.send_message(
+                row.chat_id, parts[sent], reply_parameters=reply, reply_markup=markup
+            )
 
     async def _still_ours(self, chat_id: int) -> bool:
         """Whether this process still holds the chat's outbox lease (renewed if due)."""

@@ -67,6 +67,31 @@ class Metrics:
         # process_resident_memory_bytes, process_cpu_seconds_total, process_open_fds, ... of
         # this process (the front-end; with MODEL_WORKERS=inline, the models too).
         ProcessCollector(registry=r)
+        self._queue_metrics(r)
+        self._model_time_metrics(r)
+        self._telegram_metrics(r)
+        self._model_metrics: tuple[Counter | Histogram, ...] = (
+            self.model_time,
+            self.batch_size,
+            self.cache_hits,
+            self.cache_misses,
+            self.cache_evictions,
+            self.cache_rebuild,
+        )
+        # variant -> its model_replica values, the one seen least recently first.
+        self._replicas: dict[str, OrderedDict[str, None]] = {}
+        # The series every dashboard plots exist from the start, at 0.
+        for kind in ("inbox", "outbox", "poller"):
+            self.lease_takeovers.labels(kind)
+        for window in ("day", "minute"):
+            self.quota_hits.labels(window)
+        for method in DELIVERY_METHODS:
+            for action in (RETRY, GAVE_UP):
+                self.telegram_failures.labels(method, action)
+            self.telegram_requests.labels(method, RATE_LIMITED)
+
+    def _queue_metrics(self, r: CollectorRegistry) -> None:
+        """What runs, and the updates' way: inbox, turns, outbox."""
         self.build_info = Gauge(
             "bot_build_info",
             "Always 1; the labels say what runs: the package version, Python, torch and "
@@ -121,6 +146,9 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+
+    def _model_time_metrics(self, r: CollectorRegistry) -> None:
+        """The model's side of each reply: its batch, its time, the clone cache (MODEL_LABELS)."""
         self.model_time = Histogram(
             "bot_model_time_seconds",
             "Time inside the model: the batch that generated the reply.",
@@ -160,6 +188,9 @@ class Metrics:
             buckets=REBUILD_BUCKETS,
             registry=r,
         )
+
+    def _telegram_metrics(self, r: CollectorRegistry) -> None:
+        """The Bot API's requests and failures, lease takeovers, access and quotas."""
         self.telegram_requests = Counter(
             "bot_telegram_requests",
             "HTTP requests to the Bot API by method and result (ok, 429, error).",
@@ -191,25 +222,6 @@ class Metrics:
             ["window"],
             registry=r,
         )
-        self._model_metrics: tuple[Counter | Histogram, ...] = (
-            self.model_time,
-            self.batch_size,
-            self.cache_hits,
-            self.cache_misses,
-            self.cache_evictions,
-            self.cache_rebuild,
-        )
-        # variant -> its model_replica values, the one seen least recently first.
-        self._replicas: dict[str, OrderedDict[str, None]] = {}
-        # The series every dashboard plots exist from the start, at 0.
-        for kind in ("inbox", "outbox", "poller"):
-            self.lease_takeovers.labels(kind)
-        for window in ("day", "minute"):
-            self.quota_hits.labels(window)
-        for method in DELIVERY_METHODS:
-            for action in (RETRY, GAVE_UP):
-                self.telegram_failures.labels(method, action)
-            self.telegram_requests.labels(method, RATE_LIMITED)
 
     def set_build_info(self, **labels: str) -> None:
         """bot_build_info{BUILD_LABELS} = 1 (labels not given: "unknown")."""

@@ -110,8 +110,12 @@ class Texts:
     def __init__(self, language: str, translations: gettext.NullTranslations) -> None:
         self.language = language
         self._translations = translations
-        _ = self._
+        self._conversation_texts()
+        self._feedback_texts()
 
+    def _conversation_texts(self) -> None:
+        """The sentences of the conversation, its commands and Telegram's other updates."""
+        _ = self._
         self.GREETING = _("Hi!") + " "
 
         # --- the persona -----------------------------------------------------------------
@@ -164,6 +168,9 @@ class Texts:
             "I can't show what I read right now. Please try again in a moment."
         )
 
+    def _feedback_texts(self) -> None:
+        """The sentences of votes, ratings and the arena, and the bot's profile."""
+        _ = self._
         # --- feedback and variants -------------------------------------------------------
         self.VOTED_UP = _("Thanks! Glad that one worked.")
         self.VOTED_DOWN = _("Thanks, noted. I'll try to do better.")

@@ -1,7 +1,8 @@
-"""Handlers: Telegram updates -> ChatActions use cases. Registered in one ordered function.
+"""Handlers: Telegram updates -> the conversation use cases (bot/conversations/usecases.py),
+registered in one ordered function.
 
 Handlers never send anything themselves (except the typing indicator): every answer is an outbox
-row that ChatActions writes in the same transaction that closes the update's inbox row, and
+row that a use case writes in the same transaction that closes the update's inbox row, and
 delivery sends it.
 """
 
@@ -9,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -35,19 +34,18 @@ from telegram.ext import (
 
 from bot import commands, texts
 from bot.config import Settings
-from bot.conversations.actions import USE_CASES, ChatActions, arena_answer, rating_answer
-from bot.conversations.outcome import COMMAND, FEEDBACK, FLOODED, IGNORED, NOTICE
+from bot.conversations.outcome import FLOODED
 from bot.conversations.turn import CommandCall, Drafts, Turn
+from bot.conversations.usecases import COMMAND_NAMES, UseCases
+from bot.conversations.votes import arena_answer, rating_answer
 from bot.db import inbox
 from bot.db.feedback import Outcome
-from bot.db.inbox import InboxRow, UpdateRef
 from bot.db.models import InboxStatus, VoteSource
 from bot.reports.stats import format_stats, stats
 from bot.service.access import Access
 from bot.service.budget import SendBudget
-from bot.service.metrics import Metrics
 from bot.tasks import cancel_and_wait
-from bot.texts import ENGLISH, Texts
+from bot.texts import Texts
 from bot.tg import feedback
 from bot.tg.drafts import DraftSender, DraftStream
 from bot.tg.flood import Flood, FloodGate
@@ -110,7 +108,7 @@ async def typing_action(
         await cancel_and_wait(task)
 
 
-def _command_name(message: Message) -> tuple[str, str | None] | None:
+def command_name(message: Message) -> tuple[str, str | None] | None:
     """("persona", "botname"|None) for a message that starts with a command."""
     text = message.text or ""
     entity = next(
@@ -134,17 +132,17 @@ def _command_argument(message: Message) -> str:
 
 
 class Handlers:
-    """The conversation's Telegram handlers; each ends in one ChatActions call."""
+    """The conversation's Telegram handlers; each ends in one use case call."""
 
     def __init__(
         self,
-        chat: ChatActions,
+        cases: UseCases,
         settings: Settings,
         sessionmaker: async_sessionmaker[AsyncSession],
         budget: SendBudget,
         access: Access | None = None,
     ) -> None:
-        self.chat = chat
+        self.cases = cases
         self.access = access  # the reply quotas (bot/service/access.py); None: no quotas
         self.settings = settings
         self.sessionmaker = sessionmaker
@@ -169,7 +167,7 @@ class Handlers:
         # One handler per entry of the command table: its use case, or Telegram's own.
         own = {"stats": self.stats}
         for command in commands.COMMANDS:
-            callback = self.command if command.name in USE_CASES else own[command.name]
+            callback = self.command if command.name in COMMAND_NAMES else own[command.name]
             application.add_handler(CommandHandler(command.name, callback, filters=message))
         # After every CommandHandler: any other command.
         application.add_handler(MessageHandler(message & filters.COMMAND, self.unknown_command))
@@ -198,7 +196,7 @@ class Handlers:
             return
         message = update.message or update.edited_message
         assert message is not None
-        command = _command_name(message)
+        command = command_name(message)
         if command is None and update.edited_message is None:
             return  # texts and non-text messages meet the flood gate in their handlers
         if command is not None and command[0] in commands.FLOOD_EXEMPT:
@@ -210,7 +208,7 @@ class Handlers:
         if verdict is Flood.OK:
             return
         if verdict is Flood.NOTICE:
-            await self.chat.notice(context.turn, self.flood.notice(context.texts))
+            await self.cases.core.notice(context.turn, self.flood.notice(context.texts))
         context.turn.decided(FLOODED)
         raise ApplicationHandlerStop
 
@@ -245,7 +243,7 @@ class Handlers:
         policy = self.settings.group_policy
         if policy == "ignore" or update.edited_message is not None:
             raise ApplicationHandlerStop
-        command = _command_name(message)
+        command = command_name(message)
         if command is not None:
             name, target = command
             for_us = (
@@ -282,34 +280,34 @@ class Handlers:
     # --- commands --------------------------------------------------------------------------
 
     async def command(self, update: Update, context: Context) -> None:
-        """A command of the table with a use case (bot/conversations/actions.USE_CASES):
+        """A command of the table with a use case (bot/conversations/usecases.COMMAND_NAMES):
         `/name argument`; /done gets the 1-5 rating keyboard where FEEDBACK_BUTTONS is on."""
         message = update.message
         assert message is not None
-        name = _command_name(message)
+        name = command_name(message)
         assert name is not None
         call = CommandCall(
             name[0],
             _command_argument(message),
-            sender_language=_sender_language(update),
+            sender_language=sender_language(update),
             rating_markup=feedback.rating_markup_json if self.settings.feedback_buttons else None,
         )
-        await self.chat.command(context.turn, call)
+        await self.cases.command(context.turn, call)
 
     async def stats(self, update: Update, context: Context) -> None:
         """/stats for admins; everyone else gets the unknown-command answer."""
-        user_id = _user_id(update)
+        user_id = user_id_of(update)
         if user_id is None or user_id not in self.admin_ids:
             log.info("refused /stats from user %s in chat %s", user_id, _chat_id(update))
-            await self.chat.notice(context.turn, context.texts.UNKNOWN_COMMAND)
+            await self.cases.core.notice(context.turn, context.texts.UNKNOWN_COMMAND)
             return
         figures = await stats(self.sessionmaker, retention_days=self.settings.retention_days)
         text = format_stats(figures)
-        await self.chat.notice(context.turn, text)
+        await self.cases.core.notice(context.turn, text)
 
     async def unknown_command(self, update: Update, context: Context) -> None:
         """Any other /command."""
-        await self.chat.notice(context.turn, context.texts.UNKNOWN_COMMAND)
+        await self.cases.core.notice(context.turn, context.texts.UNKNOWN_COMMAND)
 
     # --- messages --------------------------------------------------------------------------
 
@@ -324,7 +322,7 @@ class Handlers:
             text = re.sub(rf"@{re.escape(context.bot.username)}\b", " ", text, flags=re.I).strip()
         verdict = self.flood.check(chat_id, _sent_at(message), update.update_id)
         if verdict is not Flood.OK:
-            await self.chat.unanswered(
+            await self.cases.core.unanswered(
                 context.turn,
                 text,
                 notice=self.flood.notice(context.texts) if verdict is Flood.NOTICE else None,
@@ -334,7 +332,7 @@ class Handlers:
         if self.access is not None and await self._over_quota(context, text, message):
             return
         async with self._showing_progress(context.bot, context.turn, message.chat.type):
-            await self.chat.text(
+            await self.cases.chat.text(
                 context.turn,
                 text,
                 telegram_message_id=message.message_id,
@@ -359,7 +357,7 @@ class Handlers:
         )
         when = over.until.strftime("%H:%M:%S" if over.span == "minute" else "%Y-%m-%d %H:%M")
         notice = context.texts.quota_reached(over.span, over.limit, when) if over.first else None
-        await self.chat.unanswered(
+        await self.cases.core.unanswered(
             context.turn, text, notice=notice, telegram_message_id=message.message_id
         )
         return True
@@ -370,7 +368,7 @@ class Handlers:
         typing indicator (groups: drafts are for private chats only; and a responder that
         makes no drafts gets the typing indicator too)."""
         chat_id = turn.chat_id
-        streams = self.settings.stream_replies and self.chat.responder.abilities.drafts
+        streams = self.settings.stream_replies and self.cases.core.responder.abilities.drafts
         if chat_type != ChatType.PRIVATE or not streams:
             async with typing_action(bot, chat_id):
                 yield
@@ -379,10 +377,10 @@ class Handlers:
             settings = self.settings
             token, url = settings.require_token(), settings.telegram_base_url
             self.drafts = DraftSender(token, url, self.budget)
-        safety = self.chat.safety
+        safety = self.cases.core.safety
         stream = DraftStream(self.drafts, chat_id, check=safety.offensive if safety.on else None)
         stream.start()
-        turn.drafts = Drafts(stream.send, stream.done)  # ChatActions awaits done() before the reply
+        turn.drafts = Drafts(stream.send, stream.done)  # the use case awaits done() first
         try:
             yield
         finally:
@@ -394,11 +392,11 @@ class Handlers:
         bot answered last regenerates the answer; any other gets a short notice."""
         message = update.edited_message
         assert message is not None
-        if message.text is None or _command_name(message) is not None:
-            await self.chat.notice(context.turn, context.texts.EDITED)
+        if message.text is None or command_name(message) is not None:
+            await self.cases.core.notice(context.turn, context.texts.EDITED)
             return
         async with typing_action(context.bot, _chat_id(update)):
-            await self.chat.edit(context.turn, message.message_id, message.text)
+            await self.cases.chat.edit(context.turn, message.message_id, message.text)
 
     async def not_text(self, update: Update, context: Context) -> None:
         """Stickers, photos, voice, files, locations, ...: only text is understood."""
@@ -407,7 +405,7 @@ class Handlers:
         if verdict is Flood.QUIET:
             return  # left pending -> closed as ignored
         text = context.texts.NOT_TEXT if verdict is Flood.OK else self.flood.notice(context.texts)
-        await self.chat.notice(context.turn, text)
+        await self.cases.core.notice(context.turn, text)
 
     # --- feedback --------------------------------------------------------------------------
 
@@ -419,25 +417,25 @@ class Handlers:
         """
         query = update.callback_query
         assert query is not None
-        chat_id, user_id = _chat_id(update), _user_id(update)
+        chat_id, user_id = _chat_id(update), user_id_of(update)
         pressed_on = query.message.message_id if query.message is not None else None
         press = feedback.parse(query.data)
         language = context.texts  # the chat's (or the presser's), as for any update
         answer, markup = language.VOTE_STALE, None
         if isinstance(press, feedback.VotePress) and user_id is not None:
-            outcome = await self.chat.vote(
+            outcome = await self.cases.votes.vote(
                 context.turn, user_id, press.message_id, press.value, telegram_message_id=pressed_on
             )
             if outcome is not Outcome.STALE:
                 answer = language.VOTED_UP if press.value > 0 else language.VOTED_DOWN
                 markup = feedback.vote_keyboard(press.message_id, press.value)
         elif isinstance(press, feedback.DuelPress):
-            outcome = await self.chat.arena_pick(context.turn, press.match_id, press.winner)
+            outcome = await self.cases.votes.arena_pick(context.turn, press.match_id, press.winner)
             answer = arena_answer(outcome, press.winner, language)
             if outcome is Outcome.STORED:
                 markup = feedback.duel_keyboard(press.match_id, language, press.winner)
         elif isinstance(press, feedback.RatePress) and press.value > 0:
-            outcome = await self.chat.rate(context.turn, press.session_id, press.value)
+            outcome = await self.cases.votes.rate(context.turn, press.session_id, press.value)
             answer = rating_answer(outcome, press.value, language)
             if outcome is Outcome.STORED:
                 markup = feedback.rating_keyboard(press.session_id, press.value)
@@ -467,7 +465,7 @@ class Handlers:
             return
         emoji = {getattr(r, "emoji", None) for r in change.new_reaction}
         value = 1 if texts.VOTE_UP in emoji else -1 if texts.VOTE_DOWN in emoji else 0
-        await self.chat.vote(
+        await self.cases.votes.vote(
             context.turn,
             change.user.id,
             None,
@@ -479,7 +477,8 @@ class Handlers:
     async def _ignore(self, turn: Turn) -> None:
         """Close the update unanswered."""
         if turn.update is not None:
-            await self.chat.store.finish_update(turn.update, InboxStatus.IGNORED)
+            async with self.cases.core.store.write() as db:
+                await inbox.finish(db, turn.update, status=InboxStatus.IGNORED)
 
     # --- errors ----------------------------------------------------------------------------
 
@@ -488,109 +487,18 @@ class Handlers:
         log.error("error outside any update", exc_info=context.error)
 
 
-async def dispatch(application: App, update: Update, turn: Turn) -> None:
-    """Run the update through the application's handlers, as Application.process_update does
-    (per group, in group order, the first handler whose check matches; ApplicationHandlerStop
-    ends it), except that a handler's exception propagates to the caller.
-
-    process_update hands exceptions to the error handler instead, which would leave the inbox
-    worker no way to retry the update but shared state keyed by update_id. Every handler here
-    is blocking (PTB's default), so running it in this task is what PTB would do too.
-    Every handler's context is a TurnContext that carries `turn`.
-    """
-    context: Context | None = None
-    for group in sorted(application.handlers):
-        for handler in list(application.handlers[group]):
-            check = handler.check_update(update)
-            if check is None or check is False:
-                continue
-            if context is None:
-                context = TurnContext.from_update(update, application)
-                context.turn = turn
-                await context.refresh_data()
-            try:
-                await handler.handle_update(update, application, check, context)
-            except ApplicationHandlerStop:
-                return
-            break  # at most one handler per group
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class UpdateRunner:
-    """Runs one inbox row through the PTB application (the inbox worker's `handle`)."""
-
-    application: App
-    handlers: Handlers
-    sessionmaker: async_sessionmaker[AsyncSession]
-    metrics: Metrics | None = None
-
-    async def __call__(self, row: InboxRow, owner: str | None) -> None:
-        """Process the update as `owner` (the holder of the chat's inbox lease, checked again
-        when the update is closed); raise what its handler raised, so the inbox worker can
-        retry."""
-        update = Update.de_json(json.loads(row.payload), self.application.bot)
-        started = time.perf_counter()
-        turn = await self.turn_of(update, row, owner)
-        await dispatch(self.application, update, turn)
-        unanswered = False
-        async with self.sessionmaker.begin() as db:
-            # No handler closed it (a group message not for us, a service message): done with it.
-            if await inbox.status_of(db, row.update_id) == InboxStatus.PENDING:
-                await inbox.finish(db, UpdateRef(row.update_id, owner), status=InboxStatus.IGNORED)
-                unanswered = True
-        log.debug(
-            "update %s processed in %.0f ms", row.update_id, (time.perf_counter() - started) * 1000
-        )
-        if self.metrics is not None:
-            # Counted once the update is closed: a failed attempt that is retried counts nothing.
-            self.metrics.turn(_outcome(update, turn, unanswered), turn.variant)
-            for reply in turn.replies:
-                self.metrics.replied(reply, row.received_at)
-
-    async def turn_of(self, update: Update, row: InboxRow, owner: str | None) -> Turn:
-        """The update's Turn, in its language (chosen once for the whole update: every text
-        it gets is in it)."""
-        chat = update.effective_chat
-        texts = (
-            await self.handlers.chat.texts_for(chat.id, _sender_language(update))
-            if chat is not None
-            else ENGLISH
-        )
-        return Turn(
-            chat_id=chat.id if chat is not None else 0,  # (the gate stops an update without one)
-            update_id=row.update_id,
-            user_id=_user_id(update),
-            at=row.received_at,
-            texts=texts,
-            owner=owner,
-        )
-
-
-def _outcome(update: Update, turn: Turn, unanswered: bool) -> str:
-    """The turn's outcome: what the use case decided, else what the update was."""
-    if turn.outcome is not None:
-        return turn.outcome
-    if unanswered:
-        return IGNORED
-    if update.callback_query is not None or update.message_reaction is not None:
-        return FEEDBACK
-    if update.message is not None and _command_name(update.message) is not None:
-        return COMMAND
-    return NOTICE
-
-
 def _chat_id(update: Update) -> int:
     chat = update.effective_chat
     assert chat is not None  # the gate lets only updates with a chat through
     return chat.id
 
 
-def _user_id(update: Update) -> int | None:
+def user_id_of(update: Update) -> int | None:
     user = update.effective_user
     return user.id if user else None
 
 
-def _sender_language(update: Update) -> str | None:
+def sender_language(update: Update) -> str | None:
     """The sender's Telegram client language (an IETF tag such as "de" or "pt-br")."""
     user = update.effective_user
     return user.language_code if user else None

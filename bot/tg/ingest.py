@@ -1,9 +1,8 @@
 """Ingest: Telegram updates into the inbox, acknowledged only once the row is committed.
 
 Polling: an update is confirmed by the next getUpdates whose offset is above its update_id, so
-the offset only moves past an update after `ConversationStore.ingest` committed it. Webhook:
-the HTTP
-200 is the acknowledgement, so it is answered after the commit; anything else makes Telegram
+the offset only moves past an update after `store_update` committed it. Webhook: the HTTP 200
+is the acknowledgement, so it is answered after the commit; anything else makes Telegram
 retry. The inbox's unique update_id makes every redelivery a no-op.
 """
 
@@ -31,10 +30,10 @@ from telegram.error import (
     RetryAfter,
     TelegramError,
 )
-from telegram.request import HTTPXRequest, RequestData
 from telegram.warnings import PTBUserWarning
 
 from bot.conversations.store import ConversationStore
+from bot.db import inbox
 from bot.db.models import InboxStatus
 from bot.service.access import Access, Sender
 from bot.service.metrics import Metrics
@@ -45,6 +44,7 @@ from bot.service.retry import (
     retry_after_s,
     wait_event,
 )
+from bot.tg.api_request import loads_json
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +59,7 @@ SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 POLL_TIMEOUT_S = 25
 # The inbox's integer columns (update_id, chat_id, ...) are signed 64-bit; so are Telegram's ids.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-# Telegram's updates nest a dozen levels at most; anything deeper becomes null (see loads_json).
-MAX_JSON_DEPTH = 64
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_METHOD = re.compile(r"[A-Za-z]{1,40}")
-_JSON_TOKEN = re.compile(r'"(?:[^"\\]+|\\.)*"?|[\[{]|[\]}]|[^"\[\]{}]+')
 
 
 def valid_update_id(value: object) -> TypeGuard[int]:
@@ -71,88 +67,6 @@ def valid_update_id(value: object) -> TypeGuard[int]:
     if isinstance(value, bool) or not isinstance(value, int):
         return False
     return INT64_MIN <= value <= INT64_MAX
-
-
-def loads_json(text: str | bytes) -> Any:
-    """json.loads, with arrays and objects nested deeper than MAX_JSON_DEPTH read as null.
-
-    Plain json.loads raises RecursionError at about 1,000 levels, and data a few levels short
-    of that breaks whatever walks it next (to_dict, json.dumps); no Telegram update comes close.
-    """
-    if isinstance(text, bytes):
-        text = text.decode("utf-8")
-    return json.loads(_bound_depth(text, MAX_JSON_DEPTH))
-
-
-def _bound_depth(text: str, limit: int) -> str:
-    """The JSON text with every container below depth `limit` replaced by null."""
-    if text.count("[") + text.count("{") <= limit:
-        return text  # cannot nest deeper (the usual case: no scan at all)
-    out: list[str] = []
-    depth = 0
-    skipping = 0  # depth at which the container being dropped started; 0: not dropping
-    for match in _JSON_TOKEN.finditer(text):
-        token = match.group()
-        if token in ("[", "{"):
-            depth += 1
-            if depth > limit and not skipping:
-                skipping = depth
-                out.append("null")
-            elif not skipping:
-                out.append(token)
-        elif token in ("]", "}"):
-            if not skipping:
-                out.append(token)
-            elif depth == skipping:
-                skipping = 0
-            depth -= 1
-        elif not skipping:
-            out.append(token)
-    return "".join(out)
-
-
-class BoundedJsonRequest(HTTPXRequest):
-    """python-telegram-bot's HTTP client, reading Bot API answers with loads_json.
-
-    A getUpdates answer too deeply nested for json.loads would otherwise raise RecursionError
-    on every poll, and no update behind it could ever be fetched. `observe(method, result)`
-    hears of every request (bot.service.metrics: ok, 429, error), PTB's own 429 retries included.
-    """
-
-    def __init__(
-        self, *args: Any, observe: Callable[[str, str], None] | None = None, **kwargs: Any
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.observe = observe
-
-    async def do_request(
-        self,
-        url: str,
-        method: str,
-        request_data: RequestData | None = None,
-        *args: Any,
-        **kwargs: Any,
-    ) -> tuple[int, bytes]:
-        """The HTTP request, counted by Bot API method (never by URL: it holds the token)."""
-        try:
-            code, payload = await super().do_request(url, method, request_data, *args, **kwargs)
-        except Exception:
-            self._count(url, "error")  # a timeout or a connection error
-            raise
-        self._count(url, "ok" if 200 <= code < 300 else "429" if code == 429 else "error")
-        return code, payload
-
-    def _count(self, url: str, result: str) -> None:
-        if self.observe is not None:
-            name = url.rsplit("/", 1)[-1].split("?", 1)[0]
-            self.observe(name if _METHOD.fullmatch(name) else "other", result)
-
-    @staticmethod
-    def parse_json_payload(payload: bytes) -> dict[str, Any]:
-        try:
-            return loads_json(payload.decode("utf-8", "replace"))  # type: ignore[no-any-return]
-        except ValueError as err:
-            raise TelegramError("Invalid server response") from err
 
 
 def update_kind(data: Mapping[str, Any]) -> str:
@@ -224,14 +138,16 @@ async def store_update(
             if not new and metrics is not None:
                 metrics.duplicate()
             return new
-    new = await store.ingest(
-        update_id=update.update_id,
-        chat_id=_db_int(chat.id) if chat else None,
-        user_id=_db_int(user.id) if user else None,
-        kind=kind,
-        payload=payload,
-        status=InboxStatus.PENDING if handled else InboxStatus.IGNORED,
-    )
+    async with store.write() as db:
+        new = await inbox.insert(
+            db,
+            update_id=update.update_id,
+            chat_id=_db_int(chat.id) if chat else None,
+            user_id=_db_int(user.id) if user else None,
+            kind=kind,
+            payload=payload,
+            status=InboxStatus.PENDING if handled else InboxStatus.IGNORED,
+        )
     if not new:
         log.info("update %s was delivered again; already stored", update.update_id)
         if metrics is not None:
@@ -245,14 +161,16 @@ async def store_unreadable(store: ConversationStore, data: Mapping[str, Any]) ->
         (v.get("chat") for k, v in data.items() if k != "update_id" and isinstance(v, dict)),
         None,
     )
-    return await store.ingest(
-        update_id=int(data["update_id"]),
-        chat_id=_db_int(chat.get("id")) if isinstance(chat, dict) else None,
-        user_id=None,
-        kind=_clean(update_kind(data))[:32],
-        payload=_clean(json.dumps(data, ensure_ascii=False)),
-        status=InboxStatus.IGNORED,
-    )
+    async with store.write() as db:
+        return await inbox.insert(
+            db,
+            update_id=int(data["update_id"]),
+            chat_id=_db_int(chat.get("id")) if isinstance(chat, dict) else None,
+            user_id=None,
+            kind=_clean(update_kind(data))[:32],
+            payload=_clean(json.dumps(data, ensure_ascii=False)),
+            status=InboxStatus.IGNORED,
+        )
 
 
 class PollingIngest:

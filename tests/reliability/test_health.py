@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bot.app import Service
+from bot.app import open_service
 from bot.db import migrate
 from tests.support.botprocess import free_port
 from tests.support.fakebotapi import FakeBotAPI
@@ -89,7 +89,7 @@ async def test_readyz_follows_the_inbox_lag_and_fails_while_stopping(
     async def factory(_settings: object, _store: object) -> Held:
         return responder
 
-    svc = await Service.open(settings, responder_factory=factory, backoff=FAST, timeout_s=5.0)
+    svc = await open_service(settings, responder_factory=factory, backoff=FAST, timeout_s=5.0)
     stopping: asyncio.Task[None] | None = None
     try:
         await svc.start()

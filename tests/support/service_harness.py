@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bot.app import Service
+from bot.app import Service, open_service
 from bot.config import Settings
 from bot.db import migrate
 from bot.db.conversations import SessionRow
@@ -128,7 +128,7 @@ async def running_service(
         return responder
 
     # None: the service's own responder (the variants of `settings`, real model workers).
-    service = await Service.open(
+    service = await open_service(
         settings,
         responder_factory=factory if responder is not None else None,
         backoff=FAST,

@@ -5,8 +5,9 @@ from it."""
 from __future__ import annotations
 
 from bot import commands, terminal
-from bot.conversations.actions import USE_CASES
+from bot.conversations import chat, languages, model_choice, personas, votes
 from bot.conversations.turn import CommandCall
+from bot.conversations.usecases import COMMAND_NAMES
 
 # Telegram's own commands: /stats reads the admin reports, a layer above the use cases.
 TELEGRAM_ONLY = {"stats"}
@@ -14,15 +15,18 @@ TELEGRAM_ONLY = {"stats"}
 
 def test_every_command_has_one_use_case_or_is_telegrams_own() -> None:
     names = {c.name for c in commands.COMMANDS}
-    assert set(USE_CASES) | TELEGRAM_ONLY == names
-    assert not set(USE_CASES) & TELEGRAM_ONLY
+    assert names == COMMAND_NAMES | TELEGRAM_ONLY
+    assert not COMMAND_NAMES & TELEGRAM_ONLY
     assert len(names) == len(commands.COMMANDS)  # no name twice
+    # Each command is one feature's: no two features run the same one.
+    features = (chat, personas, votes, model_choice, languages)
+    assert sum(len(feature.COMMANDS) for feature in features) == len(COMMAND_NAMES)
 
 
 def test_the_terminal_runs_the_table_less_what_needs_buttons() -> None:
     buttons = {c.name for c in commands.COMMANDS if c.buttons}
     assert buttons == {"arena"}
-    assert set(USE_CASES) - buttons == terminal.TERMINAL_COMMANDS
+    assert COMMAND_NAMES - buttons == terminal.TERMINAL_COMMANDS
     # The startup line advertises the menu's commands, in the menu's order.
     assert terminal.ADVERTISED.split() == [
         f"/{c.name}" for c in commands.MENU if c.name in terminal.TERMINAL_COMMANDS

@@ -11,7 +11,12 @@ BOT = Path(__file__).resolve().parents[2] / "bot"
 # Top to bottom; a module belongs to the longest prefix that names it. A layer may import its
 # own and the ones below it.
 LAYERS: list[tuple[str, ...]] = [
-    ("bot.__main__", "bot.app", "bot.terminal"),  # entry points, the composition root
+    (
+        "bot.__main__",
+        "bot.app",
+        "bot.runtime",
+        "bot.terminal",
+    ),  # entry points, the composition root
     ("bot.tg", "bot.dashboard", "bot.admin", "bot.training"),  # front-ends
     ("bot.service",),  # the queue runtime
     ("bot.reports",),  # the read side (forgetting a chat goes through the use case)

@@ -31,6 +31,7 @@ from bot.db.models import Base, Message, Session, utcnow
 from bot.reports import admin as reports
 from bot.reports import stats as service_stats
 from tests.support.cli import cli_env, run_cli
+from tests.support.store_rows import finish_update, ingest
 
 CATS, PIRATE = "i love cats.", "i am a pirate."
 
@@ -52,7 +53,8 @@ class Seed:
 
 async def _ingest(store: ConversationStore, update_id: int, chat_id: int, user_id: int) -> None:
     payload = {"update_id": update_id, "message": {"chat": {"id": chat_id}, "from": user_id}}
-    await store.ingest(
+    await ingest(
+        store,
         update_id=update_id,
         chat_id=chat_id,
         user_id=user_id,
@@ -138,10 +140,10 @@ async def seed(store: ConversationStore) -> Seed:
 
     # Inbox trouble: two updates failed, one still pending.
     await _ingest(store, 13, 1002, 1002)
-    await store.finish_update(UpdateRef(13), status="failed", error="model crashed")
+    await finish_update(store, UpdateRef(13), status="failed", error="model crashed")
     await _ingest(store, 14, 1003, 1003)
     await _ingest(store, 15, 1001, 1001)
-    await store.finish_update(UpdateRef(15), status="failed", error="boom")
+    await finish_update(store, UpdateRef(15), status="failed", error="boom")
 
     # Delivery: everything went out except two replies.
     async with store.sessionmaker.begin() as db:

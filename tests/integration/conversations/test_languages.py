@@ -8,8 +8,8 @@ import asyncio
 from pathlib import Path
 
 from bot.config import Settings
-from bot.conversations.actions import ChatActions
 from bot.conversations.store import ConversationStore
+from bot.conversations.usecases import UseCases
 from bot.db import migrate
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.service.inbox import sender_language
@@ -18,6 +18,7 @@ from bot.texts import ENGLISH, LANGUAGES, for_language
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.fixtures import StartService
 from tests.support.service_harness import EchoResponder, make_settings, rows
+from tests.support.store_rows import pending_outbox
 
 DE, RU, ES = for_language("de"), for_language("ru"), for_language("es")
 
@@ -179,11 +180,11 @@ async def test_the_terminal_chat_speaks_its_lang(tmp_path: Path) -> None:
     engine = make_engine(url)
     store = ConversationStore(make_sessionmaker(engine))
     settings = Settings(_env_file=None, database_url=url, data_dir=tmp_path, safety="off")  # type: ignore[call-arg]
-    chat = ChatActions(store, EchoResponder(), settings)
+    chat = UseCases(store, EchoResponder(), settings)
     try:
         for line in ("/help", "hello", "/bogus", "/lang es", "/done"):
             await terminal_dispatch(chat, 7, line, language="de")
-        texts = [row.text for row in await store.pending_outbox(7)]
+        texts = [row.text for row in await pending_outbox(store, 7)]
     finally:
         await engine.dispose()
     assert texts == [

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from bot.config import Settings
-from bot.conversations.actions import ChatActions
 from bot.conversations.store import ConversationStore
 from bot.conversations.turn import Turn
+from bot.conversations.usecases import UseCases
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.db.models import Role
 from bot.inference.model import load_shared_agent
@@ -27,6 +27,7 @@ from bot.inference.responder import Responder
 from bot.reports import dashboard
 from bot.texts import ENGLISH
 from tests.integration.admin.test_export_episodes import export, read_with_fromfile_teacher
+from tests.support.store_rows import pending_outbox
 
 CHAT = 31
 PIRATE = "I love the sea."
@@ -98,7 +99,7 @@ def _trained_inputs(shared_agent: Any, episodes: list[list[dict[str, Any]]]) -> 
 
 
 async def _notices(store: ConversationStore) -> list[str]:
-    return [row.text for row in await store.pending_outbox(CHAT)]
+    return [row.text for row in await pending_outbox(store, CHAT)]
 
 
 async def test_export_uses_persona_the_model_read(
@@ -109,24 +110,24 @@ async def test_export_uses_persona_the_model_read(
     observed: list[list[int]],
     tmp_path: Path,
 ) -> None:
-    chat = ChatActions(store, responder, responder.settings)
+    cases = UseCases(store, responder, responder.settings)
 
     def turn() -> Turn:
         return Turn(chat_id=CHAT, user_id=CHAT, texts=ENGLISH)
 
-    await chat.text(turn(), "hello")  # no persona yet
-    await chat.set_persona(turn(), PIRATE)  # set after the first reply
-    await chat.text(turn(), "how are you")
-    await chat.set_persona(turn(), DOG)  # changed
+    await cases.chat.text(turn(), "hello")  # no persona yet
+    await cases.personas.set_persona(turn(), PIRATE)  # set after the first reply
+    await cases.chat.text(turn(), "how are you")
+    await cases.personas.set_persona(turn(), DOG)  # changed
     session = await store.active_session(CHAT)
     responder.evict(session.id)  # the next reply's clone is rebuilt from the database
-    await chat.context(turn())
-    await chat.text(turn(), "what do you like")
-    await chat.set_persona(turn(), "clear")  # cleared
-    await chat.text(turn(), "bye")
-    await chat.set_persona(turn(), SUN)  # after the last reply: it carries over /done
-    await chat.done(turn())
-    await chat.text(turn(), "hi")
+    await cases.chat.context(turn())
+    await cases.chat.text(turn(), "what do you like")
+    await cases.personas.set_persona(turn(), "clear")  # cleared
+    await cases.chat.text(turn(), "bye")
+    await cases.personas.set_persona(turn(), SUN)  # after the last reply: it carries over /done
+    await cases.chat.done(turn())
+    await cases.chat.text(turn(), "hi")
     live = list(observed)
     assert len(live) == 5, "one observation per reply"
     budget = int(shared_agent.text_truncate)

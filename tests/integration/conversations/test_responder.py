@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from bot.config import Settings
-from bot.conversations.actions import ChatActions
 from bot.conversations.store import ConversationStore
 from bot.conversations.turn import Turn
+from bot.conversations.usecases import UseCases
 from bot.engine.protocol import GenerationError
 from bot.inference.batcher import Batcher, BatchError
 from bot.inference.cache import AgentCache
@@ -98,12 +98,12 @@ async def test_eviction_and_restart_are_invisible(
     tiny_model_file: str,
     tmp_path: Path,
 ) -> None:
-    chat = ChatActions(store, responder, responder.settings)
-    await chat.set_persona(
+    cases = UseCases(store, responder, responder.settings)
+    await cases.personas.set_persona(
         Turn(chat_id=7, user_id=7, texts=ENGLISH), "My name is Sarah. I love hiking."
     )
     for text in ["hello", "how are you", "what do you like"]:
-        await chat.text(Turn(chat_id=7, user_id=7, texts=ENGLISH), text)
+        await cases.chat.text(Turn(chat_id=7, user_id=7, texts=ENGLISH), text)
     session = await store.active_session(7)
     probe = "tell me about your family"
     cached = await responder.generate(session, probe)
@@ -139,11 +139,11 @@ async def test_eviction_and_restart_are_invisible(
 async def test_persona_stays_at_head_after_200_turns(
     responder: Responder, store: ConversationStore
 ) -> None:
-    chat = ChatActions(store, responder, responder.settings)
+    cases = UseCases(store, responder, responder.settings)
     persona = "My name is Jessica. I love cats."
-    await chat.set_persona(Turn(chat_id=9, user_id=9, texts=ENGLISH), persona)
+    await cases.personas.set_persona(Turn(chat_id=9, user_id=9, texts=ENGLISH), persona)
     for i in range(200):
-        await chat.text(
+        await cases.chat.text(
             Turn(chat_id=9, user_id=9, texts=ENGLISH),
             f"turn {['one', 'two', 'three'][i % 3]} do you like dogs",
         )
@@ -162,10 +162,10 @@ async def test_persona_stays_at_head_after_200_turns(
 async def test_persona_change_takes_effect_next_turn(
     responder: Responder, store: ConversationStore
 ) -> None:
-    chat = ChatActions(store, responder, responder.settings)
-    await chat.set_persona(Turn(chat_id=11, user_id=11, texts=ENGLISH), "I love dogs.")
-    await chat.text(Turn(chat_id=11, user_id=11, texts=ENGLISH), "hello")
-    await chat.set_persona(Turn(chat_id=11, user_id=11, texts=ENGLISH), "I love cats.")
+    cases = UseCases(store, responder, responder.settings)
+    await cases.personas.set_persona(Turn(chat_id=11, user_id=11, texts=ENGLISH), "I love dogs.")
+    await cases.chat.text(Turn(chat_id=11, user_id=11, texts=ENGLISH), "hello")
+    await cases.personas.set_persona(Turn(chat_id=11, user_id=11, texts=ENGLISH), "I love cats.")
     session = await store.active_session(11)
     result = await responder.generate(session, "hello again")
     text = _normalize(_decode(responder.shared_agent, result.model_input))
@@ -175,9 +175,11 @@ async def test_persona_change_takes_effect_next_turn(
 async def test_two_user_messages_in_a_row_become_one_turn(
     responder: Responder, store: ConversationStore
 ) -> None:
-    chat = ChatActions(store, responder, responder.settings)
-    await chat.text(Turn(chat_id=12, user_id=12, texts=ENGLISH), "hello")
-    await chat.unanswered(Turn(chat_id=12, user_id=12, texts=ENGLISH), "are you there", notice=None)
+    cases = UseCases(store, responder, responder.settings)
+    await cases.chat.text(Turn(chat_id=12, user_id=12, texts=ENGLISH), "hello")
+    await cases.core.unanswered(
+        Turn(chat_id=12, user_id=12, texts=ENGLISH), "are you there", notice=None
+    )
     session = await store.active_session(12)
     await responder.generate(session, "please talk to me")
     history = responder.cache.get(session.id).clone.history  # type: ignore[union-attr]
@@ -231,7 +233,7 @@ async def test_batches_form_under_concurrency_and_errors_stay_in_their_batch(
 async def test_engine_error_is_reported_and_message_kept(
     responder: Responder, store: ConversationStore
 ) -> None:
-    chat = ChatActions(store, responder, responder.settings)
+    cases = UseCases(store, responder, responder.settings)
     original = responder.shared_agent.batch_act
     responder.shared_agent.batch_act = lambda obs: (_ for _ in ()).throw(RuntimeError("boom"))
     # the continuous scheduler (the default) steps its own search instead of batch_act
@@ -242,7 +244,7 @@ async def test_engine_error_is_reported_and_message_kept(
         session = await store.active_session(13)
         with pytest.raises(GenerationError):
             await responder.respond(session, "hello")
-        await chat.text(Turn(chat_id=13, user_id=13, texts=ENGLISH), "hello")
+        await cases.chat.text(Turn(chat_id=13, user_id=13, texts=ENGLISH), "hello")
     finally:
         responder.shared_agent.batch_act = original
     ctx = await store.load_context(session.id, tail=None)
@@ -259,16 +261,16 @@ async def test_a_clone_behind_the_database_is_rebuilt(
     for eng in (a, b, fresh):
         await eng.batcher.start()
     try:
-        await ChatActions(store, a, settings).set_persona(
+        await UseCases(store, a, settings).personas.set_persona(
             Turn(chat_id=21, user_id=21, texts=ENGLISH), "My name is Sarah."
         )
-        await ChatActions(store, a, settings).text(
+        await UseCases(store, a, settings).chat.text(
             Turn(chat_id=21, user_id=21, texts=ENGLISH), "hello"
         )
-        await ChatActions(store, b, settings).text(
+        await UseCases(store, b, settings).chat.text(
             Turn(chat_id=21, user_id=21, texts=ENGLISH), "do you like dogs"
         )
-        await ChatActions(store, a, settings).text(
+        await UseCases(store, a, settings).chat.text(
             Turn(chat_id=21, user_id=21, texts=ENGLISH), "how are you"
         )
         session = await store.active_session(21)
@@ -280,7 +282,7 @@ async def test_a_clone_behind_the_database_is_rebuilt(
         assert "do you like dogs" in text and "how are you" in text
         # ... and a clone that is up to date stays cached: no rebuild per turn.
         misses = a.cache.stats.misses
-        await ChatActions(store, a, settings).text(
+        await UseCases(store, a, settings).chat.text(
             Turn(chat_id=21, user_id=21, texts=ENGLISH), "i love cats"
         )
         assert a.cache.stats.misses == misses

@@ -11,6 +11,7 @@ from bot.db import conversations, inbox, outbox
 from bot.db.conversations import ReplyFacts
 from bot.db.inbox import UpdateRef
 from bot.db.models import Inbox, Message, Outbox, OutboxKind, Session
+from tests.support.store_rows import finish_update, ingest
 
 
 async def _count(store: ConversationStore, model: type, **where: object) -> int:
@@ -22,8 +23,8 @@ async def _count(store: ConversationStore, model: type, **where: object) -> int:
 
 
 async def test_ingest_is_idempotent_per_update_id(store: ConversationStore) -> None:
-    first = await store.ingest(update_id=10, chat_id=1, user_id=2, kind="message", payload="{}")
-    again = await store.ingest(update_id=10, chat_id=1, user_id=2, kind="message", payload="{}")
+    first = await ingest(store, update_id=10, chat_id=1, user_id=2, kind="message", payload="{}")
+    again = await ingest(store, update_id=10, chat_id=1, user_id=2, kind="message", payload="{}")
     assert (first, again) == (True, False)
     assert await _count(store, Inbox) == 1
 
@@ -41,7 +42,8 @@ async def test_persona_carries_over_after_done(store: ConversationStore) -> None
     await store.set_persona(5, 5, "My name is Sarah.", notice="ok")
     ended = await store.end_session(5, notice="bye")
     assert ended is not None
-    assert await store.current_persona(5) == "My name is Sarah."
+    async with store.read() as db:  # the persona the next conversation starts with
+        assert await conversations.latest_persona(db, 5) == "My name is Sarah."
     new = await store.active_session(5, 5)
     assert new.id != ended.id
     assert new.persona == "My name is Sarah."
@@ -49,7 +51,7 @@ async def test_persona_carries_over_after_done(store: ConversationStore) -> None
 
 
 async def test_record_turn_is_one_transaction_and_closes_update(store: ConversationStore) -> None:
-    await store.ingest(update_id=1, chat_id=9, user_id=9, kind="message", payload="{}")
+    await ingest(store, update_id=1, chat_id=9, user_id=9, kind="message", payload="{}")
     session = await store.active_session(9, 9)
     await store.record_turn(
         session.id, 9, "hi", "hello!", facts=ReplyFacts(latency_ms=12.5), update=UpdateRef(1)
@@ -72,7 +74,7 @@ async def test_record_turn_is_one_transaction_and_closes_update(store: Conversat
 
 
 async def test_failed_turn_leaves_nothing_behind(store: ConversationStore) -> None:
-    await store.ingest(update_id=3, chat_id=3, user_id=3, kind="message", payload="{}")
+    await ingest(store, update_id=3, chat_id=3, user_id=3, kind="message", payload="{}")
     session = await store.active_session(3, 3)
     with pytest.raises(IntegrityError):
         # A reply without text violates NOT NULL in the middle of the turn, after the user's
@@ -107,7 +109,7 @@ async def test_outbox_delivery_marks_message(store: ConversationStore) -> None:
 
 
 async def test_forget_removes_every_row_of_the_chat(store: ConversationStore) -> None:
-    await store.ingest(update_id=1, chat_id=8, user_id=8, kind="message", payload='{"x": 1}')
+    await ingest(store, update_id=1, chat_id=8, user_id=8, kind="message", payload='{"x": 1}')
     session = await store.active_session(8, 8)
     await store.record_turn(session.id, 8, "secret", "ok", update=UpdateRef(1))
     other = await store.active_session(99, 99)
@@ -121,9 +123,9 @@ async def test_forget_removes_every_row_of_the_chat(store: ConversationStore) ->
 
 
 async def test_forget_keeps_update_deduplicated(store: ConversationStore) -> None:
-    await store.ingest(update_id=5, chat_id=8, user_id=8, kind="message", payload="{}")
+    await ingest(store, update_id=5, chat_id=8, user_id=8, kind="message", payload="{}")
     await store.forget_chat(8, notice="forgotten", update=UpdateRef(5))
-    again = await store.ingest(update_id=5, chat_id=8, user_id=8, kind="message", payload="{}")
+    again = await ingest(store, update_id=5, chat_id=8, user_id=8, kind="message", payload="{}")
     assert again is False
     assert await _count(store, Inbox, chat_id=8) == 0
 
@@ -141,8 +143,8 @@ async def test_forget_keeps_updates_that_came_after_it(store: ConversationStore)
     """Regression: /forget deleted the chat's pending inbox rows, so a message sent right after
     it was never answered."""
     for update_id in (1, 2, 3):
-        await store.ingest(update_id=update_id, chat_id=8, user_id=8, kind="message", payload="{}")
-    await store.finish_update(UpdateRef(1))
+        await ingest(store, update_id=update_id, chat_id=8, user_id=8, kind="message", payload="{}")
+    await finish_update(store, UpdateRef(1))
     await store.forget_chat(8, notice="forgotten", update=UpdateRef(2))
     async with store.sessionmaker() as db:
         assert await inbox.status_of(db, 1) is None
@@ -153,9 +155,9 @@ async def test_a_turn_for_an_update_closed_elsewhere_is_rolled_back(
     store: ConversationStore,
 ) -> None:
     """Fence: if another process already closed the update, this turn leaves no rows."""
-    await store.ingest(update_id=40, chat_id=40, user_id=40, kind="message", payload="{}")
+    await ingest(store, update_id=40, chat_id=40, user_id=40, kind="message", payload="{}")
     session = await store.active_session(40, 40)
-    await store.finish_update(UpdateRef(40))  # another replica answered it meanwhile
+    await finish_update(store, UpdateRef(40))  # another replica answered it meanwhile
     with pytest.raises(inbox.StaleUpdate):
         await store.record_turn(session.id, 40, "hi", "hello", update=UpdateRef(40))
     assert await _count(store, Message, chat_id=40) == 0
@@ -166,8 +168,13 @@ async def test_pending_chats_come_oldest_first(store: ConversationStore) -> None
     # Found in review: SELECT DISTINCT ... LIMIT had no order, so with more waiting chats than
     # the scan limit, the same ones could come back every time and others wait forever.
     for update_id, chat_id in [(5, 30), (7, 10), (1, 20), (9, 30)]:
-        await store.ingest(
-            update_id=update_id, chat_id=chat_id, user_id=chat_id, kind="message", payload="{}"
+        await ingest(
+            store,
+            update_id=update_id,
+            chat_id=chat_id,
+            user_id=chat_id,
+            kind="message",
+            payload="{}",
         )
     async with store.sessionmaker.begin() as db:
         for chat_id in (40, 10, 40, 50):

@@ -1,5 +1,5 @@
-"""What the shared use cases (bot/conversations/actions.py) answer to awkward input, run
-through ChatActions on a real store: an echoed argument stays a short excerpt, a command the
+"""What the shared use cases (bot/conversations/usecases.py) answer to awkward input, run
+through UseCases on a real store: an echoed argument stays a short excerpt, a command the
 operator has not enabled gets one wording, and /good or /bad with nothing to rate get one
 answer."""
 
@@ -13,15 +13,16 @@ import pytest
 
 from bot.commands import BY_NAME
 from bot.config import Settings
-from bot.conversations.actions import ChatActions
 from bot.conversations.store import ConversationStore
 from bot.conversations.turn import CommandCall, Turn
+from bot.conversations.usecases import UseCases
 from bot.engine.protocol import Abilities
 from bot.engine.variants import Experiment, Variant
 from bot.service.delivery import split_message
 from bot.terminal import dispatch as terminal_dispatch
 from bot.texts import ENGLISH, LANGUAGES, for_language
 from tests.support.service_harness import EchoResponder
+from tests.support.store_rows import pending_outbox
 
 
 class VariantsEcho(EchoResponder):
@@ -36,18 +37,18 @@ class VariantsEcho(EchoResponder):
 
 def actions(
     store: ConversationStore, tmp_path: Path, responder: EchoResponder | None = None, **more: Any
-) -> ChatActions:
+) -> UseCases:
     settings = Settings(_env_file=None, data_dir=tmp_path, safety="off", **more)  # type: ignore[call-arg]
-    return ChatActions(store, responder or EchoResponder(), settings)
+    return UseCases(store, responder or EchoResponder(), settings)
 
 
 async def run(
-    chat: ChatActions, chat_id: int, name: str, argument: str = "", language: str = "en"
+    chat: UseCases, chat_id: int, name: str, argument: str = "", language: str = "en"
 ) -> list[str]:
     """Run a command's use case as a front end does; returns what it queued for the chat."""
     turn = Turn(chat_id=chat_id, user_id=chat_id, texts=for_language(language))
     await chat.command(turn, CommandCall(name, argument))
-    return [row.text for row in await chat.store.pending_outbox(chat_id)]
+    return [row.text for row in await pending_outbox(chat.core.store, chat_id)]
 
 
 # --- item 4: echoed arguments ------------------------------------------------------------------
@@ -136,9 +137,9 @@ async def test_a_vote_with_no_reply_to_rate_gets_only_the_nothing_to_rate_answer
     # rate yet." The thanks were queued with the vote before it was known to be stale.
     chat = actions(store, tmp_path)
     await terminal_dispatch(chat, 21, command)
-    assert [row.text for row in await store.pending_outbox(21)] == [ENGLISH.NOTHING_TO_VOTE_ON]
+    assert [row.text for row in await pending_outbox(store, 21)] == [ENGLISH.NOTHING_TO_VOTE_ON]
     # With a reply to rate, the thanks alone.
     await terminal_dispatch(chat, 22, "hello")
     await terminal_dispatch(chat, 22, command)
     thanks = ENGLISH.VOTED_UP if command == "/good" else ENGLISH.VOTED_DOWN
-    assert [row.text for row in await store.pending_outbox(22)] == ["echo 22: hello", thanks]
+    assert [row.text for row in await pending_outbox(store, 22)] == ["echo 22: hello", thanks]

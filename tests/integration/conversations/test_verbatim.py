@@ -16,9 +16,9 @@ import pytest
 from sqlalchemy import text
 
 from bot.config import Settings
-from bot.conversations.actions import ChatActions
 from bot.conversations.store import ConversationStore
 from bot.conversations.turn import Turn
+from bot.conversations.usecases import UseCases
 from bot.inference.batcher import chat_reply, reply_cleaner, verbatim_reply
 from bot.inference.model import load_shared_agent
 from bot.inference.responder import Responder
@@ -110,9 +110,9 @@ async def converse(
     """Each turn through the use case; the clone dropped after each when `evict` (the next is
     rebuilt from the database). Returns the stored replies, the texts queued for Telegram and
     the stored model texts."""
-    chat = ChatActions(store, responder, responder.settings)
+    cases = UseCases(store, responder, responder.settings)
     for turn in turns:
-        await chat.text(Turn(chat_id=chat_id, user_id=chat_id, texts=ENGLISH), turn)
+        await cases.chat.text(Turn(chat_id=chat_id, user_id=chat_id, texts=ENGLISH), turn)
         if evict:
             session = await store.active_session(chat_id)
             assert session is not None

@@ -24,6 +24,7 @@ from bot.texts import ENGLISH as texts
 from tests.integration.admin.test_admin import parse_admin
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.service_harness import make_settings, rows, running_service
+from tests.support.store_rows import mark_sent, pending_outbox
 
 
 def write_variants(path: Path, model: str, weights: dict[str, float], **extra: str) -> Path:
@@ -361,12 +362,12 @@ async def test_an_edit_regenerates_from_the_history_without_the_old_turn(
 ) -> None:
     """Through the worker: the regenerated reply's input holds the edited text and not the
     old one, and the history the next turn is rebuilt from holds only the edited turn."""
-    from bot.conversations.actions import ChatActions
     from bot.conversations.turn import Turn
+    from bot.conversations.usecases import UseCases
 
     router, store = workers
     settings = Settings(_env_file=None, data_dir=tmp_path, safety="off")  # type: ignore[call-arg]
-    chat_actions = ChatActions(store, router, settings)
+    chat_actions = UseCases(store, router, settings).chat
     chat = 971
     await chat_actions.text(
         Turn(chat_id=chat, user_id=chat, texts=texts), "hello one", telegram_message_id=1
@@ -374,8 +375,8 @@ async def test_an_edit_regenerates_from_the_history_without_the_old_turn(
     await chat_actions.text(
         Turn(chat_id=chat, user_id=chat, texts=texts), "tell me about cats", telegram_message_id=2
     )
-    for row in await store.pending_outbox(chat):  # delivered (only those are edited in place)
-        await store.mark_sent(row.id, 1000 + row.id)
+    for row in await pending_outbox(store, chat):  # delivered (only those are edited in place)
+        await mark_sent(store, row.id, 1000 + row.id)
     await chat_actions.edit(Turn(chat_id=chat, user_id=chat, texts=texts), 2, "tell me about dogs")
     session = await store.active_session(chat)
     view = await router.inspect(session)

@@ -15,7 +15,8 @@ from telegram.ext import ApplicationHandlerStop, BaseHandler
 from bot.app import build_application
 from bot.conversations.turn import Turn
 from bot.service.budget import SendBudget
-from bot.tg.handlers import Handlers, dispatch
+from bot.tg.handlers import Handlers
+from bot.tg.runner import dispatch
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.service_harness import make_settings
 

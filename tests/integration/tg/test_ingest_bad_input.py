@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from bot.tg.ingest import MAX_JSON_DEPTH
+from bot.tg.api_request import MAX_JSON_DEPTH
 from bot.tg.poller import ElectedPolling
 from tests.support.botprocess import free_port
 from tests.support.fakebotapi import SECRET_HEADER, FakeBotAPI
