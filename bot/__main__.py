@@ -92,8 +92,16 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--ship",
         action="store_true",
-        help="reproduce the shipped default model: the default recipe for --minutes (default "
-        "100, no 15-minute cap), installed in models/chitchat/ with recipe.json and RECIPE.md",
+        help="reproduce the shipped default model: stage 1, the default recipe for --minutes "
+        "(default 100, no 15-minute cap), then stage 2, the persona fine-tune (40 minutes), "
+        "installed in models/chitchat/ with recipe.json and RECIPE.md",
+    )
+    train.add_argument(
+        "--from-stage1",
+        metavar="MODEL",
+        default=None,
+        help="with --ship: skip stage 1 and fine-tune MODEL (a stage-1 model, e.g. a copy of "
+        "the shipped one before stage 2) on the persona mix",
     )
 
     db = sub.add_parser("db", help="database schema (Alembic migrations)")
@@ -272,10 +280,16 @@ def _train(settings: Settings, args: argparse.Namespace) -> int:
         return feedback_cli(settings, args)
     try:
         if args.ship:
+            from pathlib import Path
+
             from bot.training.ship import SHIP_MINUTES, ship
 
-            ship(args.minutes or SHIP_MINUTES)
+            stage1 = Path(args.from_stage1) if args.from_stage1 else None
+            ship(args.minutes or SHIP_MINUTES, from_stage1=stage1)
             return 0
+        if args.from_stage1 is not None:
+            print("error: --from-stage1 goes with --ship", file=sys.stderr)
+            return 2
         return train_cli(settings, minutes=args.minutes, if_missing=args.if_missing, out=args.out)
     except TrainingError as err:
         log.debug("training failed", exc_info=err)
