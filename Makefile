@@ -28,7 +28,9 @@ chat: install
 train: install
 	$(PY) -m bot train
 
-# Reproduce the shipped default model (models/chitchat/): 100 minutes, then its recipe files.
+# Reproduce the shipped default model (models/chitchat/): stage 1, the default recipe from scratch
+# (100 minutes), then stage 2, the persona fine-tune (40 minutes), then its recipe files.
+# Stage 2 alone on an existing stage-1 model: python -m bot train --ship --from-stage1 MODEL
 train-shipped: install
 	$(PY) -m bot train --ship
 

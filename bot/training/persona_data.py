@@ -107,36 +107,123 @@ TRAIN_VALUES: dict[str, tuple[str, ...]] = {
     ),
 }  # fmt: skip
 
+# Made-up values: syllables joined (plus a suffix of the kind), so that the model cannot learn
+# the values by heart and has to copy them from the persona line. A unit test checks that no
+# probe value of bench.persona can be made this way.
+SYLLABLES = (
+    "bra",
+    "dor",
+    "fen",
+    "gul",
+    "kri",
+    "lom",
+    "mav",
+    "nes",
+    "pol",
+    "quin",
+    "rad",
+    "sel",
+    "tav",
+    "ulm",
+    "vor",
+    "wex",
+    "yad",
+    "zon",
+    "tor",
+    "bel",
+    "kas",
+    "mir",
+    "dal",
+    "ren",
+    "sko",
+    "fal",
+    "gar",
+    "hin",
+    "jor",
+    "lev",
+    "ost",
+    "pim",
+    "rul",
+    "sid",
+    "tek",
+    "vam",
+    "zel",
+    "brin",
+    "clo",
+    "dru",
+    "esk",
+    "fro",
+    "gri",
+    "hal",
+    "ith",
+    "jun",
+    "kel",
+    "lur",
+    "mox",
+    "nib",
+)
+MADE_UP_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "name": ("", "", "a", "o"),
+    "job": (" maker", " keeper", "ist", "er", " technician", " inspector"),
+    "hobby": ("ing", " dancing", " racing", "ball", " collecting"),
+    "pet": ("", " bird", " lizard", " fish"),
+    "home": ("", "ville", "ton", " city", "ia", " springs"),
+    "food": ("", " stew", " pie", " soup", " cakes", "i"),
+}
+
+
+def made_up(kind: str, rng: random.Random) -> str:
+    """A made-up value of `kind`: two or three syllables, then a suffix of the kind."""
+    word = "".join(rng.choice(SYLLABLES) for _ in range(rng.choice((2, 2, 3))))
+    return word + rng.choice(MADE_UP_SUFFIXES[kind])
+
+
 # Persona line templates per kind ({v} the value, {a} its article "a"/"an").
 PERSONA_TEMPLATES: dict[str, tuple[str, ...]] = {
     "name": ("my name is {v}.", "i am {v}.", "my name's {v}.", "everyone calls me {v}.",
-             "i'm called {v}."),
+             "i'm called {v}.", "they call me {v}.", "my first name is {v}.", "{v} is my name.",
+             "i go by {v}."),
     "job": ("i work as {a} {v}.", "i am {a} {v}.", "my job is being {a} {v}.",
-            "i'm {a} {v}.", "i have been {a} {v} for years."),
+            "i'm {a} {v}.", "i have been {a} {v} for years.", "i'm employed as {a} {v}.",
+            "by profession i am {a} {v}.", "i make a living as {a} {v}.", "my work: {v}."),
     "hobby": ("i love {v}.", "my hobby is {v}.", "i enjoy {v} in my free time.",
-              "in my spare time i like {v}.", "i'm really into {v}."),
+              "in my spare time i like {v}.", "i'm really into {v}.",
+              "my favorite pastime is {v}.", "on weekends i love {v}.",
+              "i spend my free time {v}."),
     "pet": ("i have {a} {v}.", "i own {a} {v}.", "i have a pet {v}.",
-            "i have {a} {v} named {n}.", "my {v} is my best friend."),
+            "i have {a} {v} named {n}.", "my {v} is my best friend.", "i live with {a} {v}.",
+            "i take care of {a} {v}.", "my pet {v} lives with me."),
     "home": ("i live in {v}.", "i am from {v}.", "my home is in {v}.", "i grew up in {v}.",
-             "i'm from {v}."),
+             "i'm from {v}.", "i was raised in {v}.", "my hometown is {v}.",
+             "i currently live in {v}.", "home is {v}."),
     "food": ("my favorite food is {v}.", "i love eating {v}.", "i could eat {v} every day.",
-             "{v} is my favorite food.", "my favourite food is {v}."),
+             "{v} is my favorite food.", "my favourite food is {v}.", "i eat {v} all the time.",
+             "nothing is better than {v}.", "{v} is my favourite dish.", "i often cook {v}."),
 }  # fmt: skip
 
 QUESTION_TEMPLATES: dict[str, tuple[str, ...]] = {
     "name": ("what is your name?", "what's your name?", "who are you?", "may i ask your name?",
-             "what should i call you?", "tell me your name.", "hi! what's your name?"),
+             "what should i call you?", "tell me your name.", "hi! what's your name?",
+             "what do people call you?", "and you are?", "can you tell me your name?",
+             "what's ur name?", "what name do you go by?"),
     "job": ("what do you do for a living?", "what is your job?", "what do you do?",
-            "what's your occupation?", "what kind of work do you do?", "do you work?"),
+            "what's your occupation?", "what kind of work do you do?", "do you work?",
+            "what's your line of work?", "what do you work as?", "how do you make money?",
+            "what's your career?", "what is your occupation?"),
     "hobby": ("what do you like to do for fun?", "what are your hobbies?",
               "what do you do in your free time?", "do you have any hobbies?",
-              "what's your favorite thing to do?"),
+              "what's your favorite thing to do?", "what do you enjoy doing?",
+              "what do you do on weekends?", "how do you like to relax?", "any fun hobbies?"),
     "pet": ("do you have any pets?", "do you have a pet?", "what kind of pet do you have?",
-            "any pets?", "do you like animals?"),
+            "any pets?", "do you like animals?", "do you own any animals?",
+            "do you have a dog or a cat?", "what pets do you have?", "tell me about your pets."),
     "home": ("where do you live?", "where are you from?", "where is your home?",
-             "where did you grow up?", "which city do you live in?"),
+             "where did you grow up?", "which city do you live in?", "where are you based?",
+             "where do you live now?", "what's your hometown?", "where do you come from?"),
     "food": ("what is your favorite food?", "what do you like to eat?",
-             "what's your favourite food?", "what food do you like?", "are you hungry?"),
+             "what's your favourite food?", "what food do you like?", "are you hungry?",
+             "what's your favorite thing to eat?", "what is your favorite meal?",
+             "what do you like for dinner?"),
 }  # fmt: skip
 
 ANSWER_TEMPLATES: dict[str, tuple[str, ...]] = {
@@ -181,12 +268,14 @@ class PersonaRecipe:
     learning_rate: float = 1e-3
     warmup_updates: int = 100
     # Synthetic question-answer turns, and template personas before chitchat examples.
-    qa_examples: int = 60_000
+    qa_examples: int = 90_000
     # Share of chitchat examples that also come with template persona lines the label ignores.
     persona_chitchat_rate: float = 0.2
     # Share of chitchat labels with a first-person sentence that also get a grounded example.
     grounded_rate: float = 0.5
     greeting_rate: float = 0.3
+    # Share of template values that are made up (made_up), so that copying is the only way.
+    made_up_rate: float = 0.7
     seed: int = 7
 
 
@@ -194,20 +283,26 @@ DEFAULT_PERSONA_RECIPE = PersonaRecipe()
 
 
 def template_persona(
-    rng: random.Random, kinds: Sequence[str], values: dict[str, tuple[str, ...]] = TRAIN_VALUES
+    rng: random.Random, kinds: Sequence[str], made_up_rate: float = 0.7
 ) -> dict[str, tuple[str, str]]:
-    """kind -> (value, persona line) for each of `kinds`."""
+    """kind -> (value, persona line) for each of `kinds`; a share `made_up_rate` of the values
+    made up, the others from TRAIN_VALUES."""
     out: dict[str, tuple[str, str]] = {}
     for kind in kinds:
-        value = rng.choice(values[kind])
+        value = (
+            made_up(kind, rng) if rng.random() < made_up_rate else rng.choice(TRAIN_VALUES[kind])
+        )
         out[kind] = (value, fill(rng.choice(PERSONA_TEMPLATES[kind]), value, rng))
     return out
 
 
-def qa_example(rng: random.Random, greeting_rate: float = 0.3) -> Example:
-    """One synthetic turn: 1-4 persona lines, a question about one of them, its answer."""
+def qa_turn(
+    rng: random.Random, greeting_rate: float = 0.3, made_up_rate: float = 0.7
+) -> tuple[Example, str, str]:
+    """One synthetic turn: 1-4 persona lines, a question about one of them, its answer; with
+    the asked kind and value."""
     kinds = rng.sample(KINDS, k=rng.choice((1, 2, 2, 3, 3, 4)))
-    persona = template_persona(rng, kinds)
+    persona = template_persona(rng, kinds, made_up_rate)
     asked = rng.choice(kinds)
     value = persona[asked][0]
     lines = [PERSONA_PREFIX + line for _, line in persona.values()]
@@ -216,7 +311,14 @@ def qa_example(rng: random.Random, greeting_rate: float = 0.3) -> Example:
         turns += list(rng.choice(GREETINGS))
     turns.append(rng.choice(QUESTION_TEMPLATES[asked]))
     label = fill(rng.choice(ANSWER_TEMPLATES[asked]), value, rng)
-    return Example("\n".join(lines + turns), label)
+    return Example("\n".join(lines + turns), label), asked, value
+
+
+def qa_example(
+    rng: random.Random, greeting_rate: float = 0.3, made_up_rate: float = 0.7
+) -> Example:
+    """One synthetic question-answer turn (qa_turn)."""
+    return qa_turn(rng, greeting_rate, made_up_rate)[0]
 
 
 # The dialogue of a persona example is cut to its last words: ParlAI's training truncation keeps
@@ -239,10 +341,11 @@ def tail_words(text: str, n: int = DIALOGUE_WORDS) -> str:
     return " ".join(reversed(kept)).replace(" \n ", "\n").strip()
 
 
-def persona_chitchat(example: Example, rng: random.Random) -> Example:
+def persona_chitchat(example: Example, rng: random.Random, made_up_rate: float = 0.7) -> Example:
     """A chitchat example with 1-3 template persona lines in front (the label ignores them)."""
     kinds = rng.sample(KINDS, k=rng.choice((1, 2, 3)))
-    lines = [PERSONA_PREFIX + line for _, line in template_persona(rng, kinds).values()]
+    persona = template_persona(rng, kinds, made_up_rate)
+    lines = [PERSONA_PREFIX + line for _, line in persona.values()]
     return Example("\n".join([*lines, tail_words(example.text)]), example.label)
 
 
@@ -302,7 +405,7 @@ def write_persona_dataset(
     def extra(turns: Sequence[Sequence[str]]) -> list[Example]:
         grounded = grounded_examples(turns, rng, persona.grounded_rate, recipe.context_turns)
         chit = [
-            persona_chitchat(e, rng)
+            persona_chitchat(e, rng, persona.made_up_rate)
             for e in make_examples(turns, rng, plain)
             if rng.random() < persona.persona_chitchat_rate
         ]

@@ -406,3 +406,28 @@ def render(recipe: dict[str, Any]) -> str:
     if s2:
         lines += ["Stage 2:", "", "```", " ".join(s2["parlai_args"]), "```", ""]
     return "\n".join(lines)
+
+
+def record_persona_bench(bench_json: Path, recipe_dir: Path = SHIPPED_MODEL_FILE.parent) -> None:
+    """Put bench.persona's figures (bench/results/persona.json of a run whose first model is
+    the shipped one and whose second is its stage 1) into recipe.json and RECIPE.md."""
+    bench = json.loads(bench_json.read_text(encoding="utf-8"))
+    results = bench["results"]
+    names = list(bench["models"])
+    suffix = f"_{names[1]}" if len(names) > 1 else ""
+    figures = {
+        "command": "python -m bench.persona --models "
+        + " ".join(f"{n}=..." for n in names),
+        "probes": bench["probes"],
+        "questions": bench["questions"],
+        **{k: results[f"persona_{k}"] for k in ("recall", "base_rate", "contradiction_rate")},
+        **{
+            f"stage1_{k}": results.get(f"persona_{k}{suffix}", float("nan"))
+            for k in ("recall", "base_rate", "contradiction_rate")
+        },
+    }
+    path = recipe_dir / "recipe.json"
+    recipe = json.loads(path.read_text(encoding="utf-8"))
+    recipe["persona_bench"] = figures
+    path.write_text(json.dumps(recipe, indent=2) + "\n", "utf-8")
+    (recipe_dir / "RECIPE.md").write_text(render(recipe), encoding="utf-8")

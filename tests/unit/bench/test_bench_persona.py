@@ -95,3 +95,19 @@ def test_model_names_and_result_names() -> None:
     figures = {"recall": 0.5}
     assert bench.result_names(0, "new", figures) == {"persona_recall": 0.5}
     assert bench.result_names(1, "old", figures) == {"persona_recall_old": 0.5}
+
+
+def test_no_probe_value_can_be_made_up_by_the_training_templates(
+    probes: dict[str, object],
+) -> None:
+    import re
+
+    from bot.training.persona_data import MADE_UP_SUFFIXES, SYLLABLES
+
+    syllable = "|".join(SYLLABLES)
+    for kind, values in probes["values"].items():  # type: ignore[attr-defined]
+        suffix = "|".join(re.escape(s) for s in MADE_UP_SUFFIXES[kind])
+        made_up = re.compile(rf"(?:{syllable}){{2,3}}(?:{suffix})")
+        for value in values:
+            for form in bench.variants(value):
+                assert not made_up.fullmatch(form), (kind, value, form)
