@@ -18,7 +18,9 @@ The matcher (`states`, `contradicts`), lower-cased, on word boundaries:
   ("hiking": "hike", "swimming": "swim");
 - a reply *contradicts* the persona when, with the persona's own value (and variants) taken
   out, it states another value of the asked kind from the known values of that kind (the
-  probe set's and the training templates', bot/training/persona_data.py TRAIN_VALUES).
+  probe set's and the training templates', bot/training/persona_data.py TRAIN_VALUES), or a
+  word the training templates could have made up (`made_up`: their syllables, then a suffix of
+  the kind), which is what a model that learnt the template values instead of copying says.
 
 Figures per model: recall (questions whose reply states the fact, with the persona), base rate
 (the same without a persona: what guessing and coincidence give), their difference in points,
@@ -100,11 +102,24 @@ def states(reply: str, value: str) -> bool:
     return _pattern(variants(value)).search(_normal(reply)) is not None
 
 
-def contradicts(reply: str, value: str, others: Iterable[str]) -> str | None:
-    """Another value of the kind (from `others`) that `reply` states, the persona's own `value`
-    taken out first; None when there is none."""
+def made_up_pattern(kind: str) -> re.Pattern[str]:
+    """A word (with its suffix) the training templates make up for `kind`."""
+    from bot.training.persona_data import MADE_UP_SUFFIXES, SYLLABLES
+
+    syllable = "|".join(SYLLABLES)
+    suffix = "|".join(re.escape(s) for s in sorted(MADE_UP_SUFFIXES[kind], key=len, reverse=True))
+    return re.compile(rf"(?<![a-z0-9])(?:{syllable}){{2,3}}(?:{suffix})(?![a-z0-9])")
+
+
+def contradicts(
+    reply: str, value: str, others: Iterable[str], kind: str | None = None
+) -> str | None:
+    """Another value of the kind (from `others`, or made up for `kind`) that `reply` states,
+    the persona's own `value` taken out first; None when there is none."""
     text = _pattern(variants(value)).sub(" ", _normal(reply))
     own = value.lower()
+    if kind is not None and (found := made_up_pattern(kind).search(text)):
+        return found.group(0)
     for other in sorted(others, key=len, reverse=True):
         o = other.lower()
         if o == own or o in own or own in o:
@@ -137,7 +152,7 @@ def score(
     recall = sum(states(r, q["value"]) for q, r in zip(rows, with_persona, strict=True)) / n
     base = sum(states(r, q["value"]) for q, r in zip(rows, without, strict=True)) / n
     wrong = sum(
-        contradicts(r, q["value"], known.get(q["kind"], set())) is not None
+        contradicts(r, q["value"], known.get(q["kind"], set()), q["kind"]) is not None
         for q, r in zip(rows, with_persona, strict=True)
     )
     return {

@@ -58,6 +58,9 @@ def test_a_contradicting_fact_is_rejected(probes: dict[str, object]) -> None:
     assert bench.contradicts("My name is Emily.", "sarah", known["name"]) == "emily"
     assert bench.contradicts("i work as a nurse", "midwife", known["job"]) == "nurse"
     assert bench.contradicts("I live in Edinburgh", "reykjavik", known["home"]) == "edinburgh"
+    # A value the training templates make up is one too.
+    assert bench.contradicts("Hi, I'm kaskri!", "sarah", known["name"], "name") == "kaskri"
+    assert bench.contradicts("Hi, I'm Sarah!", "sarah", known["name"], "name") is None
     # Its own value, or a longer form of it, is no contradiction.
     assert bench.contradicts("My name is Sarah.", "sarah", known["name"]) is None
     assert bench.contradicts("i have a guinea pig", "guinea pig", known["pet"]) is None
