@@ -274,6 +274,9 @@ def _train(settings: Settings, args: argparse.Namespace) -> int:
         if given is not None and args.from_feedback is None:
             print(f"error: {flag} goes with --from-feedback EXPORT", file=sys.stderr)
             return 2
+    if args.from_stage1 is not None and not args.ship:
+        print("error: --from-stage1 goes with --ship", file=sys.stderr)
+        return 2
     if args.from_feedback is not None:
         from bot.training.cli import feedback_cli
 
@@ -287,9 +290,6 @@ def _train(settings: Settings, args: argparse.Namespace) -> int:
             stage1 = Path(args.from_stage1) if args.from_stage1 else None
             ship(args.minutes or SHIP_MINUTES, from_stage1=stage1)
             return 0
-        if args.from_stage1 is not None:
-            print("error: --from-stage1 goes with --ship", file=sys.stderr)
-            return 2
         return train_cli(settings, minutes=args.minutes, if_missing=args.if_missing, out=args.out)
     except TrainingError as err:
         log.debug("training failed", exc_info=err)

@@ -416,8 +416,7 @@ def record_persona_bench(bench_json: Path, recipe_dir: Path = SHIPPED_MODEL_FILE
     names = list(bench["models"])
     suffix = f"_{names[1]}" if len(names) > 1 else ""
     figures = {
-        "command": "python -m bench.persona --models "
-        + " ".join(f"{n}=..." for n in names),
+        "command": "python -m bench.persona --models " + " ".join(f"{n}=..." for n in names),
         "probes": bench["probes"],
         "questions": bench["questions"],
         **{k: results[f"persona_{k}"] for k in ("recall", "base_rate", "contradiction_rate")},

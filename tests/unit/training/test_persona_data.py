@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 from bot.persona import PERSONA_PREFIX, persona_lines
 from bot.training import persona_data as pd
 from bot.training.args import parlai_args
@@ -124,3 +126,13 @@ def test_the_recipe_page_names_both_stages() -> None:
     assert "140 minutes" in page and "--from-stage1" in page
     assert "**persona:** My name is Sarah." in page and "stage 1: 54.7" in page
     assert "--init-model <stage1>" in page
+
+
+def test_from_stage1_goes_with_ship(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bot.__main__ import main
+
+    monkeypatch.setenv("DATA_DIR", str(tmp_path))
+    assert main(["train", "--from-stage1", str(tmp_path / "model")]) == 2
+    assert "--from-stage1 goes with --ship" in capsys.readouterr().err
