@@ -25,9 +25,10 @@ The matcher (`states`, `contradicts`), lower-cased, on word boundaries:
 Figures per model: recall (questions whose reply states the fact, with the persona), base rate
 (the same without a persona: what guessing and coincidence give), their difference in points,
 the contradiction rate (with the persona), and the share of distinct replies among the replies
-with the persona (a model that answers everything alike scores low). RESULT lines: for the first
-model `persona_recall`, `persona_base_rate`, `persona_lift_pp`, `persona_contradiction_rate`,
-`persona_distinct_share`; for the others the same names with `_<NAME>` appended. The default is
+with the persona and among those without (a model that answers everything alike scores low).
+RESULT lines: for the first model `persona_recall`, `persona_base_rate`, `persona_lift_pp`,
+`persona_contradiction_rate`, `persona_distinct_share`, `persona_distinct_share_no_persona`;
+for the others the same names with `_<NAME>` appended. The default is
 the shipped model alone (models/chitchat/model).
 """
 
@@ -161,6 +162,7 @@ def score(
         "lift_pp": 100.0 * (recall - base),
         "contradiction_rate": wrong / n,
         "distinct_share": len({_normal(r) for r in with_persona}) / n,
+        "distinct_share_no_persona": len({_normal(r) for r in without}) / n,
     }
 
 
@@ -281,13 +283,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                 figures["lift_pp"],
                 100 * figures["contradiction_rate"],
                 100 * figures["distinct_share"],
+                100 * figures["distinct_share_no_persona"],
             ]
         )
         samples[name] = [
             {"persona": q["persona"], "question": q["question"], "with": a, "without": b}
             for q, a, b in zip(rows, with_persona, without, strict=True)
         ]
-    headers = ["model", "recall %", "base rate %", "lift pp", "contradicts %", "distinct %"]
+    headers = [
+        "model", "recall %", "base rate %", "lift pp", "contradicts %", "distinct %",
+        "distinct % (no persona)",
+    ]  # fmt: skip
     common.print_table(f"Persona-fact recall, {len(rows)} questions", headers, table)
     for name, rows_out in samples.items():
         for s in rows_out[:4]:

@@ -162,11 +162,7 @@ def ship(
             stage1_record = {"minutes": minutes, "training": _training(result)}
         else:
             stage1 = from_stage1
-            recorded = from_stage1.parent / "recipe.json"
-            if recorded.is_file():
-                old = json.loads(recorded.read_text(encoding="utf-8"))
-                stage1_record = {k: old[k] for k in ("minutes", "training", "heldout") if k in old}
-            stage1_record["from"] = "an existing stage-1 model (--from-stage1)"
+            stage1_record = recorded_stage1(from_stage1)
         trained = Path(tmp) / "stage2" / "model"
         stage2 = train_persona_stage(stage1, trained, minutes=persona.minutes, persona=persona)
         return install_shipped(
@@ -178,6 +174,16 @@ def ship(
             stage2=stage2,
             persona=persona,
         )
+
+
+def recorded_stage1(model_file: Path) -> dict[str, Any]:
+    """What the recipe.json beside an existing stage-1 model says of it (--from-stage1)."""
+    record: dict[str, Any] = {"from": "an existing stage-1 model (--from-stage1)"}
+    recorded = model_file.parent / "recipe.json"
+    if recorded.is_file():
+        old = json.loads(recorded.read_text(encoding="utf-8"))
+        record.update({k: old[k] for k in ("minutes", "training", "heldout") if k in old})
+    return record
 
 
 def _threads() -> int:
