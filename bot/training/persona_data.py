@@ -265,17 +265,17 @@ class PersonaRecipe:
     """The knobs of stage 2: data mix and optimisation of the persona fine-tune."""
 
     minutes: float = 40.0
-    learning_rate: float = 1e-3
+    learning_rate: float = 3e-3
     warmup_updates: int = 100
     # Synthetic question-answer turns, and template personas before chitchat examples.
-    qa_examples: int = 90_000
+    qa_examples: int = 200_000
     # Share of chitchat examples that also come with template persona lines the label ignores.
     persona_chitchat_rate: float = 0.2
     # Share of chitchat labels with a first-person sentence that also get a grounded example.
     grounded_rate: float = 0.5
     greeting_rate: float = 0.3
     # Share of template values that are made up (made_up), so that copying is the only way.
-    made_up_rate: float = 0.7
+    made_up_rate: float = 0.85
     seed: int = 7
 
 

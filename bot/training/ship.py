@@ -1,10 +1,15 @@
 """The default model shipped in the repository (models/chitchat/): one long training run with
-the default recipe, installed with its recipe beside it.
+the default recipe, installed with its recipe beside it; and stage 2, the persona fine-tune.
 
 `python -m bot train --ship` (make train-shipped) reproduces it from scratch: the same data
 package, seed and arguments for the recorded minutes (a wall-clock budget, so a faster or
 busier machine gets through more or fewer steps and a slightly different model), then
-measures it and rewrites models/chitchat/ with recipe.json and RECIPE.md.
+measures it and rewrites models/chitchat/ (or `--out`) with recipe.json and RECIPE.md.
+
+Stage 2 (`--persona-stage`, or `--from-stage1 MODEL` for stage 2 alone on an existing stage-1
+model) fine-tunes stage 1 on the persona mix of bot/training/persona_data.py. It is opt-in:
+measured with bench.persona it does not yet make the model follow its persona (docs/models.md),
+so the shipped model is stage 1 alone.
 """
 
 from __future__ import annotations
@@ -147,18 +152,23 @@ def ship(
     dest: Path = SHIPPED_MODEL_FILE,
     *,
     from_stage1: Path | None = None,
+    persona_stage: bool = False,
     persona: PersonaRecipe = DEFAULT_PERSONA_RECIPE,
 ) -> dict[str, Any]:
-    """The shipped model in two stages, installed at `dest` with its recipe: stage 1 trains the
-    default recipe from scratch for `minutes`; stage 2 fine-tunes it on the persona mix for
-    `persona.minutes`. With `from_stage1` (a stage-1 model, e.g. the shipped model before
-    stage 2 existed, kept with its recipe.json) only stage 2 runs."""
+    """The shipped model, installed at `dest` with its recipe: stage 1 trains the default
+    recipe from scratch for `minutes`; with `persona_stage`, stage 2 fine-tunes it on the
+    persona mix for `persona.minutes`. With `from_stage1` (a stage-1 model, e.g. a copy of the
+    shipped one with its recipe.json) only stage 2 runs."""
     with train_lock(dest), tempfile.TemporaryDirectory(prefix="ship-") as tmp:
         machine = f"{os.cpu_count()} CPU cores, torch threads {_threads()}"
         stage1_record: dict[str, Any] = {}
         if from_stage1 is None:
             stage1 = Path(tmp) / "stage1" / "model"
             result = train_model(stage1, minutes=minutes, cap_minutes=minutes, progress=False)
+            if not persona_stage:
+                return install_shipped(
+                    stage1, dest, minutes=minutes, result=result, machine=machine
+                )
             stage1_record = {"minutes": minutes, "training": _training(result)}
         else:
             stage1 = from_stage1
@@ -298,19 +308,18 @@ def render(recipe: dict[str, Any]) -> str:
         "",
         "A small ParlAI `transformer/generator` trained on the chitchat-dataset package, the",
         "model `make run` and `make chat` serve when `BOT_MODEL` is unset. Reproduce it with",
-        f"`make train-shipped` (`python -m bot train --ship`, {total:g} minutes of training"
-        + (
-            f": stage 1, the default recipe from scratch, {recipe['minutes']:g} minutes; "
+        (
+            f"`python -m bot train --ship --persona-stage` ({total:g} minutes of training: "
+            f"stage 1, the default recipe from scratch, {recipe['minutes']:g} minutes; "
             f"stage 2, the persona fine-tune, {p['minutes']:g} minutes)."
             if p
-            else ")."
+            else f"`make train-shipped` (`python -m bot train --ship`, {total:g} minutes)."
         ),
     ]
     if p:
         lines += [
             "`python -m bot train --ship --from-stage1 MODEL` runs stage 2 alone on a stage-1",
-            "model (this one's stage 1 is the shipped model of 2026-12-01, 54.7 held-out",
-            "perplexity).",
+            "model.",
         ]
     lines += [
         "",

@@ -68,33 +68,3 @@ def test_it_decodes_on_the_batched_search(tmp_path: Path) -> None:
     assert agent.opt["inference"] == "delayedbeam"
     batch = agent.batchify([agent.clone().observe(Message({"text": "hi, how are you?"}))])
     assert fastgen.fallback_reason(agent, batch, None) is None
-
-
-def test_the_recipe_records_both_stages(recipe: dict[str, object]) -> None:
-    from bot.training.persona_data import DEFAULT_PERSONA_RECIPE, PersonaRecipe
-
-    stage2 = recipe["stage2"]
-    assert isinstance(stage2, dict)
-    assert PersonaRecipe(**stage2["recipe"]) == DEFAULT_PERSONA_RECIPE
-    args = stage2["parlai_args"]
-    assert args[args.index("--init-model") + 1] == "<stage1>"
-    assert len(recipe["persona_samples"]) == 10  # type: ignore[arg-type]
-
-
-def test_the_shipped_model_says_the_name_its_persona_gives(tmp_path: Path) -> None:
-    """The bug of issue 36: with `/persona My name is Sarah. ...` it never said Sarah. Names
-    from bench.persona's probe set (never in the training data), each in a fresh conversation
-    pinned as the service pins a persona, seed 0."""
-    from bot.inference import compat
-    from bot.inference.model import load_shared_agent
-    from bot.training.evaluate import persona_replies
-
-    compat.apply()
-    agent = load_shared_agent(
-        Settings(_env_file=None, data_dir=tmp_path, model_device="cpu")  # type: ignore[call-arg]
-    )
-    names = ("Sarah", "Oliver", "Chloe", "Liam", "Zoe", "Noah", "Mia", "Lucas")
-    asked = tuple((f"My name is {n}. I love hiking.", "what is your name?") for n in names)
-    replies = persona_replies(agent, asked)
-    said = [n for n, r in zip(names, replies, strict=True) if n.lower() in r.lower()]
-    assert len(said) >= 6, replies

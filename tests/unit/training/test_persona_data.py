@@ -128,7 +128,7 @@ def test_the_recipe_page_names_both_stages() -> None:
     assert "--init-model <stage1>" in page
 
 
-def test_from_stage1_goes_with_ship(
+def test_the_stage_two_flags_go_with_ship(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from bot.__main__ import main
@@ -136,3 +136,5 @@ def test_from_stage1_goes_with_ship(
     monkeypatch.setenv("DATA_DIR", str(tmp_path))
     assert main(["train", "--from-stage1", str(tmp_path / "model")]) == 2
     assert "--from-stage1 goes with --ship" in capsys.readouterr().err
+    assert main(["train", "--persona-stage"]) == 2
+    assert "--persona-stage goes with --ship" in capsys.readouterr().err
