@@ -60,8 +60,8 @@ def persona_args(
     persona: PersonaRecipe = DEFAULT_PERSONA_RECIPE,
 ) -> list[str]:  # fmt: skip
     """Stage 2's `parlai train_model` arguments: stage 1's (architecture, dictionary, decoding)
-    with its weights as the start (`--init-model`), stage 2's data and a fresh, lower learning
-    rate schedule."""
+    with its weights as the start (`--init-model`), stage 2's data, seed and a fresh learning
+    rate schedule (the optimizer starts anew: the shipped weights carry no optimizer state)."""
     args = parlai_args(DEFAULT_RECIPE, data_dir, model_file, seconds)
     overrides = {
         "--learningrate": str(persona.learning_rate),
