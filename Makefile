@@ -29,6 +29,8 @@ train: install
 	$(PY) -m bot train
 
 # Reproduce the shipped default model (models/chitchat/): 100 minutes, then its recipe files.
+# The opt-in persona stage (40 minutes more, not shipped: docs/models.md): add --persona-stage,
+# or run it alone on a stage-1 model: python -m bot train --ship --from-stage1 MODEL --out FILE
 train-shipped: install
 	$(PY) -m bot train --ship
 

@@ -112,7 +112,21 @@ def _add_train(sub: Any) -> None:
         "--ship",
         action="store_true",
         help="reproduce the shipped default model: the default recipe for --minutes (default "
-        "100, no 15-minute cap), installed in models/chitchat/ with recipe.json and RECIPE.md",
+        "100, no 15-minute cap), installed in models/chitchat/ (or --out) with recipe.json and "
+        "RECIPE.md",
+    )
+    train.add_argument(
+        "--persona-stage",
+        action="store_true",
+        help="with --ship: then stage 2, the persona fine-tune (40 minutes; experimental, see "
+        "docs/models.md)",
+    )
+    train.add_argument(
+        "--from-stage1",
+        metavar="MODEL",
+        default=None,
+        help="with --ship: skip stage 1 and run stage 2 alone on MODEL (a stage-1 model, e.g. "
+        "a copy of the shipped one)",
     )
 
 
@@ -294,15 +308,31 @@ def _train(settings: Settings, args: argparse.Namespace) -> int:
         if given is not None and args.from_feedback is None:
             print(f"error: {flag} goes with --from-feedback EXPORT", file=sys.stderr)
             return 2
+    for given, flag in (
+        (args.from_stage1, "--from-stage1"),
+        (args.persona_stage, "--persona-stage"),
+    ):
+        if given and not args.ship:
+            print(f"error: {flag} goes with --ship", file=sys.stderr)
+            return 2
     if args.from_feedback is not None:
         from bot.training.cli import feedback_cli
 
         return feedback_cli(settings, args)
     try:
         if args.ship:
+            from pathlib import Path
+
+            from bot.config import SHIPPED_MODEL_FILE
             from bot.training.ship import SHIP_MINUTES, ship
 
-            ship(args.minutes or SHIP_MINUTES)
+            stage1 = Path(args.from_stage1) if args.from_stage1 else None
+            ship(
+                args.minutes or SHIP_MINUTES,
+                Path(args.out) if args.out else SHIPPED_MODEL_FILE,
+                from_stage1=stage1,
+                persona_stage=args.persona_stage,
+            )
             return 0
         return train_cli(settings, minutes=args.minutes, if_missing=args.if_missing, out=args.out)
     except TrainingError as err:

@@ -17,15 +17,17 @@ TrainLoop. Steps:
    with the `.opt` last: a model whose `.opt` exists is complete.
 
 Expect little: on 2 shared cores the run sees about 10,000 examples, a small fraction of one
-epoch, and the model answers in short, generic, often ungrammatical phrases. It mostly ignores
-the persona (chitchat-dataset has none; the persona lines only teach it not to be thrown by
-them). It exists so that the service runs offline out of the box; BlenderBot
+epoch, and the model answers in short, generic, often ungrammatical phrases. It ignores the
+persona (chitchat-dataset has none; the persona lines only teach it not to be thrown by them;
+`persona_data` is an opt-in second stage that tries to teach it, docs/models.md). It exists so
+that the service runs offline out of the box; BlenderBot
 (BOT_MODEL=zoo:blender/blender_90M/model) is the model for real conversations.
 
 The pipeline is offline: `python -m bot run` never imports it, except on a first start without
 any model (bot.inference.model.ensure_model). Modules: `recipe` (the run's knobs), `data` (step 1),
 `args` (ParlAI's arguments), `loop` and `progress` (step 3), `install` (step 4 and the lock),
-`train` (one run, end to end), `cli` (`python -m bot train`).
+`train` (one run, end to end), `cli` (`python -m bot train`), `ship` and `persona_data` (the
+shipped model and its opt-in persona stage).
 """
 
 from bot.training.cli import TrainingError, clamp_minutes, train_cli

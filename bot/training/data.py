@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import re
 import shutil
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,8 +127,14 @@ def write_dataset(
     directory: Path,
     conversations: Iterable[tuple[str, list[list[str]]]],
     recipe: Recipe = DEFAULT_RECIPE,
+    extra: Callable[[Sequence[Sequence[str]]], list[Example]] | None = None,
 ) -> DataStats:
-    """Write `chitchat_{train,valid,test}.txt`; held-out conversations form valid (= test)."""
+    """Write `chitchat_{train,valid,test}.txt`; held-out conversations form valid (= test).
+
+    `extra` (stage 2 of the shipped recipe, bot/training/persona_data.py) adds more training
+    examples per training conversation; it draws from its own random generator, so the split
+    and the recipe's own examples stay exactly those of a run without it.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     rng = random.Random(recipe.seed)
     stats = DataStats()
@@ -143,6 +149,8 @@ def write_dataset(
         # Split by conversation, so validation never sees a conversation it trained on.
         target = valid if rng.random() < recipe.valid_share else train
         target.extend(to_parlai_line(e) for e in examples)
+        if extra is not None and target is train:
+            train.extend(to_parlai_line(e) for e in extra(turns))
     if not valid:  # tiny slices (tests): hold out at least something
         valid, train = train[-max(1, len(train) // 20) :], train[: -max(1, len(train) // 20)]
     stats.train_examples, stats.valid_examples = len(train), len(valid)

@@ -80,3 +80,40 @@ def sample_replies(
         obs = clone.observe(Message({"text": prompt, "episode_done": False}))
         replies.append(clean(str(agent.batch_act([obs])[0]["text"])))
     return replies
+
+
+# The persona sample exchanges in RECIPE.md: (persona, message). Their values are not in the
+# training templates' lists (bot/training/persona_data.py TRAIN_VALUES).
+PERSONA_SAMPLES = (
+    ("My name is Sarah. I love hiking.", "what is your name?"),
+    ("My name is Sarah. I love hiking.", "what do you like to do for fun?"),
+    ("I work as a midwife. I have two kids.", "what do you do for a living?"),
+    ("I have a ferret. I live in a small flat.", "do you have any pets?"),
+    ("I live in Edinburgh. I am a student.", "where do you live?"),
+    ("My favorite food is paella. I cook every day.", "what's your favorite food?"),
+    ("My name is Oliver. I work as a locksmith. I love origami.", "hi! who are you?"),
+    ("My name is Oliver. I work as a locksmith. I love origami.", "what is your job?"),
+    ("I'm from Kyoto. I enjoy archery.", "how was your weekend?"),
+    ("My name is Chloe. My favorite food is falafel.", "i just got back from a trip to italy."),
+)
+
+
+def persona_replies(
+    agent: Any, samples: tuple[tuple[str, str], ...] = PERSONA_SAMPLES, seed: int = 0
+) -> list[str]:
+    """One reply per (persona, message), each in a fresh conversation whose clone pins the
+    persona the way the service's does (bot.inference.cache.new_clone)."""
+    import torch
+    from parlai.core.message import Message
+
+    from bot.inference.batcher import reply_cleaner
+    from bot.inference.cache import new_clone
+
+    torch.manual_seed(seed)
+    clean = reply_cleaner(agent.opt)
+    replies = []
+    for persona, prompt in samples:
+        clone = new_clone(agent, persona)
+        obs = clone.observe(Message({"text": prompt, "episode_done": False}))
+        replies.append(clean(str(agent.batch_act([obs])[0]["text"])))
+    return replies
