@@ -297,11 +297,7 @@ def _stage2(result: PersonaResult, persona: PersonaRecipe) -> dict[str, Any]:
 
 def render(recipe: dict[str, Any]) -> str:
     """RECIPE.md: everything needed to read and to reproduce the shipped model."""
-    r = recipe["recipe"]
-    s1 = recipe.get("stage1") or {}
-    t = s1.get("training") or recipe.get("training") or {}
-    s2 = recipe.get("stage2") or {}
-    p = s2.get("recipe") or {}
+    _s1, _s2, p = _stages(recipe)
     total = recipe["minutes"] + (p.get("minutes") or 0)
     lines = [
         "# The shipped default model",
@@ -321,6 +317,25 @@ def render(recipe: dict[str, Any]) -> str:
             "`python -m bot train --ship --from-stage1 MODEL` runs stage 2 alone on a stage-1",
             "model.",
         ]
+    lines += _table(recipe)
+    lines += _stage2_section(recipe)
+    lines += _samples_and_arguments(recipe)
+    return "\n".join(lines)
+
+
+def _stages(recipe: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Stage 1's record, stage 2's record and stage 2's recipe ({} where there is none)."""
+    s1 = recipe.get("stage1") or {}
+    s2 = recipe.get("stage2") or {}
+    return s1, s2, s2.get("recipe") or {}
+
+
+def _table(recipe: dict[str, Any]) -> list[str]:
+    """RECIPE.md's table: data, versions, architecture, budget, figures, decoding."""
+    r = recipe["recipe"]
+    s1, s2, p = _stages(recipe)
+    t = s1.get("training") or recipe.get("training") or {}
+    lines: list[str] = []
     lines += [
         "",
         "| | |",
@@ -375,6 +390,13 @@ def render(recipe: dict[str, Any]) -> str:
         f"{r['beam_min_length']}, {r['beam_block_ngram']}-gram blocking |",
         "",
     ]
+    return lines
+
+
+def _stage2_section(recipe: dict[str, Any]) -> list[str]:
+    """RECIPE.md's stage-2 section and its persona exchanges (none without a stage 2)."""
+    _s1, _s2, p = _stages(recipe)
+    lines: list[str] = []
     if p:
         lines += [
             "## Stage 2: the persona fine-tune",
@@ -400,6 +422,13 @@ def render(recipe: dict[str, Any]) -> str:
             for x in recipe.get("persona_samples", [])
         ]
         lines += [""]
+    return lines
+
+
+def _samples_and_arguments(recipe: dict[str, Any]) -> list[str]:
+    """RECIPE.md's exchanges without a persona and every training argument."""
+    _s1, s2, p = _stages(recipe)
+    lines: list[str] = []
     lines += [
         "## Sample exchanges",
         "",
@@ -420,7 +449,7 @@ def render(recipe: dict[str, Any]) -> str:
     ]
     if s2:
         lines += ["Stage 2:", "", "```", " ".join(s2["parlai_args"]), "```", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def record_persona_bench(bench_json: Path, recipe_dir: Path = SHIPPED_MODEL_FILE.parent) -> None:

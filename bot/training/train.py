@@ -141,7 +141,6 @@ def train_model(
     out = out.resolve()
     import torch
     from parlai.core.params import ParlaiParser
-    from parlai.scripts.build_dict import build_dict
     from parlai.scripts.train_model import setup_args
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -162,76 +161,103 @@ def train_model(
             opt = setup_args(ParlaiParser(True, True)).parse_args(
                 parlai_args(recipe, tmp / "data", tmp_model, 60.0)
             )
-            log.info("building the BPE dictionary (%d symbols)", recipe.bpe_symbols)
-            dict_opt = copy.deepcopy(opt)
-            if not (progress and sys.stderr.isatty()):
-                # build_dict draws a tqdm bar when this is set: only useful on a terminal.
-                dict_opt["log_every_n_secs"] = None
-            dict_file = Path(str(tmp_model) + ".dict")
-            if cache is not None and (cache / "model.dict").is_file():
-                log.info("BPE dictionary from the cache (%s)", cache)
-                for suffix in (".dict", ".dict.codecs"):
-                    shutil.copyfile(cache / f"model{suffix}", str(tmp_model) + suffix)
-            else:
-                with _quiet_bars(progress):
-                    build_dict(dict_opt, skip_if_built=True)
-                if cache is not None:
-                    for suffix in (".dict", ".dict.codecs"):
-                        shutil.copyfile(str(tmp_model) + suffix, cache / f"model{suffix}")
-            assert dict_file.is_file()
-            # Whatever is left after data, dictionary and model set-up, less time for the
-            # final evaluation and the save, goes to training.
-            reserve = 15.0 + recipe.validation_max_exs / 50.0
-            set_up = time.monotonic()
-            loop = BudgetTrainLoop(opt)
-            set_up_s = time.monotonic() - set_up
-            train_s = max(budget_s - reserve, 5.0)
-            loop.max_train_time = train_s
-            loop.val_every_n_secs = max(30.0, train_s / 3)
-            loop.opt["max_train_time"] = train_s
-            log.info(
-                "training %s for %.0fs (set-up took %.0fs): %d layers, %d dims, batch %d",
-                opt["model"],
-                train_s,
-                set_up_s,
-                recipe.n_layers,
-                recipe.embedding_size,
-                recipe.batch_size,
-            )
-            bar = Progress(train_s, progress)
-            loop.progress = bar
-            train_started = time.monotonic()
-            try:
-                report = loop.train_final()
-            finally:
-                bar.close()
-            train_seconds = time.monotonic() - train_started
-            steps, seen = loop._train_steps, loop._total_exs
-            samples = loop.tps_samples
-            tokens_per_s = sum(samples) / len(samples) if samples else None
-            del loop
+            _dictionary(opt, recipe, tmp_model, cache, progress)
+            run = _run_loop(opt, recipe, budget_s, progress)
 
         finalize_opt(Path(str(tmp_model) + ".opt"), out)
         slim_weights(tmp_model)
         install(tmp_model, out)
 
     valid = {
-        k: v for k in ("ppl", "loss", "token_acc") if (v := metric_value(report, k)) is not None
+        k: v for k in ("ppl", "loss", "token_acc") if (v := metric_value(run.report, k)) is not None
     }
     size = sum(
         Path(str(out) + s).stat().st_size
         for s in (*MODEL_SUFFIXES, ".opt")
         if Path(str(out) + s).exists()
     )
-    result = TrainResult(
+    return TrainResult(
         model_file=out,
         data=data,
         seconds_total=time.monotonic() - started,
-        seconds_training=train_seconds,
-        train_steps=int(steps),
-        train_examples_seen=int(seen),
-        tokens_per_second=tokens_per_s,
+        seconds_training=run.seconds,
+        train_steps=run.steps,
+        train_examples_seen=run.seen,
+        tokens_per_second=run.tokens_per_s,
         valid=valid,
         size_bytes=size,
     )
-    return result
+
+
+def _dictionary(
+    opt: Any, recipe: Recipe, tmp_model: Path, cache: Path | None, progress: bool
+) -> None:
+    """The BPE dictionary beside `tmp_model`: from the cache, or built (and cached)."""
+    from parlai.scripts.build_dict import build_dict
+
+    log.info("building the BPE dictionary (%d symbols)", recipe.bpe_symbols)
+    dict_opt = copy.deepcopy(opt)
+    if not (progress and sys.stderr.isatty()):
+        # build_dict draws a tqdm bar when this is set: only useful on a terminal.
+        dict_opt["log_every_n_secs"] = None
+    dict_file = Path(str(tmp_model) + ".dict")
+    if cache is not None and (cache / "model.dict").is_file():
+        log.info("BPE dictionary from the cache (%s)", cache)
+        for suffix in (".dict", ".dict.codecs"):
+            shutil.copyfile(cache / f"model{suffix}", str(tmp_model) + suffix)
+    else:
+        with _quiet_bars(progress):
+            build_dict(dict_opt, skip_if_built=True)
+        if cache is not None:
+            for suffix in (".dict", ".dict.codecs"):
+                shutil.copyfile(str(tmp_model) + suffix, cache / f"model{suffix}")
+    assert dict_file.is_file()
+
+
+@dataclass
+class _LoopRun:
+    """What one TrainLoop run reports."""
+
+    report: Any
+    seconds: float
+    steps: int
+    seen: int
+    tokens_per_s: float | None
+
+
+def _run_loop(opt: Any, recipe: Recipe, budget_s: float, progress: bool) -> _LoopRun:
+    """ParlAI's TrainLoop for what is left of the budget, with its progress bar."""
+    # Whatever is left after data, dictionary and model set-up, less time for the
+    # final evaluation and the save, goes to training.
+    reserve = 15.0 + recipe.validation_max_exs / 50.0
+    set_up = time.monotonic()
+    loop = BudgetTrainLoop(opt)
+    set_up_s = time.monotonic() - set_up
+    train_s = max(budget_s - reserve, 5.0)
+    loop.max_train_time = train_s
+    loop.val_every_n_secs = max(30.0, train_s / 3)
+    loop.opt["max_train_time"] = train_s
+    log.info(
+        "training %s for %.0fs (set-up took %.0fs): %d layers, %d dims, batch %d",
+        opt["model"],
+        train_s,
+        set_up_s,
+        recipe.n_layers,
+        recipe.embedding_size,
+        recipe.batch_size,
+    )
+    bar = Progress(train_s, progress)
+    loop.progress = bar
+    train_started = time.monotonic()
+    try:
+        report = loop.train_final()
+    finally:
+        bar.close()
+    samples = loop.tps_samples
+    return _LoopRun(
+        report=report,
+        seconds=time.monotonic() - train_started,
+        steps=int(loop._train_steps),
+        seen=int(loop._total_exs),
+        tokens_per_s=sum(samples) / len(samples) if samples else None,
+    )
