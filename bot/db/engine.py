@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
@@ -15,6 +16,9 @@ from sqlalchemy.ext.asyncio import (
 )
 
 SQLITE_BUSY_TIMEOUT_MS = 15_000
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def safe_url(url: str | URL) -> str:
@@ -76,3 +80,17 @@ def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     """Sessions that keep loaded values after commit (we never cache ORM objects anyway)."""
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def in_session(
+    sessionmaker: async_sessionmaker[AsyncSession],
+    query: Callable[Concatenate[AsyncSession, P], Awaitable[T]],
+) -> Callable[P, Awaitable[T]]:
+    """`query` as a function that opens a session of its own for each call (for reads:
+    nothing is committed)."""
+
+    async def read(*args: P.args, **kwargs: P.kwargs) -> T:
+        async with sessionmaker() as db:
+            return await query(db, *args, **kwargs)
+
+    return read

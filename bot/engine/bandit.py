@@ -27,6 +27,7 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 
 import numpy as np
 
@@ -83,23 +84,17 @@ def thompson_split(counts: Mapping[str, tuple[int, int]], floor: float = FLOOR) 
 CountVotes = Callable[[Sequence[str]], Awaitable[dict[str, tuple[int, int]]]]
 
 
+@dataclass(eq=False, repr=False)
 class Allocator:
     """The split new chats are drawn from, for one replica: the weights' shares, or the
     Thompson split cached for `refresh_s` (and recomputed when the variants change)."""
 
-    def __init__(
-        self,
-        count_votes: CountVotes,
-        *,
-        refresh_s: float = REFRESH_S,
-        floor: float = FLOOR,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.count_votes = count_votes
-        self.refresh_s = refresh_s
-        self.floor = floor
-        self.clock = clock
-        self._cached: tuple[object, float, dict[str, float]] | None = None
+    count_votes: CountVotes
+    _: KW_ONLY
+    refresh_s: float = REFRESH_S
+    floor: float = FLOOR
+    clock: Callable[[], float] = time.monotonic
+    _cached: tuple[object, float, dict[str, float]] | None = field(init=False, default=None)
 
     async def split(self, experiment: Experiment, ready: Sequence[str]) -> dict[str, float]:
         """variant -> probability for a new chat, over the `ready` variants (those this

@@ -60,7 +60,7 @@ from bot.engine.protocol import (
 )
 from bot.engine.served import POLL_S, ServedVariants, VariantUnavailable
 from bot.engine.spec import Backend
-from bot.engine.variants import Experiment, load_experiment
+from bot.engine.variants import load_experiment
 
 log = logging.getLogger(__name__)
 
@@ -77,19 +77,8 @@ class VariantResponder(ServedVariants):
         drafts = self._settings is None or self._settings.scheduler != "batch"
         return Abilities(drafts=drafts, inspect=self, duel=self, variants=self)
 
-    def __init__(
-        self,
-        experiment: Experiment,
-        backends: dict[str, Backend],
-        store: VariantStore,
-        *,
-        settings: Settings | None = None,
-        secrets: tuple[str, ...] = (),
-        poll_s: float = POLL_S,
-    ) -> None:
-        super().__init__(
-            experiment, backends, store, settings=settings, secrets=secrets, poll_s=poll_s
-        )
+    def __post_init__(self, settings: Settings | None, secrets: tuple[str, ...]) -> None:
+        super().__post_init__(settings, secrets)
         # Which backend holds a session's clone (the last one that answered it), for the most
         # recent sessions: a forgotten entry only means an evict reaches no worker, whose LRU
         # drops the clone in time (and a stale clone is never used: see Responder).

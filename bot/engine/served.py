@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 
 from bot.config import Settings
 from bot.db import variants as stored
@@ -40,37 +41,35 @@ class VariantUnavailable(RuntimeError):
     pending and is retried, here or on a replica that serves the variant."""
 
 
+@dataclass(eq=False, repr=False)
 class ServedVariants:
     """The experiment's variants and the backend of each that serves here."""
 
-    def __init__(
-        self,
-        experiment: Experiment,
-        backends: dict[str, Backend],
-        store: VariantStore,
-        *,
-        settings: Settings | None = None,
-        secrets: tuple[str, ...] = (),
-        poll_s: float = POLL_S,
-    ) -> None:
-        self.experiment = experiment
-        self.backends = backends
-        self.store = store
+    experiment: Experiment
+    backends: dict[str, Backend]
+    store: VariantStore
+    _: KW_ONLY
+    settings: InitVar[Settings | None] = None
+    secrets: InitVar[tuple[str, ...]] = ()
+    poll_s: float = POLL_S
+    # id(backend) -> turns it is answering
+    _inflight: dict[int, int] = field(init=False, default_factory=dict)
+    # set when a draining backend's turns are done
+    _idle: dict[int, asyncio.Event] = field(init=False, default_factory=dict)
+    _loading: dict[str, asyncio.Task[None]] = field(init=False, default_factory=dict)
+    _draining: set[asyncio.Task[None]] = field(init=False, default_factory=set)
+    # Variants this replica cannot serve: name -> why (its status and the log say so).
+    load_errors: dict[str, str] = field(init=False, default_factory=dict)
+    _failed: dict[str, tuple[Variant, float]] = field(init=False, default_factory=dict)
+    _follow_lock: asyncio.Lock = field(init=False, default_factory=asyncio.Lock)
+    _watcher: asyncio.Task[None] | None = field(init=False, default=None)
+
+    def __post_init__(self, settings: Settings | None, secrets: tuple[str, ...]) -> None:
         self._settings = settings
         self._secrets = secrets
-        self.poll_s = poll_s
         # The definition each backend was started from (a variant removed and added again
         # with another model between two polls gets a new backend).
-        self._defs: dict[str, Variant] = {v.name: v for v in experiment.variants}
-        self._inflight: dict[int, int] = {}  # id(backend) -> turns it is answering
-        self._idle: dict[int, asyncio.Event] = {}  # set when a draining backend's turns are done
-        self._loading: dict[str, asyncio.Task[None]] = {}
-        self._draining: set[asyncio.Task[None]] = set()
-        # Variants this replica cannot serve: name -> why (its status and the log say so).
-        self.load_errors: dict[str, str] = {}
-        self._failed: dict[str, tuple[Variant, float]] = {}
-        self._follow_lock = asyncio.Lock()
-        self._watcher: asyncio.Task[None] | None = None
+        self._defs: dict[str, Variant] = {v.name: v for v in self.experiment.variants}
 
     def follow(self) -> None:
         """Start following the database's changes of the experiment (every `poll_s`)."""

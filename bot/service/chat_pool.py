@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from functools import partial
 from math import ceil
 from typing import Generic, Protocol, TypeVar
@@ -53,6 +54,7 @@ class Lanes(Protocol):
         ...
 
 
+@dataclass(eq=False, repr=False)
 class ChatPool(Generic[R]):
     """Runs `process` on every pending row, per chat in order, chats concurrently.
 
@@ -64,45 +66,34 @@ class ChatPool(Generic[R]):
       before the chat is looked at again: a pause before retrying a failed row.
     """
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        pending_chats: Callable[[], Awaitable[list[int]]],
-        pending: Callable[[int], Awaitable[list[R]]],
-        process: Callable[[R], Awaitable[bool]],
-        after_stall: Callable[[], Awaitable[object]] | None = None,
-        leases: Leases | None = None,
-        backoff: Backoff | None = None,
-        poll_interval_s: float = 5.0,
-        max_concurrent: int | None = None,
-        drain_on_stop: bool = False,
-        lanes: Lanes | None = None,
-    ) -> None:
-        self.name = name
-        self._pending_chats = pending_chats
-        self._pending = pending
-        self._process = process
-        self._after_stall = after_stall
-        # Other processes may share the database: a chat's rows are worked on only by the
-        # holder of its lease (None: this process is alone, as in some unit tests).
-        self.leases = leases
-        self.backoff = backoff or Backoff(initial_s=0.5, cap_s=10.0)
-        self.poll_interval_s = poll_interval_s
-        self._slots = asyncio.Semaphore(max_concurrent) if max_concurrent else None
-        self._lanes = lanes
-        self._max_concurrent = max_concurrent
-        # Chats holding each lane's share of the slots now; the share follows the number of
-        # lanes, which changes when a variant is added or removed at run time.
-        self._lane_busy: dict[str, int] = {}
-        self._lane_freed = asyncio.Event()
-        # On stop: finish every chat's rows within the grace time (delivery), or only the row
-        # in hand (the inbox worker: what is left stays pending for the next start).
-        self.drain_on_stop = drain_on_stop
-        self._wake = asyncio.Event()
-        self._workers: dict[int, asyncio.Task[None]] = {}
-        self._runner: asyncio.Task[None] | None = None
-        self._stopping = False
+    name: str
+    _: KW_ONLY
+    pending_chats: Callable[[], Awaitable[list[int]]]
+    pending: Callable[[int], Awaitable[list[R]]]
+    process: Callable[[R], Awaitable[bool]]
+    after_stall: Callable[[], Awaitable[object]] | None = None
+    # Other processes may share the database: a chat's rows are worked on only by the
+    # holder of its lease (None: this process is alone, as in some unit tests).
+    leases: Leases | None = None
+    backoff: InitVar[Backoff | None] = None
+    poll_interval_s: float = 5.0
+    max_concurrent: int | None = None
+    # On stop: finish every chat's rows within the grace time (delivery), or only the row
+    # in hand (the inbox worker: what is left stays pending for the next start).
+    drain_on_stop: bool = False
+    lanes: Lanes | None = None
+    # Chats holding each lane's share of the slots now; the share follows the number of
+    # lanes, which changes when a variant is added or removed at run time.
+    _lane_busy: dict[str, int] = field(init=False, default_factory=dict)
+    _lane_freed: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+    _wake: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+    _workers: dict[int, asyncio.Task[None]] = field(init=False, default_factory=dict)
+    _runner: asyncio.Task[None] | None = field(init=False, default=None)
+    _stopping: bool = field(init=False, default=False)
+
+    def __post_init__(self, backoff: Backoff | None) -> None:
+        self._backoff = backoff or Backoff(initial_s=0.5, cap_s=10.0)
+        self._slots = asyncio.Semaphore(self.max_concurrent) if self.max_concurrent else None
 
     @property
     def busy(self) -> int:
@@ -148,7 +139,7 @@ class ChatPool(Generic[R]):
 
     async def scan(self) -> None:
         """Start a worker for every chat with pending rows that has none running."""
-        for chat_id in await self._pending_chats():
+        for chat_id in await self.pending_chats():
             if self._running():
                 self._start_worker(chat_id)
 
@@ -165,7 +156,7 @@ class ChatPool(Generic[R]):
             except Exception as err:  # noqa: BLE001 - whatever the database does, keep going
                 failures += 1
                 log.warning("%s: scan failed (%s); retry %d", self.name, err, failures)
-                await self.backoff.sleep(failures)
+                await self._backoff.sleep(failures)
                 continue
             await wait_event(self._wake, self.poll_interval_s)
 
@@ -213,8 +204,8 @@ class ChatPool(Generic[R]):
                     attempt += 1
                     await CLAIM_BACKOFF.sleep(attempt)
                     continue
-                if outcome == "stalled" and self._after_stall is not None and self._running():
-                    await self._after_stall()
+                if outcome == "stalled" and self.after_stall is not None and self._running():
+                    await self.after_stall()
                 return
         finally:
             if self.leases is not None:
@@ -235,10 +226,10 @@ class ChatPool(Generic[R]):
     def _lane_share(self) -> int | None:
         """Each lane's share of the slots (an equal one: weights steer new chats, not load);
         None: no limit (one lane, or no concurrency limit)."""
-        lanes = self._lanes.lanes if self._lanes is not None else 1
-        if not self._max_concurrent or lanes <= 1:
+        lanes = self.lanes.lanes if self.lanes is not None else 1
+        if not self.max_concurrent or lanes <= 1:
             return None
-        return ceil(self._max_concurrent / lanes)
+        return ceil(self.max_concurrent / lanes)
 
     async def _take_lane_share(self, lane: str) -> None:
         while True:
@@ -263,16 +254,16 @@ class ChatPool(Generic[R]):
         freed.set()
 
     async def _lane_of(self, chat_id: int) -> str | None:
-        if self._lanes is None:
+        if self.lanes is None:
             return None
         try:
-            return await self._lanes.lane_of(chat_id)
+            return await self.lanes.lane_of(chat_id)
         except Exception as err:  # noqa: BLE001 - the database is down: the rows will wait
             log.warning("%s: the lane of chat %s is unknown (%s)", self.name, chat_id, err)
             return None
 
     def _lane_ready(self, lane: str | None) -> bool:
-        return lane is None or self._lanes is None or self._lanes.lane_ready(lane)
+        return lane is None or self.lanes is None or self.lanes.lane_ready(lane)
 
     async def _work_rows(self, chat_id: int, lane: str | None = None) -> str:
         """The chat's rows in order while its lease is ours: "done", "stalled" (a row failed
@@ -285,13 +276,13 @@ class ChatPool(Generic[R]):
             if not await self._claim(chat_id):
                 return "busy"
             try:
-                rows = await self._pending(chat_id)
+                rows = await self.pending(chat_id)
             except Exception as err:  # noqa: BLE001 - the database is down: wait for it
                 failures += 1
                 log.warning(
                     "%s: reading chat %s failed (%s); retry %d", self.name, chat_id, err, failures
                 )
-                await self.backoff.sleep(failures)
+                await self._backoff.sleep(failures)
                 continue
             failures = 0
             if not rows:
@@ -303,7 +294,7 @@ class ChatPool(Generic[R]):
                     return "closed"
                 if not await self._claim(chat_id):
                     return "busy"
-                if not await self._process(row):
+                if not await self.process(row):
                     return "stalled"
         return "done"
 

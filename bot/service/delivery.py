@@ -28,6 +28,7 @@ from telegram.error import (
 
 from bot import texts
 from bot.db import outbox
+from bot.db.engine import in_session
 from bot.db.outbox import OutboxRow
 from bot.logs import log_context
 from bot.service.chat_pool import ChatPool
@@ -113,8 +114,8 @@ class Delivery:
         # Only the holder of a chat's outbox lease sends its texts, so none goes out twice.
         self.pool: ChatPool[OutboxRow] = ChatPool(
             "delivery",
-            pending_chats=self._pending_chats,
-            pending=self._pending,
+            pending_chats=in_session(sessionmaker, outbox.pending_chats),
+            pending=in_session(sessionmaker, outbox.pending),
             process=self._deliver,
             leases=leases,
             backoff=self.backoff,
@@ -138,14 +139,6 @@ class Delivery:
     async def stop(self, timeout_s: float) -> None:
         """Send what is pending for at most `timeout_s` seconds, then stop; the rest waits."""
         await self.pool.stop(timeout_s)
-
-    async def _pending_chats(self) -> list[int]:
-        async with self.sessionmaker() as db:
-            return await outbox.pending_chats(db)
-
-    async def _pending(self, chat_id: int) -> list[OutboxRow]:
-        async with self.sessionmaker() as db:
-            return await outbox.pending(db, chat_id)
 
     async def _deliver(self, row: OutboxRow) -> bool:
         """Send one text (its chat's lease is held); False when the chat refuses the bot."""

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -71,27 +71,23 @@ def model_check(responder: ResponderProtocol) -> tuple[bool, str]:
     return True, f"{len(states)} variant(s) loaded"
 
 
+@dataclass(eq=False, repr=False)
 class Health:
     """The readiness checks of one service."""
 
-    def __init__(
-        self,
-        sessionmaker: async_sessionmaker[AsyncSession],
-        responder: ResponderProtocol,
-        *,
-        max_inbox_lag_s: float,
-        secrets: Iterable[str] = (),
-        metrics: Metrics | None = None,
-    ) -> None:
-        self.sessionmaker = sessionmaker
-        self.responder = responder
-        self.max_inbox_lag_s = max_inbox_lag_s
-        self.metrics = metrics
+    sessionmaker: async_sessionmaker[AsyncSession]
+    responder: ResponderProtocol
+    _: KW_ONLY
+    max_inbox_lag_s: float
+    secrets: InitVar[Iterable[str]] = ()
+    metrics: Metrics | None = None
+    stopping: bool = field(init=False, default=False)
+    _was_ready: bool | None = field(init=False, default=None)
+
+    def __post_init__(self, secrets: Iterable[str]) -> None:
         # A database error's text can name the server; it never carries a password (the
         # driver does not print it), but it is masked like a log line all the same.
         self._redactor = RedactingFilter(secrets)
-        self.stopping = False
-        self._was_ready: bool | None = None
 
     async def readiness(self) -> dict[str, Any]:
         """`{"ready": bool, "checks": {name: {"ok": bool, "detail": str}}}` with the checks

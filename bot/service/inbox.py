@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from bot import texts
 from bot.conversations.outcome import FAILED
 from bot.db import chat_settings, inbox, outbox
+from bot.db.engine import in_session
 from bot.db.inbox import InboxRow, UpdateRef
 from bot.db.leases import LeaseLost
 from bot.db.models import InboxStatus, OutboxKind
@@ -61,8 +62,8 @@ class InboxWorker:
         self.backoff = backoff or Backoff(initial_s=0.5, cap_s=10.0)
         self.pool: ChatPool[InboxRow] = ChatPool(
             "inbox-worker",
-            pending_chats=self._pending_chats,
-            pending=self._pending,
+            pending_chats=in_session(sessionmaker, inbox.pending_chats),
+            pending=in_session(sessionmaker, inbox.pending_of_chat),
             process=self._work_one,
             # The row is still pending: the chat's later rows wait (their order holds) and the
             # chat is looked at again after a pause.
@@ -98,14 +99,6 @@ class InboxWorker:
         processed at the next start.
         """
         await self.pool.stop(grace_s)
-
-    async def _pending_chats(self) -> list[int]:
-        async with self.sessionmaker() as db:
-            return await inbox.pending_chats(db)
-
-    async def _pending(self, chat_id: int) -> list[InboxRow]:
-        async with self.sessionmaker() as db:
-            return await inbox.pending_of_chat(db, chat_id)
 
     async def _work_one(self, row: InboxRow) -> bool:
         """Process one row (the chat's lease is held); False leaves the chat for later."""

@@ -33,6 +33,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 
 from telegram import Bot
 from telegram.error import RetryAfter
@@ -93,26 +94,23 @@ class DraftSender:
             self._ready = False
 
 
+@dataclass(eq=False, repr=False)
 class DraftStream:
     """One turn's drafts in one private chat."""
 
-    def __init__(
-        self,
-        sender: DraftSender,
-        chat_id: int,
-        *,
-        check: Check | None = None,
-    ) -> None:
-        self.sender = sender
-        self.chat_id = chat_id
-        self.check = check
-        self.timeout_s = DRAFT_TIMEOUT_S
-        # Changes to one non-zero draft id are animated as one growing draft.
-        self.draft_id = random.randint(1, 2**31 - 1)
-        self.sent = 0
-        self._task: asyncio.Task[None] | None = None
-        self._closed = False
-        self._lock = asyncio.Lock()  # held by a draft's HTTP call
+    sender: DraftSender
+    chat_id: int
+    _: KW_ONLY
+    check: Check | None = None
+    timeout_s: float = field(init=False, default_factory=lambda: DRAFT_TIMEOUT_S)
+    # Changes to one non-zero draft id are animated as one growing draft.
+    draft_id: int = field(init=False, default_factory=lambda: random.randint(1, 2**31 - 1))
+    sent: int = field(init=False, default=0)
+    _task: asyncio.Task[None] | None = field(init=False, default=None)
+    _closed: bool = field(init=False, default=False)
+    _lock: asyncio.Lock = field(
+        init=False, default_factory=asyncio.Lock
+    )  # held by a draft's HTTP call
 
     def start(self) -> None:
         """The empty draft: "Thinking…" at once."""

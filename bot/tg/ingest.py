@@ -16,6 +16,7 @@ import logging
 import re
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any, TypeGuard
 from urllib.parse import urlsplit
 
@@ -173,29 +174,32 @@ async def store_unreadable(store: ConversationStore, data: Mapping[str, Any]) ->
         )
 
 
-class PollingIngest:
+@dataclass(eq=False, repr=False)
+class _Ingest:
+    """What both ways in are given: the bot, where an update is stored, who is told, and the
+    pace of the retries while the database is away."""
+
+    bot: Bot
+    store: ConversationStore
+    on_stored: Callable[[], None]
+    _: KW_ONLY
+    backoff: InitVar[Backoff | None] = None
+    metrics: Metrics | None = None
+    access: Access | None = None
+
+    def __post_init__(self, backoff: Backoff | None) -> None:
+        self._backoff = backoff or Backoff(initial_s=0.5, cap_s=30.0)
+
+
+@dataclass(eq=False, repr=False, kw_only=True)
+class PollingIngest(_Ingest):
     """getUpdates long polling with an offset that moves only past committed updates."""
 
-    def __init__(
-        self,
-        bot: Bot,
-        store: ConversationStore,
-        on_stored: Callable[[], None],
-        *,
-        backoff: Backoff | None = None,
-        metrics: Metrics | None = None,
-        access: Access | None = None,
-    ) -> None:
-        self.bot = bot
-        self.store = store
-        self.on_stored = on_stored
-        self.metrics = metrics
-        self.access = access
-        self.backoff = backoff or Backoff(initial_s=0.5, cap_s=30.0)
-        self._stopping = False
-        self._stop = asyncio.Event()  # set by stop(): ends any retry wait at once
-        self._fetch: asyncio.Task[tuple[Update, ...]] | None = None
-        self._task: asyncio.Task[None] | None = None
+    _stopping: bool = field(init=False, default=False)
+    # set by stop(): ends any retry wait at once
+    _stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+    _fetch: asyncio.Task[tuple[Update, ...]] | None = field(init=False, default=None)
+    _task: asyncio.Task[None] | None = field(init=False, default=None)
 
     async def start(self, stop: asyncio.Event | None = None) -> None:
         """Remove any webhook (getUpdates refuses to work while one is set) and start polling.
@@ -203,7 +207,7 @@ class PollingIngest:
         Raises Interrupted when `stop` is set while deleteWebhook is still being retried.
         """
         await _call_with_retry(
-            lambda: self.bot.delete_webhook(), "deleteWebhook", self.backoff, stop
+            lambda: self.bot.delete_webhook(), "deleteWebhook", self._backoff, stop
         )
         self._task = asyncio.create_task(self._run(), name="polling")
 
@@ -248,7 +252,7 @@ class PollingIngest:
             except Conflict as err:
                 failures += 1
                 log.warning("getUpdates conflict (is another instance polling?): %s", err)
-                await self.backoff.sleep(failures, self._stop)
+                await self._backoff.sleep(failures, self._stop)
                 continue
             except RetryAfter as err:
                 await wait_event(self._stop, retry_after_s(err))
@@ -258,7 +262,7 @@ class PollingIngest:
                 log.warning(
                     "getUpdates failed (%s: %s); retry %d", type(err).__name__, err, failures
                 )
-                await self.backoff.sleep(failures, self._stop)
+                await self._backoff.sleep(failures, self._stop)
                 continue
             except Exception as err:  # noqa: BLE001 - any other error: reading the batch failed
                 # python-telegram-bot could not read an update of the batch (malformed, a kind
@@ -269,7 +273,7 @@ class PollingIngest:
                 raw = await self._fetch_raw(offset)
                 if raw is None:
                     failures += 1
-                    await self.backoff.sleep(failures, self._stop)
+                    await self._backoff.sleep(failures, self._stop)
                     continue
                 batch = raw
             finally:
@@ -301,7 +305,7 @@ class PollingIngest:
             elif batch:
                 # Only skipped updates: Telegram answers at once again; do not spin.
                 idle += 1
-                await self.backoff.sleep(idle, self._stop)
+                await self._backoff.sleep(idle, self._stop)
 
     async def _fetch_raw(self, offset: int | None) -> list[dict[str, Any]] | None:
         """The pending batch as plain JSON objects (no long poll); None if that failed too."""
@@ -350,7 +354,7 @@ class PollingIngest:
             await retry(
                 store,
                 what=f"storing update {update_id}",
-                backoff=self.backoff,
+                backoff=self._backoff,
                 stop=self._stop,
                 finish_call=True,
             )
@@ -359,39 +363,23 @@ class PollingIngest:
         return True
 
 
-class WebhookIngest:
+@dataclass(eq=False, repr=False, kw_only=True)
+class WebhookIngest(_Ingest):
     """An aiohttp server that answers Telegram's POST only after the update is committed."""
 
-    def __init__(
-        self,
-        bot: Bot,
-        store: ConversationStore,
-        on_stored: Callable[[], None],
-        *,
-        url: str,
-        secret: str,
-        listen: str,
-        port: int,
-        max_connections: int = 40,
-        backoff: Backoff | None = None,
-        metrics: Metrics | None = None,
-        access: Access | None = None,
-    ) -> None:
+    url: str
+    secret: InitVar[str]
+    listen: str
+    port: int
+    max_connections: int = 40
+    _runner: web.AppRunner | None = field(init=False, default=None)
+
+    def __post_init__(self, backoff: Backoff | None, secret: str) -> None:
         if not secret:
             raise ValueError("webhook mode needs a secret")
-        self.metrics = metrics
-        self.access = access
-        self.bot = bot
-        self.store = store
-        self.on_stored = on_stored
-        self.url = url
-        self.path = urlsplit(url).path or "/"
-        self.secret = secret.encode()
-        self.listen = listen
-        self.port = port
-        self.max_connections = max_connections
-        self.backoff = backoff or Backoff(initial_s=0.5, cap_s=30.0)
-        self._runner: web.AppRunner | None = None
+        super().__post_init__(backoff)
+        self.path = urlsplit(self.url).path or "/"
+        self._secret = secret.encode()
 
     def make_app(self) -> web.Application:
         """The aiohttp application (one POST route at the webhook URL's path)."""
@@ -408,7 +396,7 @@ class WebhookIngest:
         await self._runner.setup()
         await web.TCPSite(self._runner, self.listen, self.port).start()
         log.info("webhook server listening on %s:%s%s", self.listen, self.port, self.path)
-        secret = self.secret.decode()
+        secret = self._secret.decode()
         await _call_with_retry(
             lambda: self.bot.set_webhook(
                 url=self.url,
@@ -417,7 +405,7 @@ class WebhookIngest:
                 max_connections=self.max_connections,
             ),
             "setWebhook",
-            self.backoff,
+            self._backoff,
             stop,
         )
 
@@ -432,7 +420,7 @@ class WebhookIngest:
         given = request.headers.get(SECRET_HEADER, "")
         # A secret is ASCII (A-Za-z0-9_-); other header bytes cannot match it, and would not
         # encode for the comparison.
-        return given.isascii() and hmac.compare_digest(given.encode("ascii"), self.secret)
+        return given.isascii() and hmac.compare_digest(given.encode("ascii"), self._secret)
 
     async def _handle(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
