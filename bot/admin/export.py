@@ -18,7 +18,8 @@ conversation's `rating`, `arena` (`won` when the reply was the pick of an /arena
 other reply as `arena_lost_text` and its variant), `variant`, `safety`, and
 `session_id`/`message_id` to find it again, and `chat`: the chat's number within this export (1
 for the first chat the export meets, 2 for the next, ...), so that `train --from-feedback` can cap
-what one user contributes (bot.training.feedback) without the dataset carrying chat or user ids.
+what one user contributes (bot.training.feedback_data) without the dataset carrying chat or user
+ids.
 
 Only what is stored can be learnt from: the export is one query over the database as it is when
 it runs, so what `/forget` or RETENTION_DAYS deleted is not there. It is streamed (`yield_per`, a

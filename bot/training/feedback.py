@@ -19,24 +19,17 @@ most 30 updates): FeedbackRecipe says what the earlier recipe (1e-3 for the whol
 Either way the disliked replies of the held-out conversations are measured before and after
 (recipe.json, perplexity.heldout_disliked).
 
-One user's influence is capped: at most MAX_PER_CHAT liked and MAX_PER_CHAT disliked examples
-per chat (the export's `chat`, a number per chat; a conversation stands in for its chat in
-exports made before it had one), drawn by the seed, so a thousand votes from one account count
-like MAX_PER_CHAT. The chat is the unit because the export has no voter ids, and a chat is what
-the experiments randomise (bot.reports.variants); in a private chat it is the one user.
+Which replies count as liked or disliked, the held-out conversations and the per-chat cap on one
+user's influence (at most MAX_PER_CHAT liked and MAX_PER_CHAT disliked examples per chat):
+bot.training.feedback_data, which reads the export. The collapse guard (a candidate whose share
+of distinct replies falls below `min_distinct_ratio`, 0.9, of the base's is not installed;
+CollapseError says so and what to try): bot.training.feedback_guard. Besides the held-out
+conversations, the first examples of the chitchat-dataset held-out split, the base's own
+validation data for the shipped model (a stand-in for any other base), show what fine-tuning
+costs elsewhere.
 
-Guard against collapse: a fine-tune on a few hundred replies can learn to say one thing to
-everyone (the 👍-only candidate of bench.loop answered 44-62% of its replies distinctly against
-the control's 97%). Before the candidate is installed, the base and the candidate each answer
-the same prompts (bot.training.evaluate's SAMPLE_PROMPTS, then the held-out contexts, then
-training contexts, up to GUARD_PROMPTS), decoded as the service decodes; when the candidate's
-share of distinct replies is below `min_distinct_ratio` (0.9) of the base's, nothing is
-installed and CollapseError says so and what to try (recipe.json is still written, with the
-figures under `guard`).
-
-Held out: about a tenth of the conversations (chosen by the seed), never trained on; and the
-first examples of the chitchat-dataset held-out split, the base's own validation data for the
-shipped model (a stand-in for any other base), to show what fine-tuning costs elsewhere.
+This module runs the fine-tune and writes `out_dir/recipe.json`; its names are the command's
+public ones (bot.training.cli imports them from here).
 """
 
 from __future__ import annotations
@@ -48,283 +41,61 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from bot.training.evaluate import SAMPLE_PROMPTS, sample_replies, valid_figures
+from bot.training.evaluate import valid_figures
+from bot.training.feedback_data import (
+    DEFAULT_FEEDBACK_RECIPE,
+    MAX_PER_CHAT,
+    NEGATIVES,
+    FeedbackData,
+    FeedbackExample,
+    FeedbackInputError,
+    FeedbackRecipe,
+    read_feedback,
+    sample_base_data,
+    write_examples,
+)
+from bot.training.feedback_guard import (
+    GUARD_PROMPTS,
+    CollapseError,
+    collapse_verdict,
+    distinct_replies,
+    distinct_share,
+    guard_prompts,
+    run_guard,
+)
 from bot.training.install import finalize_opt, install, model_exists, slim_weights, train_lock
 from bot.training.loop import BudgetTrainLoop
 from bot.training.progress import Progress
 
+__all__ = [
+    "DEFAULT_FEEDBACK_RECIPE",
+    "GUARD_PROMPTS",
+    "MAX_PER_CHAT",
+    "NEGATIVES",
+    "UNLIKELIHOOD_AGENT",
+    "CollapseError",
+    "FeedbackData",
+    "FeedbackExample",
+    "FeedbackInputError",
+    "FeedbackRecipe",
+    "check_base",
+    "collapse_verdict",
+    "distinct_replies",
+    "distinct_share",
+    "finetune_from_feedback",
+    "guard_prompts",
+    "perplexity",
+    "read_feedback",
+]
+
 log = logging.getLogger(__name__)
 
-PERSONA_PREFIX = "your persona:"
-UNSAFE = ("flagged", "deflected")  # bot.safety.SafetyMark: not the model's clean reply
-NEGATIVES = ("unlikelihood", "none")  # --negatives
-# At most this many liked, and this many disliked, examples per chat (the per-user cap).
-MAX_PER_CHAT = 20
-GUARD_PROMPTS = 60  # the collapse guard's prompts: the sample prompts, then held-out contexts
 UNLIKELIHOOD_AGENT = "bot.training.unlikelihood:UnlikelihoodAgent"
-
-
-class FeedbackInputError(Exception):
-    """The export or the base model cannot be used; the message says why (exit status 2)."""
-
-
-class CollapseError(Exception):
-    """The candidate repeats itself far more than the base: not installed (exit status 3)."""
-
-
-@dataclass(frozen=True)
-class FeedbackRecipe:
-    """The knobs of a fine-tune."""
-
-    # lr x updates sets how far the candidate moves from the base: on bench.loop's quick
-    # export, 1e-3 for a minute (about 100 updates) left 42% of its replies distinct against the
-    # base's 95%; 3e-5 for 33 updates kept 88% with 72% asking a question back (the base: 43%).
-    learning_rate: float = 3e-5
-    batch_size: int = 16
-    warmup_updates: int = 20
-    context_lines: int = 6  # newest lines of the conversation kept after the persona
-    heldout_share: float = 0.1  # of the conversations
-    validation_max_exs: int = 200
-    base_valid_examples: int = 200  # of the chitchat-dataset held-out split
-    seed: int = 42
-    negatives: str = "unlikelihood"  # or "none": see the module docstring
-    unlikelihood_alpha: float = 0.3  # weight of the disliked replies' unlikelihood term
-    max_per_chat: int = MAX_PER_CHAT  # liked, and disliked, examples kept per chat
-    min_distinct_ratio: float = 0.9  # the collapse guard (0 turns it off)
-    # Examples of the base's own training data (chitchat-dataset's train split) mixed in per
-    # liked example, with likelihood: they keep the model answering each context its own way.
-    base_mix: float = 1.0
-    max_steps: int = 30  # updates at most (<= 0: as many as the minutes allow)
-
-
-DEFAULT_FEEDBACK_RECIPE = FeedbackRecipe()
-
-
-@dataclass
-class FeedbackExample:
-    """One reply with its context, and why it is or is not trained on."""
-
-    session: str
-    text: str
-    label: str
-    liked_by: list[str]  # "vote_up", "arena_won", "rating_4_5"
-    disliked: bool
-    unsafe: bool
-    chat: str = ""  # the export's chat number ("session:ID" where the export has none)
-
-
-@dataclass
-class FeedbackData:
-    """The export, read and split."""
-
-    episodes: int = 0
-    conversations: int = 0  # a conversation whose persona changed is several episodes
-    examples: int = 0
-    by_source: dict[str, int] = field(default_factory=dict)
-    left_out: dict[str, int] = field(default_factory=dict)
-    chats: int = 0
-    capped: dict[str, int] = field(default_factory=dict)  # examples dropped by the per-chat cap
-    train: list[FeedbackExample] = field(default_factory=list)
-    heldout: list[FeedbackExample] = field(default_factory=list)
-    negatives: list[FeedbackExample] = field(default_factory=list)  # disliked, trained away from
-    heldout_disliked: list[FeedbackExample] = field(default_factory=list)
-
-
-def _int(msg: dict[str, Any], key: str) -> int:
-    try:
-        return int(msg.get(key) or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _episodes(path: Path) -> Iterator[list[dict[str, Any]]]:
-    """The export's episodes as lists of ParlAI messages (both export formats)."""
-    from parlai.utils.misc import str_to_msg
-
-    with open(path, encoding="utf-8") as fh:
-        episode: list[dict[str, Any]] = []
-        for number, raw in enumerate(fh, 1):
-            line = raw.rstrip("\n")
-            if not line.strip():
-                continue
-            if line.lstrip().startswith("{"):
-                try:
-                    record = json.loads(line)
-                    dialog = record["dialog"][0]
-                except (ValueError, KeyError, IndexError, TypeError) as err:
-                    raise FeedbackInputError(
-                        f"{path}:{number} is not an `admin export` episode: {err}"
-                    ) from err
-                msgs = []
-                for user, bot in zip(dialog[0::2], dialog[1::2], strict=False):
-                    fields = {k: v for k, v in bot.items() if k not in ("id", "text")}
-                    msgs.append({**fields, "text": user["text"], "labels": [bot["text"]]})
-                if msgs:
-                    yield msgs
-                continue
-            msg = dict(str_to_msg(line))
-            if "text" not in msg or not msg.get("labels"):
-                raise FeedbackInputError(
-                    f"{path}:{number} is not a ParlAI example (text:...<TAB>labels:...): "
-                    "make it with `python -m bot admin export --format parlai`"
-                )
-            episode.append(msg)
-            if msg["episode_done"]:
-                yield episode
-                episode = []
-        if episode:
-            yield episode
-
-
-def _context(persona: list[str], lines: list[str], keep: int) -> str:
-    return "\n".join([*persona, *lines[-keep:]])
-
-
-def read_feedback(path: Path, recipe: FeedbackRecipe = DEFAULT_FEEDBACK_RECIPE) -> FeedbackData:
-    """Read an export: liked replies to train on and to hold out, the rest counted."""
-    if not path.is_file():
-        raise FeedbackInputError(f"no export at {path}: make one with `python -m bot admin "
-                                 "export --format parlai -o FILE`")  # fmt: skip
-    if recipe.negatives not in NEGATIVES:
-        raise FeedbackInputError(
-            f"--negatives {recipe.negatives!r}: choose one of {', '.join(NEGATIVES)}"
-        )
-    data = FeedbackData()
-    data.by_source = {"vote_up": 0, "arena_won": 0, "rating_4_5": 0}
-    data.left_out = {"disliked": 0, "neutral": 0, "unsafe": 0}
-    rng = random.Random(recipe.seed)
-    # (example, held out?) per chat, liked and disliked, before the cap
-    liked: dict[str, list[tuple[FeedbackExample, bool]]] = {}
-    disliked: dict[str, list[tuple[FeedbackExample, bool]]] = {}
-    # A conversation whose persona changed is several episodes (bot.admin.export): they are
-    # held out together, or the later ones would hand the held-out turns to training.
-    held: dict[str, bool] = {}
-    for number, episode in enumerate(_episodes(path)):
-        data.episodes += 1
-        session = str(episode[0].get("session_id", number))
-        if session not in held:
-            held[session] = rng.random() < recipe.heldout_share
-        heldout = held[session]
-        data.conversations = len(held)
-        chat = str(episode[0].get("chat") or f"session:{session}")
-        persona: list[str] = []
-        lines: list[str] = []
-        for i, msg in enumerate(episode):
-            text_lines = str(msg["text"]).split("\n")
-            if i == 0:
-                persona = [t for t in text_lines if t.startswith(PERSONA_PREFIX)]
-                text_lines = [t for t in text_lines if not t.startswith(PERSONA_PREFIX)]
-            lines.extend(text_lines)
-            label = str(msg["labels"][0])
-            up, down = _int(msg, "votes_up"), _int(msg, "votes_down")
-            liked_by = [
-                source
-                for source, hit in (
-                    ("vote_up", up > down),
-                    ("arena_won", msg.get("arena") == "won"),
-                    ("rating_4_5", _int(msg, "rating") >= 4 and down <= up),
-                )
-                if hit
-            ]
-            ex = FeedbackExample(
-                session,
-                _context(persona, lines, recipe.context_lines),
-                label,
-                liked_by,
-                disliked=down > up,
-                unsafe=msg.get("safety") in UNSAFE,
-                chat=chat,
-            )
-            lines.extend(label.split("\n"))
-            data.examples += 1
-            if ex.unsafe:
-                data.left_out["unsafe"] += 1
-            elif ex.disliked:
-                disliked.setdefault(chat, []).append((ex, heldout))
-            elif not liked_by:
-                data.left_out["neutral"] += 1
-            else:
-                liked.setdefault(chat, []).append((ex, heldout))
-    data.chats = len(set(liked) | set(disliked))
-    cap_rng = random.Random(recipe.seed + 1)
-    data.capped = {"liked": 0, "disliked": 0}
-    for ex, heldout in _capped(liked, recipe.max_per_chat, cap_rng, data.capped, "liked"):
-        for source in ex.liked_by:
-            data.by_source[source] += 1
-        (data.heldout if heldout else data.train).append(ex)
-    for ex, heldout in _capped(disliked, recipe.max_per_chat, cap_rng, data.capped, "disliked"):
-        if heldout:
-            data.heldout_disliked.append(ex)
-        if heldout or recipe.negatives == "none":
-            data.left_out["disliked"] += 1  # not trained on
-        else:
-            data.negatives.append(ex)
-    if data.examples == 0:
-        raise FeedbackInputError(f"{path} has no exported replies: nothing to learn from")
-    if not data.train and not data.heldout:
-        raise FeedbackInputError(
-            f"{path} has {data.examples} replies but none that users liked (👍, an arena win, "
-            "a conversation rated 4-5): nothing to learn from"
-        )
-    if not data.heldout:  # too few conversations for a tenth: hold out the last liked one
-        data.heldout.append(data.train.pop())
-    if not data.train:
-        data.train.append(data.heldout[0])
-        log.warning("only one liked reply: it is trained on and held out both")
-    return data
-
-
-def _capped(
-    by_chat: dict[str, list[tuple[FeedbackExample, bool]]],
-    cap: int,
-    rng: random.Random,
-    dropped: dict[str, int],
-    kind: str,
-) -> list[tuple[FeedbackExample, bool]]:
-    """At most `cap` examples of each chat (a seeded sample where it has more), in the order
-    they came; how many were dropped is added to dropped[kind]."""
-    kept: list[tuple[FeedbackExample, bool]] = []
-    for examples in by_chat.values():
-        if cap > 0 and len(examples) > cap:
-            chosen = set(rng.sample(range(len(examples)), cap))
-            dropped[kind] += len(examples) - cap
-            examples = [e for i, e in enumerate(examples) if i in chosen]
-        kept += examples
-    return kept
-
-
-def _line(ex: FeedbackExample) -> str:
-    from parlai.utils.misc import msg_to_str
-
-    from bot.training.unlikelihood import NEGATIVE_REWARD
-
-    msg: dict[str, Any] = {"text": ex.text, "labels": [ex.label], "episode_done": True}
-    if ex.disliked:
-        msg["reward"] = NEGATIVE_REWARD
-    return str(msg_to_str(msg)).rstrip("\t")
-
-
-def _write(path: Path, examples: list[FeedbackExample], extra: list[str] | None = None) -> None:
-    lines = [_line(ex) for ex in examples] + (extra or [])
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-
-
-def _base_mix(train_file: Path, data: FeedbackData, recipe: FeedbackRecipe) -> list[str]:
-    """recipe.base_mix examples of the base's own training data per liked example, a seeded
-    sample of the chitchat-dataset train split (ParlAI lines, each its own episode). Per liked
-    example, not per example: with or without negatives the liked replies then weigh the same
-    against the base's data, and the negatives are all the two runs differ by."""
-    want = round(recipe.base_mix * len(data.train))
-    if want <= 0:
-        return []
-    lines = [line for line in train_file.read_text(encoding="utf-8").splitlines() if line]
-    return random.Random(recipe.seed + 2).sample(lines, min(want, len(lines)))
 
 
 def check_base(base: str, datapath: Path) -> tuple[Path, dict[str, Any]]:
@@ -411,56 +182,6 @@ def _base_validation(directory: Path, n: int) -> str:
     return f"chitchat-dataset=={version('chitchat-dataset')} held-out split, first {len(lines)}"
 
 
-def guard_prompts(data: FeedbackData, n: int = GUARD_PROMPTS) -> list[str]:
-    """The collapse guard's prompts: the sample prompts, then the held-out contexts (liked and
-    disliked, in order, each once), then, in a small export, the training contexts; `n` at
-    most."""
-    prompts = list(SAMPLE_PROMPTS)
-    for ex in [*data.heldout, *data.heldout_disliked, *data.train, *data.negatives]:
-        if len(prompts) >= n:
-            break
-        if ex.text not in prompts:
-            prompts.append(ex.text)
-    return prompts[:n]
-
-
-def distinct_replies(
-    model_file: Path, prompts: list[str], datapath: Path, overrides: dict[str, Any] | None = None
-) -> list[str]:
-    """One reply per prompt, each in a fresh conversation, decoded as the service decodes
-    (bot.inference.model.load_shared_agent with the process's settings, on the CPU)."""
-    from bot.config import Settings
-    from bot.inference.model import load_shared_agent
-    from bot.training.train import parlai_quiet
-
-    settings = Settings(  # type: ignore[call-arg]
-        _env_file=None, bot_model=str(model_file), data_dir=datapath.parent, model_device="cpu"
-    )
-    with parlai_quiet():
-        agent = load_shared_agent(settings, overrides)
-        return sample_replies(agent, tuple(prompts))
-
-
-def distinct_share(replies: list[str]) -> float:
-    """Distinct replies / replies (0 for none)."""
-    return len(set(replies)) / len(replies) if replies else 0.0
-
-
-def collapse_verdict(base_share: float, candidate_share: float, min_ratio: float) -> str | None:
-    """Why the candidate is refused (its distinct-reply share is below `min_ratio` of the
-    base's), or None when it passes."""
-    if min_ratio <= 0 or candidate_share >= min_ratio * base_share:
-        return None
-    return (
-        f"the candidate collapsed: {100 * candidate_share:.0f}% of its replies to the guard's "
-        f"prompts are distinct against the base's {100 * base_share:.0f}% (it must keep at "
-        f"least {100 * min_ratio:.0f}% of the base's share), so it was not installed; train "
-        "on an export with more conversations, for fewer --minutes, or with --negatives "
-        "unlikelihood if it was none; to install it anyway, read its replies under `guard` "
-        "in recipe.json and pass --min-distinct-ratio 0"
-    )
-
-
 def _finalize(opt_path: Path, final: Path, model: str) -> None:
     """Options for serving: the final paths, the base's own agent (`model`: the training agent
     of --negatives unlikelihood is only a loss), and nothing that points back at the base."""
@@ -470,6 +191,123 @@ def _finalize(opt_path: Path, final: Path, model: str) -> None:
     for key in ("init_opt", "allow_missing_init_opts", "datapath", "unlikelihood_alpha"):
         opt.pop(key, None)
     opt_path.write_text(json.dumps(opt, indent=4), encoding="utf-8")
+
+
+def _check_inputs(
+    base: str, datapath: Path, out_dir: Path, recipe: FeedbackRecipe
+) -> tuple[Path, dict[str, Any], Path]:
+    """The base's model file and options, and the resolved --out; FeedbackInputError where the
+    base cannot be trained with recipe.negatives or --out is a file."""
+    base_file, base_opt = check_base(base, datapath)
+    if recipe.negatives == "unlikelihood" and base_opt.get("model") != "transformer/generator":
+        raise FeedbackInputError(
+            f"{base} is a {base_opt.get('model')!r} model: --negatives unlikelihood trains "
+            "transformer/generator models only (BlenderBot 90M, the shipped model); use "
+            "--negatives none for this base"
+        )
+    out_dir = out_dir.resolve()
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FeedbackInputError(f"--out {out_dir} is a file, not a directory")
+    return base_file, base_opt, out_dir
+
+
+def _log_data(data: FeedbackData, recipe: FeedbackRecipe) -> None:
+    log.info(
+        "feedback: %d conversations (%d episodes, %d chats), %d replies; training on %d liked "
+        "(%s) and %d disliked (%s), holding out %d; left out %s; dropped by the cap of %d "
+        "per chat %s",
+        data.conversations, data.episodes, data.chats, data.examples, len(data.train),
+        ", ".join(f"{k} {v}" for k, v in data.by_source.items()), len(data.negatives),
+        recipe.negatives, len(data.heldout),
+        ", ".join(f"{k} {v}" for k, v in data.left_out.items()), recipe.max_per_chat,
+        data.capped,
+    )  # fmt: skip
+
+
+def _write_data(work: Path, data: FeedbackData, recipe: FeedbackRecipe) -> tuple[str, list[str]]:
+    """The data files under `work`: data/feedback_{valid,test,train}.txt, disliked/ (the
+    held-out disliked replies) and chitchat/ (the base's own data). Returns what the base's
+    validation data is and the base's training lines mixed in."""
+    (work / "data").mkdir()
+    write_examples(work / "data" / "feedback_valid.txt", data.heldout)
+    shutil.copyfile(work / "data" / "feedback_valid.txt", work / "data" / "feedback_test.txt")
+    if data.heldout_disliked:
+        (work / "disliked").mkdir()
+        write_examples(work / "disliked" / "disliked_valid.txt", data.heldout_disliked)
+    log.info("measuring the base on the held-out data")
+    base_data = _base_validation(work / "chitchat", recipe.base_valid_examples)
+    mixed = sample_base_data(work / "chitchat" / "chitchat_train.txt", data, recipe)
+    write_examples(work / "data" / "feedback_train.txt", [*data.train, *data.negatives], mixed)
+    return base_data, mixed
+
+
+def _measure(
+    model_file: Path, work: Path, data: FeedbackData, recipe: FeedbackRecipe
+) -> dict[str, dict[str, float]]:
+    """A model's perplexity on the held-out liked replies, the base's validation data and,
+    where there are any, the held-out disliked replies."""
+    figures = {
+        "feedback": perplexity(model_file, work / "data" / "feedback", recipe.validation_max_exs),
+        "base_valid": perplexity(
+            model_file, work / "chitchat" / "chitchat", recipe.base_valid_examples
+        ),
+    }
+    if data.heldout_disliked:
+        n = recipe.validation_max_exs
+        figures["disliked"] = perplexity(model_file, work / "disliked" / "disliked", n)
+    return figures
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What the training loop did."""
+
+    seconds: float
+    steps: int
+    seen: int
+
+
+def _train(
+    base: str, base_file: Path, base_opt: dict[str, Any], work: Path, tmp_model: Path, *,
+    budget_s: float, started: float, recipe: FeedbackRecipe, progress: bool, replies: int,
+) -> _Run:  # fmt: skip
+    """Continue the base's weights into `tmp_model` for what is left of `budget_s` (counted
+    from `started`, less a reserve for the measurements after)."""
+    import torch
+    from parlai.core.params import ParlaiParser
+    from parlai.scripts.train_model import setup_args
+
+    from bot.training.train import parlai_quiet
+
+    tmp_model.parent.mkdir()
+    for suffix in (".dict", ".dict.codecs"):
+        if Path(str(base_file) + suffix).is_file():
+            shutil.copyfile(str(base_file) + suffix, str(tmp_model) + suffix)
+    torch.manual_seed(recipe.seed)
+    random.seed(recipe.seed)
+    with parlai_quiet():
+        opt = setup_args(ParlaiParser(True, True)).parse_args(
+            _args(base_file, base_opt, work / "data", tmp_model, 60.0, recipe)
+        )
+        set_up = time.monotonic()
+        loop = BudgetTrainLoop(opt)
+        reserve = 10.0 + recipe.validation_max_exs / 50.0
+        train_s = max(budget_s - reserve - (set_up - started), 5.0)
+        loop.max_train_time = train_s
+        loop.val_every_n_secs = max(30.0, train_s / 3)
+        loop.opt["max_train_time"] = train_s
+        log.info("fine-tuning %s for %.0fs on %d replies", base, train_s, replies)
+        bar = Progress(train_s, progress)
+        loop.progress = bar
+        train_started = time.monotonic()
+        try:
+            loop.train_final()
+        finally:
+            bar.close()
+        train_seconds = time.monotonic() - train_started
+        steps, seen = int(loop._train_steps), int(loop._total_exs)
+        del loop
+    return _Run(train_seconds, steps, seen)
 
 
 def finetune_from_feedback(
@@ -487,124 +325,27 @@ def finetune_from_feedback(
     BOT_MODEL=out_dir/model) unless the collapse guard refuses it (CollapseError), the record
     to `out_dir/recipe.json` either way. Returns the record."""
     started = time.monotonic()
-    import torch
-    from parlai.core.params import ParlaiParser
-    from parlai.scripts.train_model import setup_args
-
-    from bot.training.train import parlai_quiet
-
     datapath = datapath or Path(tempfile.gettempdir()) / "parlai-data"
     data = read_feedback(export, recipe)  # bad input fails before anything is written
-    base_file, base_opt = check_base(base, datapath)
-    if recipe.negatives == "unlikelihood" and base_opt.get("model") != "transformer/generator":
-        raise FeedbackInputError(
-            f"{base} is a {base_opt.get('model')!r} model: --negatives unlikelihood trains "
-            "transformer/generator models only (BlenderBot 90M, the shipped model); use "
-            "--negatives none for this base"
-        )
-    out_dir = out_dir.resolve()
+    base_file, base_opt, out_dir = _check_inputs(base, datapath, out_dir, recipe)
     final = out_dir / "model"
-    if out_dir.exists() and not out_dir.is_dir():
-        raise FeedbackInputError(f"--out {out_dir} is a file, not a directory")
-    log.info(
-        "feedback: %d conversations (%d episodes, %d chats), %d replies; training on %d liked "
-        "(%s) and %d disliked (%s), holding out %d; left out %s; dropped by the cap of %d "
-        "per chat %s",
-        data.conversations, data.episodes, data.chats, data.examples, len(data.train),
-        ", ".join(f"{k} {v}" for k, v in data.by_source.items()), len(data.negatives),
-        recipe.negatives, len(data.heldout),
-        ", ".join(f"{k} {v}" for k, v in data.left_out.items()), recipe.max_per_chat,
-        data.capped,
-    )  # fmt: skip
+    _log_data(data, recipe)
     with train_lock(final), tempfile.TemporaryDirectory(prefix=".finetune-", dir=out_dir) as tmp:
         work = Path(tmp)
-        (work / "data").mkdir()
-        _write(work / "data" / "feedback_valid.txt", data.heldout)
-        shutil.copyfile(work / "data" / "feedback_valid.txt", work / "data" / "feedback_test.txt")
-        if data.heldout_disliked:
-            (work / "disliked").mkdir()
-            _write(work / "disliked" / "disliked_valid.txt", data.heldout_disliked)
-        log.info("measuring the base on the held-out data")
-        base_data = _base_validation(work / "chitchat", recipe.base_valid_examples)
-        mixed = _base_mix(work / "chitchat" / "chitchat_train.txt", data, recipe)
-        _write(work / "data" / "feedback_train.txt", [*data.train, *data.negatives], mixed)
-        chitchat = work / "chitchat" / "chitchat"
-        before = {
-            "feedback": perplexity(
-                base_file, work / "data" / "feedback", recipe.validation_max_exs
-            ),
-            "base_valid": perplexity(base_file, chitchat, recipe.base_valid_examples),
-        }
-        if data.heldout_disliked:
-            n = recipe.validation_max_exs
-            before["disliked"] = perplexity(base_file, work / "disliked" / "disliked", n)
-
+        base_data, mixed = _write_data(work, data, recipe)
+        before = _measure(base_file, work, data, recipe)
         tmp_model = work / "model" / "model"
-        tmp_model.parent.mkdir()
-        for suffix in (".dict", ".dict.codecs"):
-            if Path(str(base_file) + suffix).is_file():
-                shutil.copyfile(str(base_file) + suffix, str(tmp_model) + suffix)
-        torch.manual_seed(recipe.seed)
-        random.seed(recipe.seed)
-        budget_s = minutes * 60.0
-        with parlai_quiet():
-            opt = setup_args(ParlaiParser(True, True)).parse_args(
-                _args(base_file, base_opt, work / "data", tmp_model, 60.0, recipe)
-            )
-            set_up = time.monotonic()
-            loop = BudgetTrainLoop(opt)
-            reserve = 10.0 + recipe.validation_max_exs / 50.0
-            train_s = max(budget_s - reserve - (set_up - started), 5.0)
-            loop.max_train_time = train_s
-            loop.val_every_n_secs = max(30.0, train_s / 3)
-            loop.opt["max_train_time"] = train_s
-            log.info("fine-tuning %s for %.0fs on %d replies", base, train_s, len(data.train))
-            bar = Progress(train_s, progress)
-            loop.progress = bar
-            train_started = time.monotonic()
-            try:
-                loop.train_final()
-            finally:
-                bar.close()
-            train_seconds = time.monotonic() - train_started
-            steps, seen = int(loop._train_steps), int(loop._total_exs)
-            del loop
+        run = _train(
+            base, base_file, base_opt, work, tmp_model, budget_s=minutes * 60.0,
+            started=started, recipe=recipe, progress=progress, replies=len(data.train),
+        )  # fmt: skip
         _finalize(Path(str(tmp_model) + ".opt"), final, str(base_opt["model"]))
         slim_weights(tmp_model)
-        prompts = guard_prompts(data)
-        log.info("collapse guard: the base and the candidate answer %d prompts", len(prompts))
-        base_replies = distinct_replies(base_file, prompts, datapath)
-        candidate_replies = distinct_replies(
-            tmp_model, prompts, datapath, {"dict_file": str(tmp_model) + ".dict"}
-        )
-        guard = {
-            "prompts": len(prompts),
-            "base_distinct_share": round(distinct_share(base_replies), 4),
-            "candidate_distinct_share": round(distinct_share(candidate_replies), 4),
-            "min_distinct_ratio": recipe.min_distinct_ratio,
-            "replies": [
-                {"prompt": p, "base": b, "candidate": c}
-                for p, b, c in zip(prompts, base_replies, candidate_replies, strict=True)
-            ],
-        }
-        base_share = distinct_share(base_replies)
-        candidate_share = distinct_share(candidate_replies)
-        guard["distinct_ratio"] = round(candidate_share / base_share, 4) if base_share else 0.0
-        refusal = collapse_verdict(base_share, candidate_share, recipe.min_distinct_ratio)
-        guard["verdict"] = "refused" if refusal else "passed"
-        if refusal is None:
-            install(tmp_model, final)
+        guard, refusal = run_guard(base_file, tmp_model, data, datapath, recipe.min_distinct_ratio)
         after: dict[str, dict[str, float]] = {"feedback": {}, "base_valid": {}}
         if refusal is None:  # a refused candidate is not measured further
-            after = {
-                "feedback": perplexity(
-                    final, work / "data" / "feedback", recipe.validation_max_exs
-                ),
-                "base_valid": perplexity(final, chitchat, recipe.base_valid_examples),
-            }
-            if data.heldout_disliked:
-                n = recipe.validation_max_exs
-                after["disliked"] = perplexity(final, work / "disliked" / "disliked", n)
+            install(tmp_model, final)
+            after = _measure(final, work, data, recipe)
     assert refusal is not None or model_exists(final)
     record: dict[str, Any] = {
         "base": base,
@@ -613,21 +354,7 @@ def finetune_from_feedback(
         "export_sha256": hashlib.sha256(export.read_bytes()).hexdigest(),
         "seed": recipe.seed,
         "minutes": minutes,
-        "data": {
-            "conversations": data.conversations,
-            "episodes": data.episodes,
-            "replies": data.examples,
-            "liked_by_source": data.by_source,
-            "train_examples": len(data.train),
-            "heldout_examples": len(data.heldout),
-            "negative_examples": len(data.negatives),
-            "base_data_examples": len(mixed),
-            "heldout_disliked_examples": len(data.heldout_disliked),
-            "left_out": data.left_out,
-            "chats": data.chats,
-            "max_per_chat": recipe.max_per_chat,
-            "dropped_by_per_chat_cap": data.capped,
-        },
+        "data": _data_record(data, recipe, mixed),
         "negatives": recipe.negatives,
         "disliked": (
             "left out of training (--negatives none)"
@@ -637,29 +364,12 @@ def finetune_from_feedback(
         + "; their held-out perplexity is under perplexity.heldout_disliked",
         "guard": guard,
         "installed": refusal is None,
-        "perplexity": {
-            "heldout_feedback": {"before": before["feedback"], "after": after["feedback"]},
-            "base_validation": {
-                "data": base_data,
-                "before": before["base_valid"],
-                "after": after["base_valid"],
-            },
-            **(
-                {
-                    "heldout_disliked": {
-                        "before": before["disliked"],
-                        "after": after.get("disliked", {}),
-                    }
-                }
-                if "disliked" in before
-                else {}
-            ),
-        },
+        "perplexity": _perplexity_record(before, after, base_data),
         "training": {
             "seconds_total": round(time.monotonic() - started),
-            "seconds_training": round(train_seconds),
-            "steps": steps,
-            "examples_seen": seen,
+            "seconds_training": round(run.seconds),
+            "steps": run.steps,
+            "examples_seen": run.seen,
         },
         "recipe": asdict(recipe),
         "parlai": version("parlai"),
@@ -669,6 +379,56 @@ def finetune_from_feedback(
     (out_dir / "recipe.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     if refusal is not None:
         raise CollapseError(refusal)
+    _log_saved(final, before, after)
+    return record
+
+
+def _data_record(data: FeedbackData, recipe: FeedbackRecipe, mixed: list[str]) -> dict[str, Any]:
+    """recipe.json's `data`: what the export held and what was trained on."""
+    return {
+        "conversations": data.conversations,
+        "episodes": data.episodes,
+        "replies": data.examples,
+        "liked_by_source": data.by_source,
+        "train_examples": len(data.train),
+        "heldout_examples": len(data.heldout),
+        "negative_examples": len(data.negatives),
+        "base_data_examples": len(mixed),
+        "heldout_disliked_examples": len(data.heldout_disliked),
+        "left_out": data.left_out,
+        "chats": data.chats,
+        "max_per_chat": recipe.max_per_chat,
+        "dropped_by_per_chat_cap": data.capped,
+    }
+
+
+def _perplexity_record(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], base_data: str
+) -> dict[str, Any]:
+    """recipe.json's `perplexity`: each held-out set before and after."""
+    return {
+        "heldout_feedback": {"before": before["feedback"], "after": after["feedback"]},
+        "base_validation": {
+            "data": base_data,
+            "before": before["base_valid"],
+            "after": after["base_valid"],
+        },
+        **(
+            {
+                "heldout_disliked": {
+                    "before": before["disliked"],
+                    "after": after.get("disliked", {}),
+                }
+            }
+            if "disliked" in before
+            else {}
+        ),
+    }
+
+
+def _log_saved(
+    final: Path, before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> None:
     log.info(
         "candidate saved to %s: held-out liked replies ppl %.2f -> %.2f, base validation "
         "ppl %.2f -> %.2f",
@@ -678,4 +438,3 @@ def finetune_from_feedback(
         before["base_valid"].get("ppl", float("nan")),
         after["base_valid"].get("ppl", float("nan")),
     )
-    return record

@@ -2,7 +2,7 @@
 `train --from-feedback --negatives unlikelihood` (bot.training.feedback).
 
 A training example with a negative `reward` (ParlAI's own field, which batchify hands the agent
-as `batch.rewards`; bot.training.feedback writes `reward:-1` for a reply with more 👎 than 👍)
+as `batch.rewards`; bot.training.feedback_data writes `reward:-1` for a reply with more 👎 than 👍)
 is a negative. For its
 reply tokens y_1..y_T, read with teacher forcing after the context the model read, the loss is
 Welleck et al.'s unlikelihood term (2020, "Neural text generation with unlikelihood training",
