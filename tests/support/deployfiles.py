@@ -47,6 +47,15 @@ _KEYWORDS = frozenset(
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__range": "1h", "$__interval": "1m"}
 
 
+def unit_values(unit: Path, name: str) -> list[str]:
+    """Every value of `name=` in a systemd unit file, in order."""
+    return [
+        line.split("=", 1)[1]
+        for line in unit.read_text().splitlines()
+        if line.startswith(f"{name}=")
+    ]
+
+
 def require_tool(name: str, install: str) -> str:
     """The tool's path; skip (or, under CI=true, fail) where it is missing."""
     path = shutil.which(name)

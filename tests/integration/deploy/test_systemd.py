@@ -15,7 +15,7 @@ from pathlib import Path
 from bench.scaleout import unit_command
 from bot.config import TOKEN_CREDENTIAL
 from tests.support.cli import run_cli
-from tests.support.deployfiles import ROOT, UNIT, verify_units
+from tests.support.deployfiles import ROOT, UNIT, unit_values, verify_units
 
 REPLICA_ENV = ROOT / "deploy" / "systemd" / "replica-env"
 NGINX = ROOT / "deploy" / "nginx" / "telegram-bot.conf"
@@ -23,11 +23,7 @@ NGINX = ROOT / "deploy" / "nginx" / "telegram-bot.conf"
 
 def settings(name: str) -> list[str]:
     """Every value of `name=` in the unit, in order."""
-    return [
-        line.split("=", 1)[1]
-        for line in UNIT.read_text().splitlines()
-        if line.startswith(f"{name}=")
-    ]
+    return unit_values(UNIT, name)
 
 
 def replica_env(arg: str) -> subprocess.CompletedProcess[str]:
