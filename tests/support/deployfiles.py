@@ -76,6 +76,26 @@ def verify_units(*units: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def assert_units_verified(*names: str) -> None:
+    """verify_units on all of deploy/systemd's units passes and says `<name>: OK` for each."""
+    done = verify_units()
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in names:
+        assert f"{name}: OK" in done.stdout
+
+
+def assert_misspelling_refused(
+    tmp_path: Path, unit: Path, key: str, misspelt: str, *beside: Path
+) -> None:
+    """verify_units on a copy of `unit` whose `key=` is spelt `misspelt=` (with the units
+    `beside` it): it fails and names the unknown key."""
+    broken = tmp_path / unit.name
+    broken.write_text(unit.read_text().replace(f"{key}=", f"{misspelt}="))
+    done = verify_units(*beside, broken)
+    assert done.returncode == 1
+    assert f"Unknown key '{misspelt}'" in done.stderr
+
+
 def metric_names(expr: str) -> set[str]:
     """The metric names a PromQL expression selects: what is left once strings, label
     matchers, ranges, grouping clauses, function calls, keywords and numbers are taken out."""

@@ -12,7 +12,12 @@ import sys
 from pathlib import Path
 
 from bot.db import migrate
-from tests.support.deployfiles import ROOT, unit_values, verify_units
+from tests.support.deployfiles import (
+    ROOT,
+    assert_misspelling_refused,
+    assert_units_verified,
+    unit_values,
+)
 
 SYSTEMD = ROOT / "deploy" / "systemd"
 SERVICE = SYSTEMD / "telegram-bot-backup.service"
@@ -22,15 +27,8 @@ TIMER = SYSTEMD / "telegram-bot-backup.timer"
 def test_verify_checks_the_backup_units_and_a_misspelt_timer_setting_fails(
     tmp_path: Path,
 ) -> None:
-    done = verify_units()
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "telegram-bot-backup.service: OK" in done.stdout
-    assert "telegram-bot-backup.timer: OK" in done.stdout
-    broken = tmp_path / TIMER.name
-    broken.write_text(TIMER.read_text().replace("Persistent=", "Persistant="))
-    done = verify_units(SERVICE, broken)
-    assert done.returncode == 1
-    assert "Unknown key 'Persistant'" in done.stderr
+    assert_units_verified(SERVICE.name, TIMER.name)
+    assert_misspelling_refused(tmp_path, TIMER, "Persistent", "Persistant", SERVICE)
 
 
 def test_the_timer_starts_the_service_whose_command_writes_a_backup(tmp_path: Path) -> None:
