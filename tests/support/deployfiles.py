@@ -47,6 +47,15 @@ _KEYWORDS = frozenset(
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__range": "1h", "$__interval": "1m"}
 
 
+def unit_values(unit: Path, name: str) -> list[str]:
+    """Every value of `name=` in a systemd unit file, in order."""
+    return [
+        line.split("=", 1)[1]
+        for line in unit.read_text().splitlines()
+        if line.startswith(f"{name}=")
+    ]
+
+
 def require_tool(name: str, install: str) -> str:
     """The tool's path; skip (or, under CI=true, fail) where it is missing."""
     path = shutil.which(name)
@@ -65,6 +74,26 @@ def verify_units(*units: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(VERIFY), *map(str, units)], capture_output=True, text=True, timeout=60
     )
+
+
+def assert_units_verified(*names: str) -> None:
+    """verify_units on all of deploy/systemd's units passes and says `<name>: OK` for each."""
+    done = verify_units()
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in names:
+        assert f"{name}: OK" in done.stdout
+
+
+def assert_misspelling_refused(
+    tmp_path: Path, unit: Path, key: str, misspelt: str, *beside: Path
+) -> None:
+    """verify_units on a copy of `unit` whose `key=` is spelt `misspelt=` (with the units
+    `beside` it): it fails and names the unknown key."""
+    broken = tmp_path / unit.name
+    broken.write_text(unit.read_text().replace(f"{key}=", f"{misspelt}="))
+    done = verify_units(*beside, broken)
+    assert done.returncode == 1
+    assert f"Unknown key '{misspelt}'" in done.stderr
 
 
 def metric_names(expr: str) -> set[str]:

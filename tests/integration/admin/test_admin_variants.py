@@ -125,20 +125,10 @@ async def seed_variants(sessionmaker: async_sessionmaker[AsyncSession]) -> VSeed
             latency: float | None,
             model: float | None,
         ) -> int:
-            db.add(
-                Message(
-                    session_id=session_id, chat_id=chat_id, role="user", text="hi?", created_at=DAY1
-                )
-            )
+            turn = {"session_id": session_id, "chat_id": chat_id, "created_at": DAY1}
+            db.add(Message(**turn, role="user", text="hi?"))
             m = Message(
-                session_id=session_id,
-                chat_id=chat_id,
-                role="bot",
-                text=text,
-                latency_ms=latency,
-                model_ms=model,
-                variant=variant,
-                created_at=DAY1,
+                **turn, role="bot", text=text, latency_ms=latency, model_ms=model, variant=variant
             )
             db.add(m)
             await db.flush()
@@ -350,13 +340,17 @@ async def test_report_on_an_empty_database_has_no_numbers_to_show(
     json.dumps(data, allow_nan=False)
 
 
-async def test_admin_variants_json_and_plot(
-    sessionmaker: async_sessionmaker[AsyncSession],
-    db_url: str,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+@pytest.fixture
+async def seeded_url(sessionmaker: async_sessionmaker[AsyncSession], db_url: str) -> str:
+    """db_url, the test's database, with seed_variants's chats and votes in it."""
     await seed_variants(sessionmaker)
+    return db_url
+
+
+async def test_admin_variants_json_and_plot(
+    seeded_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db_url = seeded_url
     plot = tmp_path / "rates.png"
     status, out = await run(db_url, "variants", "--json", "--plot", str(plot))
     assert status == 0
@@ -455,12 +449,9 @@ async def test_admin_assign_moves_a_chat_and_refuses_an_unknown_variant(
 
 
 async def test_run_admin_reads_the_variants_file(
-    sessionmaker: async_sessionmaker[AsyncSession],
-    db_url: str,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    seeded_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    await seed_variants(sessionmaker)
+    db_url = seeded_url
     good = tmp_path / "variants.toml"
     good.write_text(VARIANTS_TOML, encoding="utf-8")
     settings = Settings(database_url=SecretStr(db_url), variants_file=good)

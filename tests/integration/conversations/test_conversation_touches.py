@@ -139,6 +139,24 @@ async def test_editing_the_last_message_regenerates_the_reply_in_place(
     assert len(api.edits) == 1
 
 
+def _send_typo(api: FakeBotAPI, chat: int) -> int:
+    """`chat` sends "how are yuo" (to be edited to "how are you"); its message id."""
+    sent = api.user_message(chat, "how are yuo")
+    return int(next(u for u in api.history if u["update_id"] == sent)["message"]["message_id"])
+
+
+async def _only_the_edit_answered(service: Service, api: FakeBotAPI, chat: int) -> None:
+    """Once nothing more can go out: the chat shows one reply, to "how are you", the history
+    is that turn alone, and no reply waits unsent."""
+    await settled(service, api)
+    assert api.texts(chat) == [f"echo {chat}: how are you"]
+    assert await rows(service, "SELECT role, text FROM messages ORDER BY id") == [
+        ("user", "how are you"),
+        ("bot", f"echo {chat}: how are you"),
+    ]
+    assert await rows(service, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]
+
+
 async def _edit_stored(service: Service, chat: int, text: str) -> None:
     """Wait until the history's last turn is `text` and its regenerated reply."""
     want = [("user", text), ("bot", f"echo {chat}: {text}")]
@@ -162,21 +180,14 @@ async def test_an_edit_while_the_reply_is_generating_gets_the_only_answer(
     chat = 751
     responder = EchoResponder(delay_s=lambda _chat, text: 1.0 if text == "how are yuo" else 0.0)
     service = await start_service(make_settings(db_url, api, tmp_path), responder)
-    sent = api.user_message(chat, "how are yuo")
-    typo = next(u for u in api.history if u["update_id"] == sent)["message"]["message_id"]
+    typo = _send_typo(api, chat)
     await api.wait_for(lambda: responder.in_progress > 0, what="the reply generating")
     api.user_message(chat, "how are you", kind="edited_message", message_id=typo)
     await _edit_stored(service, chat, "how are you")
     await api.wait_for(lambda: api.texts(chat) == [f"echo {chat}: how are you"], what="the reply")
-    await settled(service, api)  # nothing more goes out after this
     # One message on the screen (the old reply edited in place, if it was out already).
-    assert api.texts(chat) == [f"echo {chat}: how are you"]
+    await _only_the_edit_answered(service, api, chat)
     assert responder.calls == [(chat, "how are yuo"), (chat, "how are you")]
-    assert await rows(service, "SELECT role, text FROM messages ORDER BY id") == [
-        ("user", "how are you"),
-        ("bot", f"echo {chat}: how are you"),
-    ]
-    assert await rows(service, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]
 
 
 async def test_an_edit_before_the_reply_went_out_withdraws_it(
@@ -189,8 +200,7 @@ async def test_an_edit_before_the_reply_went_out_withdraws_it(
     service = await start_service(make_settings(db_url, api, tmp_path), responder)
     outage = Fault("sendMessage", 500, times=10**9, chat_id=chat)
     api.inject(outage)
-    sent = api.user_message(chat, "how are yuo")
-    typo = next(u for u in api.history if u["update_id"] == sent)["message"]["message_id"]
+    typo = _send_typo(api, chat)
     await api.wait_for(lambda: len(api.calls_to("sendMessage")) >= 2, what="a failed send")
     api.user_message(chat, "how are yu", kind="edited_message", message_id=typo)
     await _edit_stored(service, chat, "how are yu")
@@ -209,14 +219,8 @@ async def test_an_edit_before_the_reply_went_out_withdraws_it(
     )
     outage.times = 0
     await api.wait_for_texts(chat, 1)
-    await settled(service, api)  # nothing more goes out after this
-    assert api.texts(chat) == [f"echo {chat}: how are you"]
+    await _only_the_edit_answered(service, api, chat)
     assert api.edits == []
-    assert await rows(service, "SELECT role, text FROM messages ORDER BY id") == [
-        ("user", "how are you"),
-        ("bot", f"echo {chat}: how are you"),
-    ]
-    assert await rows(service, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]
 
 
 async def test_a_reply_on_its_way_when_the_edit_is_stored_is_edited_in_place(
@@ -229,8 +233,7 @@ async def test_a_reply_on_its_way_when_the_edit_is_stored_is_edited_in_place(
     service = await start_service(make_settings(db_url, api, tmp_path), responder)
     on_its_way = asyncio.Event()
     api.inject(Fault("sendMessage", None, hold=on_its_way, chat_id=chat))
-    sent = api.user_message(chat, "how are yuo")
-    typo = next(u for u in api.history if u["update_id"] == sent)["message"]["message_id"]
+    typo = _send_typo(api, chat)
     await api.wait_for(lambda: bool(api.calls_to("sendMessage")), what="the reply on its way")
     api.user_message(chat, "how are you", kind="edited_message", message_id=typo)
     await _edit_stored(service, chat, "how are you")
@@ -257,8 +260,7 @@ async def test_a_second_edit_before_the_first_regenerated_reply_is_out(
     chat = 754
     responder = EchoResponder()
     service = await start_service(make_settings(db_url, api, tmp_path), responder)
-    sent = api.user_message(chat, "how are yuo")
-    typo = next(u for u in api.history if u["update_id"] == sent)["message"]["message_id"]
+    typo = _send_typo(api, chat)
     await api.wait_for_texts(chat, 1)
     outage = Fault("editMessageText", 500, times=10**9, chat_id=chat)
     api.inject(outage)

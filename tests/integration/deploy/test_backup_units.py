@@ -12,46 +12,36 @@ import sys
 from pathlib import Path
 
 from bot.db import migrate
-from tests.support.deployfiles import ROOT, verify_units
+from tests.support.deployfiles import (
+    ROOT,
+    assert_misspelling_refused,
+    assert_units_verified,
+    unit_values,
+)
 
 SYSTEMD = ROOT / "deploy" / "systemd"
 SERVICE = SYSTEMD / "telegram-bot-backup.service"
 TIMER = SYSTEMD / "telegram-bot-backup.timer"
 
 
-def values(unit: Path, name: str) -> list[str]:
-    return [
-        line.split("=", 1)[1]
-        for line in unit.read_text().splitlines()
-        if line.startswith(f"{name}=")
-    ]
-
-
 def test_verify_checks_the_backup_units_and_a_misspelt_timer_setting_fails(
     tmp_path: Path,
 ) -> None:
-    done = verify_units()
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "telegram-bot-backup.service: OK" in done.stdout
-    assert "telegram-bot-backup.timer: OK" in done.stdout
-    broken = tmp_path / TIMER.name
-    broken.write_text(TIMER.read_text().replace("Persistent=", "Persistant="))
-    done = verify_units(SERVICE, broken)
-    assert done.returncode == 1
-    assert "Unknown key 'Persistant'" in done.stderr
+    assert_units_verified(SERVICE.name, TIMER.name)
+    assert_misspelling_refused(tmp_path, TIMER, "Persistent", "Persistant", SERVICE)
 
 
 def test_the_timer_starts_the_service_whose_command_writes_a_backup(tmp_path: Path) -> None:
-    assert values(TIMER, "Unit") == [SERVICE.name]
+    assert unit_values(TIMER, "Unit") == [SERVICE.name]
     state = tmp_path / "state"  # %S
-    for directory in values(SERVICE, "StateDirectory")[0].split():  # systemd makes them
+    for directory in unit_values(SERVICE, "StateDirectory")[0].split():  # systemd makes them
         (state / directory).mkdir(parents=True)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT)}
-    for line in values(SERVICE, "Environment"):
+    for line in unit_values(SERVICE, "Environment"):
         key, _, value = line.replace("%S", str(state)).partition("=")
         env[key] = value
     migrate.upgrade(f"sqlite+aiosqlite:///{Path(env['DATA_DIR']) / 'bot.sqlite3'}")
-    [command] = values(SERVICE, "ExecStart")
+    [command] = unit_values(SERVICE, "ExecStart")
     argv = command.replace("%S", str(state)).split()
     assert argv[0] == "/opt/telegram-bot/.venv/bin/python"
     argv[0] = sys.executable

@@ -15,7 +15,13 @@ from pathlib import Path
 from bench.scaleout import unit_command
 from bot.config import TOKEN_CREDENTIAL
 from tests.support.cli import run_cli
-from tests.support.deployfiles import ROOT, UNIT, verify_units
+from tests.support.deployfiles import (
+    ROOT,
+    UNIT,
+    assert_misspelling_refused,
+    assert_units_verified,
+    unit_values,
+)
 
 REPLICA_ENV = ROOT / "deploy" / "systemd" / "replica-env"
 NGINX = ROOT / "deploy" / "nginx" / "telegram-bot.conf"
@@ -23,11 +29,7 @@ NGINX = ROOT / "deploy" / "nginx" / "telegram-bot.conf"
 
 def settings(name: str) -> list[str]:
     """Every value of `name=` in the unit, in order."""
-    return [
-        line.split("=", 1)[1]
-        for line in UNIT.read_text().splitlines()
-        if line.startswith(f"{name}=")
-    ]
+    return unit_values(UNIT, name)
 
 
 def replica_env(arg: str) -> subprocess.CompletedProcess[str]:
@@ -39,14 +41,8 @@ def replica_env(arg: str) -> subprocess.CompletedProcess[str]:
 def test_systemd_analyze_verifies_the_unit_and_refuses_a_misspelt_setting(
     tmp_path: Path,
 ) -> None:
-    done = verify_units()
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "telegram-bot@12345.service: OK" in done.stdout
-    broken = tmp_path / UNIT.name
-    broken.write_text(UNIT.read_text().replace("RestartSec=2", "RestartSecs=2"))
-    done = verify_units(broken)
-    assert done.returncode == 1
-    assert "Unknown key 'RestartSecs'" in done.stderr
+    assert_units_verified("telegram-bot@12345.service")
+    assert_misspelling_refused(tmp_path, UNIT, "RestartSec", "RestartSecs")
 
 
 def test_a_configuration_error_exits_2_and_is_not_restarted(tmp_path: Path) -> None:

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from bot.admin.cli import run_admin
 from bot.config import ConfigError, Settings
 from bot.conversations.store import ConversationStore
 from bot.engine.router import VariantResponder
 from bot.inference.model import load_shared_agent
 from bot.model_files import missing_model_files
-from tests.integration.admin.test_admin import parse_admin
-from tests.integration.engine.test_live_variants import one_variant_admin_settings
+from tests.integration.engine.test_live_variants import assert_add_refused
+from tests.integration.engine.test_live_variants import (
+    one_variant_admin as one_variant_admin,  # the fixture
+)
 
 
 def copy_without(model_file: str, dest: Path, *suffixes: str) -> str:
@@ -66,21 +67,16 @@ def test_model_without_weights_or_dictionary_is_refused_by_the_loader(
 
 
 def test_model_without_weights_is_refused_by_admin_variants_add(
-    sqlite_url: str, tmp_path: Path, tiny_model_file: str, capsys: pytest.CaptureFixture[str]
+    one_variant_admin: Settings,
+    tmp_path: Path,
+    tiny_model_file: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    settings = one_variant_admin_settings(sqlite_url, tmp_path, tiny_model_file)
     weightless = copy_without(tiny_model_file, tmp_path / "cand", "")
-    status = run_admin(settings, parse_admin("variants", "add", "cand", "--model", weightless))
-    err = capsys.readouterr().err
-    assert status == 2
-    assert f"missing {weightless} (the weights)" in err
-    # The directory form of --model is refused the same way, and nothing was stored.
-    status = run_admin(
-        settings, parse_admin("variants", "add", "cand", "--model", str(tmp_path / "cand"))
-    )
-    assert status == 2 and "(the weights)" in capsys.readouterr().err
-    assert run_admin(settings, parse_admin("variants", "list", "--json")) == 0
-    assert [v["name"] for v in json.loads(capsys.readouterr().out)["variants"]] == ["a"]
+    why = f"missing {weightless} (the weights)"
+    assert_add_refused(one_variant_admin, "cand", weightless, why, capsys)
+    # The directory form of --model is refused the same way.
+    assert_add_refused(one_variant_admin, "cand", str(tmp_path / "cand"), "(the weights)", capsys)
 
 
 async def test_model_without_weights_is_refused_in_the_variants_file_and_bot_model(

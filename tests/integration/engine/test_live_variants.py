@@ -50,9 +50,22 @@ def admin_settings(db_url: str, tmp_path: Path, variants_file: Path) -> Settings
     )
 
 
-def one_variant_admin_settings(db_url: str, tmp_path: Path, model: str) -> Settings:
-    """admin_settings with a variants file of one variant, `a`, on `model`."""
-    return admin_settings(db_url, tmp_path, write_variants(tmp_path / "v.toml", model, {"a": 1}))
+@pytest.fixture
+def one_variant_admin(sqlite_url: str, tmp_path: Path, tiny_model_file: str) -> Settings:
+    """admin_settings with a variants file of one variant, `a`, on the tiny model."""
+    variants = write_variants(tmp_path / "v.toml", tiny_model_file, {"a": 1})
+    return admin_settings(sqlite_url, tmp_path, variants)
+
+
+def assert_add_refused(
+    settings: Settings, name: str, model: str, why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`admin variants add <name> --model <model>` stops with status 2 and says `why`, and the
+    variants stay `a` alone."""
+    assert run_admin(settings, parse_admin("variants", "add", name, "--model", model)) == 2
+    assert why in capsys.readouterr().err
+    assert run_admin(settings, parse_admin("variants", "list", "--json")) == 0
+    assert [v["name"] for v in json.loads(capsys.readouterr().out)["variants"]] == ["a"]
 
 
 def chats_for(weights_before: dict[str, float], weights_after: dict[str, float], want: str,

@@ -69,12 +69,26 @@ def marks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         ray.shutdown()
 
 
-def _variants(path: Path, model: str, replicas: int) -> Path:
-    path.write_text(
+def _ray_settings(
+    sqlite_url: str, api: FakeBotAPI, tmp_path: Path, model: str, replicas: int, **overrides: Any
+) -> Settings:
+    """The service on Ray, one variant `a` on `model` in `replicas` replicas sharing a CPU, one
+    worker thread, generations given 120 s (the slowed-down batches); `overrides` on top."""
+    variants = tmp_path / "v.toml"
+    variants.write_text(
         f'[[variants]]\nname = "a"\nmodel = "{model}"\ncontrol = true\n'
         f"replicas = {replicas}\nnum_cpus = {1 / replicas}\n"
     )
-    return path
+    return make_settings(
+        sqlite_url,
+        api,
+        tmp_path,
+        variants_file=variants,
+        model_backend="ray",
+        worker_threads=1,
+        generation_timeout_s=120,
+        **overrides,
+    )
 
 
 def _generating(mark_dir: Path) -> int | None:
@@ -123,16 +137,7 @@ async def _answered_once(service: Any, api: FakeBotAPI, chats: list[int], turns:
 async def test_a_replica_killed_mid_generation_loses_and_repeats_nothing(
     marks: Path, sqlite_url: str, tmp_path: Path, api: FakeBotAPI, tiny_model_file: str
 ) -> None:
-    settings = make_settings(
-        sqlite_url,
-        api,
-        tmp_path,
-        variants_file=_variants(tmp_path / "v.toml", tiny_model_file, 2),
-        model_backend="ray",
-        agent_cache_size=8,
-        worker_threads=1,
-        generation_timeout_s=120,
-    )
+    settings = _ray_settings(sqlite_url, api, tmp_path, tiny_model_file, 2, agent_cache_size=8)
     chats = [101, 102, 103, 104]
     async with running_service(settings, None, timeout_s=120) as service:
         backend = service.responder.backends["a"]
@@ -170,16 +175,7 @@ async def test_a_stopped_replica_is_replaced_within_the_stall_limit(
 ) -> None:
     from bot.service.health import model_check
 
-    settings = make_settings(
-        sqlite_url,
-        api,
-        tmp_path,
-        variants_file=_variants(tmp_path / "v.toml", tiny_model_file, 1),
-        model_backend="ray",
-        worker_threads=1,
-        worker_stall_s=3,
-        generation_timeout_s=120,
-    )
+    settings = _ray_settings(sqlite_url, api, tmp_path, tiny_model_file, 1, worker_stall_s=3)
     chat = 201
     async with running_service(settings, None, timeout_s=120) as service:
         backend = service.responder.backends["a"]

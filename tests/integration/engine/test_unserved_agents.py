@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from bot.admin.cli import run_admin
 from bot.config import ConfigError, Settings
 from bot.engine.variants import load_experiment
 from bot.inference.model import load_shared_agent
 from bot.model_files import unserved_agent
-from tests.integration.admin.test_admin import parse_admin
 from tests.integration.engine.test_incomplete_models import copy_without
-from tests.integration.engine.test_live_variants import one_variant_admin_settings
+from tests.integration.engine.test_live_variants import assert_add_refused
+from tests.integration.engine.test_live_variants import (
+    one_variant_admin as one_variant_admin,  # the fixture
+)
 
 
 def with_agent(tiny_model_file: str, dest: Path, agent: str) -> str:
@@ -85,10 +86,11 @@ def test_the_variants_file_refuses_a_polyencoder(tiny_model_file: str, tmp_path:
 
 
 def test_admin_variants_add_refuses_a_polyencoder(
-    sqlite_url: str, tmp_path: Path, tiny_model_file: str, capsys: pytest.CaptureFixture[str]
+    one_variant_admin: Settings,
+    tmp_path: Path,
+    tiny_model_file: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    settings = one_variant_admin_settings(sqlite_url, tmp_path, tiny_model_file)
     poly = with_agent(tiny_model_file, tmp_path / "poly", "transformer/polyencoder")
-    status = run_admin(settings, parse_admin("variants", "add", "poly", "--model", poly))
-    assert status == 2
-    assert "transformer/polyencoder is a retrieval ranker" in capsys.readouterr().err
+    why = "transformer/polyencoder is a retrieval ranker"
+    assert_add_refused(one_variant_admin, "poly", poly, why, capsys)

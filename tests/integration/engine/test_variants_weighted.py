@@ -22,7 +22,7 @@ from bot.engine.router import VariantResponder
 from bot.engine.spec import Backend
 from bot.engine.variants import Experiment, Variant
 from bot.reports.variant_stats import BANDIT_NOTE
-from bot.reports.variants import REPORT_NOTE, variant_report
+from bot.reports.variants import REPORT_NOTE, VariantReport, variant_report
 from bot.reports.variants_json import report_json
 from bot.reports.variants_text import format_variant_report
 from tests.support.dbutil import add_assignment, add_voted_replies
@@ -65,11 +65,16 @@ async def seed(sessionmaker: async_sessionmaker[AsyncSession]) -> None:
             await add_voted_replies(db, s.id, chat, variant, [(chat, v) for v in votes], DAY)
 
 
-async def test_the_report_weights_by_the_recorded_probabilities(
-    sessionmaker: async_sessionmaker[AsyncSession],
-) -> None:
+@pytest.fixture
+async def report(sessionmaker: async_sessionmaker[AsyncSession]) -> VariantReport:
+    """The variant report on `seed`'s rows."""
     await seed(sessionmaker)
-    report = await variant_report(sessionmaker, EXPERIMENT)
+    return await variant_report(sessionmaker, EXPERIMENT)
+
+
+async def test_the_report_weights_by_the_recorded_probabilities(
+    report: VariantReport,
+) -> None:
     a, b = report.variants
     # Naive: a 6 up of 7 (chat 5's admin-moved votes count here); b 1 up of 4.
     assert (a.up_rate, b.up_rate) == (pytest.approx(6 / 7), pytest.approx(0.25))

@@ -304,19 +304,30 @@ def churned_scores(agent: Any, seed: int) -> list[list[float]]:
     words = [agent.dict.ind2tok[i] for i in range(4, len(agent.dict))]
     case = random_case(rng, words, truncates=(24, 40), latest=30)
     with generation(agent, **case.gen), torch.no_grad():
-        batches = [agent.batchify([observe(agent, chat.turns)]) for chat in case.chats]
         search = continuous.ContinuousSearch(agent)
         out: list[list[float]] = []
-        step = 0
-        while len(out) < len(case.chats):
-            for i, chat in enumerate(case.chats):
-                if chat.arrival == step or (chat.arrival > step and len(search) == 0):
-                    chat.arrival = step
-                    search.join(i, batches[i])
-            for done in search.step():
+        for finished in staggered_steps(agent, search, case):
+            for done in finished:
                 out.append([float(done.key), *torch.cat(done.score_hist).view(-1).tolist()])
-            step += 1
     return out
+
+
+def staggered_steps(agent: Any, search: Any, case: Any) -> Iterator[list[Any]]:
+    """Step `search` through `case`'s chats, each (keyed by its index) joining at its arrival
+    step, or at once where the search ran dry before it; yields each step's finished chats,
+    until every chat finished."""
+    batches = [agent.batchify([observe(agent, chat.turns)]) for chat in case.chats]
+    finished = 0
+    step = 0
+    while finished < len(case.chats):
+        for i, chat in enumerate(case.chats):
+            if chat.arrival == step or (chat.arrival > step and len(search) == 0):
+                chat.arrival = step
+                search.join(i, batches[i])
+        done = list(search.step())
+        finished += len(done)
+        yield done
+        step += 1
 
 
 @contextlib.contextmanager

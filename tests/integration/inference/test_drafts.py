@@ -24,7 +24,7 @@ from bot.inference.fastgen import chat_search, continuous
 from bot.inference.model import load_shared_agent
 from bot.inference.scheduler import Scheduler
 from bot.training.evaluate import SAMPLE_PROMPTS
-from tests.integration.inference.test_continuous import observe, random_case
+from tests.integration.inference.test_continuous import random_case, staggered_steps
 from tests.integration.inference.test_fastgen import generation, torch_threads
 
 
@@ -147,17 +147,11 @@ def _check_settled(agent: Any, case: Any, seen: dict[str, int]) -> None:
     import torch
 
     with torch.no_grad():
-        batches = [agent.batchify([observe(agent, chat.turns)]) for chat in case.chats]
         search = continuous.ContinuousSearch(agent)
         history: dict[int, list[tuple[list[int], bool]]] = {}
         results: dict[int, list[int]] = {}
-        step = 0
-        while len(results) < len(case.chats):
-            for i, chat in enumerate(case.chats):
-                if chat.arrival == step or (chat.arrival > step and len(search) == 0):
-                    chat.arrival = step
-                    search.join(i, batches[i])
-            for done in search.step():
+        for finished in staggered_steps(agent, search, case):
+            for done in finished:
                 tokens = done.result().get_rescored_finished()[0][0].tolist()
                 results[done.key] = [t for t in tokens if t not in (agent.START_IDX, agent.END_IDX)]
             for chat in search.chats:
@@ -168,7 +162,6 @@ def _check_settled(agent: Any, case: Any, seen: dict[str, int]) -> None:
                 seen["complete_early"] += complete
                 # longer than what all live beams share: the finished ones ruled some out
                 seen["finished_decided"] += len(prefix) > len(_shared_by_live_beams(chat))
-            step += 1
     for key, steps in history.items():
         result = results[key]
         before: list[int] = []

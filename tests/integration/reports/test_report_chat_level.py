@@ -18,7 +18,7 @@ from bot.engine.variants import Experiment, Variant
 from bot.reports import stats as service_stats
 from bot.reports.chat_votes import chat_votes
 from bot.reports.variant_stats import always_valid_lift
-from bot.reports.variants import variant_report
+from bot.reports.variants import VariantReport, variant_report
 from bot.reports.variants_text import format_variant_report
 from tests.integration.admin.test_admin import parse_admin
 from tests.support.dbutil import add_assignment, add_voted_replies
@@ -89,11 +89,16 @@ P_FIXED = 0.0994451
 P_ALWAYS = 0.9350821
 
 
-async def test_the_report_is_chat_level_with_the_per_user_cap(
-    sessionmaker: async_sessionmaker[AsyncSession],
-) -> None:
+@pytest.fixture
+async def report(sessionmaker: async_sessionmaker[AsyncSession]) -> VariantReport:
+    """The variant report on `seed`'s rows."""
     await seed(sessionmaker)
-    report = await variant_report(sessionmaker, EXPERIMENT)
+    return await variant_report(sessionmaker, EXPERIMENT)
+
+
+async def test_the_report_is_chat_level_with_the_per_user_cap(
+    sessionmaker: async_sessionmaker[AsyncSession], report: VariantReport
+) -> None:
     a, b = report.variants
     assert (a.votes_up, a.votes_down, a.vote_chats, a.votes_counted) == (5, 5, 5, 10.0)
     assert a.up_rate == pytest.approx(0.5)

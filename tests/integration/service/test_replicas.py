@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -69,12 +71,20 @@ async def _owner(sm: async_sessionmaker[AsyncSession], chat_id: int = 7) -> str 
         )
 
 
+@asynccontextmanager
 async def _replica(
     sm: async_sessionmaker[AsyncSession], dead_after_s: float = 5.0
-) -> tuple[Heartbeat, Leases]:
+) -> AsyncIterator[tuple[Heartbeat, Leases]]:
+    """A replica's heartbeat (started) and its inbox leases; at the end both stopped, as the
+    service stops them (the leases given back first)."""
     heartbeat = Heartbeat(sm, new_owner(), dead_after_s=dead_after_s)
     await heartbeat.start()
-    return heartbeat, Leases(sm, "inbox", owner=heartbeat.owner, heartbeat=heartbeat)
+    leases = Leases(sm, "inbox", owner=heartbeat.owner, heartbeat=heartbeat)
+    try:
+        yield heartbeat, leases
+    finally:
+        await leases.stop()
+        await heartbeat.stop()
 
 
 async def test_a_dead_replica_with_our_host_name_and_pid_loses_its_lease_at_once(
@@ -83,28 +93,21 @@ async def test_a_dead_replica_with_our_host_name_and_pid_loses_its_lease_at_once
     # Its lease would run for another minute, and the PID it names is alive (it is us): only
     # its stale heartbeat says it is gone.
     await _plant(sessionmaker, SAME_HOST_AND_PID, heartbeat_age_s=6.0)
-    heartbeat, leases = await _replica(sessionmaker)
     taken: list[str] = []
-    leases.on_takeover = taken.append
-    try:
+    async with _replica(sessionmaker) as (_, leases):
+        leases.on_takeover = taken.append
         assert await leases.acquire(7)
         assert await _owner(sessionmaker) == leases.owner
         assert taken == ["inbox"]
-    finally:
-        await leases.stop()
-        await heartbeat.stop()
 
 
 async def test_a_live_replica_keeps_its_lease(
     sessionmaker: async_sessionmaker[AsyncSession],
 ) -> None:
     await _plant(sessionmaker, SAME_HOST_AND_PID, heartbeat_age_s=1.0)
-    heartbeat, leases = await _replica(sessionmaker)
-    try:
+    async with _replica(sessionmaker) as (_, leases):
         assert not await leases.acquire(7)
         assert await _owner(sessionmaker) == SAME_HOST_AND_PID
-    finally:
-        await heartbeat.stop()
 
 
 async def test_an_owner_without_a_heartbeat_row_is_judged_by_its_lease_alone(
@@ -112,19 +115,17 @@ async def test_an_owner_without_a_heartbeat_row_is_judged_by_its_lease_alone(
 ) -> None:
     # A process of an older version (no replicas row): it is not declared dead early.
     await _plant(sessionmaker, SAME_HOST_AND_PID, heartbeat_age_s=None)
-    heartbeat, leases = await _replica(sessionmaker)
-    try:
+    async with _replica(sessionmaker) as (_, leases):
         assert not await leases.acquire(7)
-    finally:
-        await heartbeat.stop()
 
 
 async def test_a_replica_whose_heartbeats_fail_fences_itself_then_resumes(
     sessionmaker: async_sessionmaker[AsyncSession],
 ) -> None:
-    heartbeat, leases = await _replica(sessionmaker, dead_after_s=1.0)  # fences after 0.6 s
-    other_heartbeat, other = await _replica(sessionmaker, dead_after_s=1.0)
-    try:
+    async with (
+        _replica(sessionmaker, dead_after_s=1.0) as (heartbeat, leases),  # fences after 0.6 s
+        _replica(sessionmaker, dead_after_s=1.0) as (_, other),
+    ):
         assert await leases.acquire(7)
         assert leases.held == {7}
         # Its heartbeats stop landing (the loop is gone, as when the database is unreachable).
@@ -140,10 +141,6 @@ async def test_a_replica_whose_heartbeats_fail_fences_itself_then_resumes(
         # Heartbeats land again: back to work, but the chat is the other replica's now.
         await heartbeat.beat()
         assert not await leases.acquire(7)
-    finally:
-        await other.stop()
-        await other_heartbeat.stop()
-        await heartbeat.stop()
 
 
 async def test_a_replica_whose_event_loop_stalled_forgets_its_leases_when_it_wakes(
@@ -151,9 +148,10 @@ async def test_a_replica_whose_event_loop_stalled_forgets_its_leases_when_it_wak
 ) -> None:
     # Found in review: nothing read `alive` during the stall, and the first heartbeat after
     # it landed, so the fence never happened and the lease was trusted from memory.
-    heartbeat, leases = await _replica(sessionmaker, dead_after_s=1.0)
-    other_heartbeat, other = await _replica(sessionmaker, dead_after_s=1.0)
-    try:
+    async with (
+        _replica(sessionmaker, dead_after_s=1.0) as (heartbeat, leases),
+        _replica(sessionmaker, dead_after_s=1.0) as (_, other),
+    ):
         assert await leases.acquire(7)
         heartbeat.pause()  # the stall: no heartbeat, and nobody looks at `alive`
         # (the other replica's acquire reads its own heartbeat, never this one's `alive`)
@@ -162,10 +160,6 @@ async def test_a_replica_whose_event_loop_stalled_forgets_its_leases_when_it_wak
         await heartbeat.beat()  # it wakes, and its first heartbeat lands
         assert not await leases.acquire(7)
         assert await _owner(sessionmaker) == other.owner
-    finally:
-        await other.stop()
-        await other_heartbeat.stop()
-        await heartbeat.stop()
 
 
 async def test_a_turn_cannot_commit_once_its_chat_was_taken_over(
@@ -205,20 +199,13 @@ async def test_replicas_whose_clocks_disagree_go_by_the_databases_clock(
     ten minutes fast sees it alive and its lease running: heartbeats and lease expiry are
     written and compared with the database's clock, the replicas' clocks never meet."""
     _skew_clock(monkeypatch, -10)
-    slow_heartbeat, slow = await _replica(sessionmaker)
-    try:
+    async with _replica(sessionmaker) as (slow_heartbeat, slow):
         assert await slow.acquire(7)
         await slow_heartbeat.beat()
         _skew_clock(monkeypatch, +10)
-        fast_heartbeat, fast = await _replica(sessionmaker)
-        try:
+        async with _replica(sessionmaker) as (_, fast):
             assert not await fast.acquire(7)
             assert await _owner(sessionmaker) == slow.owner
-        finally:
-            await fast_heartbeat.stop()
-    finally:
-        await slow.stop()
-        await slow_heartbeat.stop()
 
 
 async def test_each_replica_learns_how_many_are_alive_at_every_heartbeat(
@@ -244,7 +231,8 @@ async def test_each_replica_learns_how_many_are_alive_at_every_heartbeat(
 async def test_a_clean_stop_removes_the_heartbeat_row(
     sessionmaker: async_sessionmaker[AsyncSession],
 ) -> None:
-    heartbeat, _ = await _replica(sessionmaker)
+    heartbeat = Heartbeat(sessionmaker, new_owner())
+    await heartbeat.start()
     async with sessionmaker() as db:
         assert await db.scalar(select(Replica.owner)) == heartbeat.owner
     await heartbeat.stop()

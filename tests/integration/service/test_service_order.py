@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from bot.config import Settings
 from bot.texts import ENGLISH
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.fixtures import ServeSettings, StartService
@@ -96,15 +97,23 @@ async def test_a_failing_update_is_retried_then_apologised_for_and_the_chat_goes
     assert history == [("after the boom",), ("echo 1201: after the boom",)]
 
 
+async def _stopped_while_generating(
+    settings: Settings, api: FakeBotAPI, delay_s: float, chat: int, text: str
+) -> EchoResponder:
+    """The service stopped gracefully (running_service's exit) while its responder, which
+    takes `delay_s` a reply, generates the reply to `chat`'s `text`; that responder."""
+    responder = EchoResponder(delay_s=delay_s)
+    async with running_service(settings, responder):
+        api.user_message(chat, text)
+        await api.wait_for(lambda: responder.in_progress == 1, what="generation")
+    return responder
+
+
 async def test_stop_finishes_the_turn_in_progress_and_sends_its_reply(
     sqlite_url: str, tmp_path: Path, api: FakeBotAPI
 ) -> None:
-    responder = EchoResponder(delay_s=1.0)
     settings = make_settings(sqlite_url, api, tmp_path, shutdown_grace_s=5)
-    async with running_service(settings, responder):
-        api.user_message(1301, "answer before you go")
-        await api.wait_for(lambda: responder.in_progress == 1, what="generation")
-    # running_service's exit was the graceful stop.
+    responder = await _stopped_while_generating(settings, api, 1.0, 1301, "answer before you go")
     assert api.texts(1301) == ["echo 1301: answer before you go"]
     assert responder.closed
 
@@ -112,11 +121,8 @@ async def test_stop_finishes_the_turn_in_progress_and_sends_its_reply(
 async def test_a_turn_cut_off_by_the_grace_period_is_answered_after_restart(
     sqlite_url: str, tmp_path: Path, api: FakeBotAPI
 ) -> None:
-    slow = EchoResponder(delay_s=30.0)
     settings = make_settings(sqlite_url, api, tmp_path, shutdown_grace_s=0.3)
-    async with running_service(settings, slow):
-        api.user_message(1401, "too slow")
-        await api.wait_for(lambda: slow.in_progress == 1, what="generation")
+    await _stopped_while_generating(settings, api, 30.0, 1401, "too slow")
     assert api.texts(1401) == []
     fast = EchoResponder()
     async with running_service(settings, fast, migrate_db=False) as svc:

@@ -7,15 +7,14 @@ from __future__ import annotations
 import pytest
 
 from bench import continuous
-from tests.unit.bench.test_bench_peer import _has_cuda, assert_cuda_refused
+from tests.unit.bench.test_bench_peer import assert_cuda_refused, without_cuda
 
 
-@pytest.mark.skipif(_has_cuda(), reason="this machine has a CUDA device")
+@without_cuda
 def test_device_cuda_without_a_gpu_stops_at_once_and_says_why(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(continuous, "main_async", lambda args: pytest.fail("nothing may run"))
-    assert_cuda_refused(continuous.main, capsys)
+    assert_cuda_refused(continuous, "main_async", capsys, monkeypatch)
 
 
 def test_the_windows_gpu_check_shortens(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,8 +8,8 @@ import json
 import math
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -230,12 +230,19 @@ def _has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+without_cuda = pytest.mark.skipif(_has_cuda(), reason="this machine has a CUDA device")
+
+
 def assert_cuda_refused(
-    main: Callable[[list[str]], int], capsys: pytest.CaptureFixture[str]
+    bench: ModuleType,
+    work: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`main --quick --device cuda` on a machine without CUDA: status 2, a line that says why
-    and what to use instead."""
-    assert main(["--quick", "--device", "cuda"]) == 2
+    """`bench.main --quick --device cuda` on a machine without CUDA: status 2, a line that says
+    why and what to use instead, and `bench.<work>` (what would run or measure) never called."""
+    monkeypatch.setattr(bench, work, lambda *args: pytest.fail(f"{work} was called"))
+    assert bench.main(["--quick", "--device", "cuda"]) == 2
     err = capsys.readouterr().err
     assert "no CUDA device" in err and "--device cpu" in err
 
@@ -270,12 +277,11 @@ def test_on_cuda_what_cannot_run_there_is_skipped_with_why(
     assert "ours_batch_fp32" in plan.systems and "hf_fp32" in plan.systems
 
 
-@pytest.mark.skipif(_has_cuda(), reason="this machine has a CUDA device")
+@without_cuda
 def test_device_cuda_without_a_gpu_stops_at_once_and_says_why(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(peer, "measure", lambda plan: pytest.fail("nothing may be measured"))
-    assert_cuda_refused(peer.main, capsys)
+    assert_cuda_refused(peer, "measure", capsys, monkeypatch)
 
 
 def test_a_cuda_run_is_named_apart_from_a_cpu_one(

@@ -19,6 +19,13 @@ def _settings(tmp_path: Path, body: str | None, **kw: object) -> Settings:
     return Settings(_env_file=None, variants_file=path, data_dir=tmp_path, **kw)  # type: ignore[call-arg]
 
 
+def _refusals(tmp_path: Path, body: str, **kw: object) -> list[str]:
+    """The lines of the ConfigError that `body` raises, one a problem (its heading dropped)."""
+    with pytest.raises(ConfigError) as caught:
+        load_experiment(_settings(tmp_path, body, **kw))
+    return [line.strip() for line in str(caught.value).splitlines()[1:]]
+
+
 @pytest.fixture
 def model(tmp_path: Path) -> str:
     """A complete model as far as its files go: weights, dictionary, options."""
@@ -92,10 +99,7 @@ model = "{model}"
 inference = "magic"
 topp = 1.5
 """
-    with pytest.raises(ConfigError) as caught:
-        load_experiment(_settings(tmp_path, body))
-    lines = str(caught.value).splitlines()[1:]
-    assert [line.strip() for line in lines] == [
+    assert _refusals(tmp_path, body) == [
         "unknown top-level key 'colour' (expected experiment, allocation, variants)",
         "variant 'a': unknown key 'beam_sise'",
         "variant 'a': duplicate name",
@@ -147,9 +151,7 @@ name = "b"
 threads = 0
 topp = inf
 """
-    with pytest.raises(ConfigError) as caught:
-        load_experiment(_settings(tmp_path, body, bot_model="zoo:x/model"))
-    assert [line.strip() for line in str(caught.value).splitlines()[1:]] == [
+    assert _refusals(tmp_path, body, bot_model="zoo:x/model") == [
         "variant 'a': weight must be at most 1,000,000 (only the ratios of weights count)",
         "variant 'a': beam_size must be a whole number from 1 to 100",
         "variant 'a': beam_min_length must be a whole number from 0 to 1000",
@@ -199,9 +201,7 @@ num_cpus = "two"
 name = "c"
 num_cpus = 0
 """
-    with pytest.raises(ConfigError) as caught:
-        load_experiment(_settings(tmp_path, bad, bot_model="zoo:x/model"))
-    assert [line.strip() for line in str(caught.value).splitlines()[1:]] == [
+    assert _refusals(tmp_path, bad, bot_model="zoo:x/model") == [
         "variant 'a': replicas must be a whole number from 1 to 64",
         "variant 'a': num_cpus must be a number from 0 to 256",
         "variant 'a': num_gpus must be a number from 0 to 64",
