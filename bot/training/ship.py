@@ -36,7 +36,7 @@ from bot.training.evaluate import (
 from bot.training.install import train_lock
 from bot.training.persona_data import DEFAULT_PERSONA_RECIPE, PersonaDataStats, PersonaRecipe
 from bot.training.recipe import DEFAULT_RECIPE
-from bot.training.train import TrainResult, train_model
+from bot.training.train import TrainResult, train_for, train_model
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,6 @@ def train_persona_stage(
     from bot.training.install import finalize_opt, install, slim_weights
     from bot.training.loop import BudgetTrainLoop, metric_value
     from bot.training.persona_data import write_persona_dataset
-    from bot.training.progress import Progress
     from bot.training.train import parlai_quiet
 
     started = time.monotonic()
@@ -124,18 +123,8 @@ def train_persona_stage(
             loop = BudgetTrainLoop(opt)
             reserve = 15.0 + DEFAULT_RECIPE.validation_max_exs / 50.0
             train_s = max(budget_s - reserve - (time.monotonic() - started), 5.0)
-            loop.max_train_time = train_s
-            loop.val_every_n_secs = max(30.0, train_s / 3)
-            loop.opt["max_train_time"] = train_s
             log.info("stage 2: fine-tuning %s for %.0fs", stage1, train_s)
-            bar = Progress(train_s, progress)
-            loop.progress = bar
-            train_started = time.monotonic()
-            try:
-                report = loop.train_final()
-            finally:
-                bar.close()
-            train_seconds = time.monotonic() - train_started
+            report, train_seconds = train_for(loop, train_s, progress)
             steps, seen = int(loop._train_steps), int(loop._total_exs)
             del loop
         finalize_opt(Path(str(tmp_model) + ".opt"), out)

@@ -225,6 +225,22 @@ class _LoopRun:
     tokens_per_s: float | None
 
 
+def train_for(loop: BudgetTrainLoop, train_s: float, progress: bool) -> tuple[Any, float]:
+    """Run `loop` for `train_s` seconds of training (validating three times), with its
+    progress bar; its final report and the seconds it trained."""
+    loop.max_train_time = train_s
+    loop.val_every_n_secs = max(30.0, train_s / 3)
+    loop.opt["max_train_time"] = train_s
+    bar = Progress(train_s, progress)
+    loop.progress = bar
+    started = time.monotonic()
+    try:
+        report = loop.train_final()
+    finally:
+        bar.close()
+    return report, time.monotonic() - started
+
+
 def _run_loop(opt: Any, recipe: Recipe, budget_s: float, progress: bool) -> _LoopRun:
     """ParlAI's TrainLoop for what is left of the budget, with its progress bar."""
     # Whatever is left after data, dictionary and model set-up, less time for the
@@ -234,9 +250,6 @@ def _run_loop(opt: Any, recipe: Recipe, budget_s: float, progress: bool) -> _Loo
     loop = BudgetTrainLoop(opt)
     set_up_s = time.monotonic() - set_up
     train_s = max(budget_s - reserve, 5.0)
-    loop.max_train_time = train_s
-    loop.val_every_n_secs = max(30.0, train_s / 3)
-    loop.opt["max_train_time"] = train_s
     log.info(
         "training %s for %.0fs (set-up took %.0fs): %d layers, %d dims, batch %d",
         opt["model"],
@@ -246,17 +259,11 @@ def _run_loop(opt: Any, recipe: Recipe, budget_s: float, progress: bool) -> _Loo
         recipe.embedding_size,
         recipe.batch_size,
     )
-    bar = Progress(train_s, progress)
-    loop.progress = bar
-    train_started = time.monotonic()
-    try:
-        report = loop.train_final()
-    finally:
-        bar.close()
+    report, seconds = train_for(loop, train_s, progress)
     samples = loop.tps_samples
     return _LoopRun(
         report=report,
-        seconds=time.monotonic() - train_started,
+        seconds=seconds,
         steps=int(loop._train_steps),
         seen=int(loop._total_exs),
         tokens_per_s=sum(samples) / len(samples) if samples else None,
