@@ -67,6 +67,12 @@ def sample_replies(
     agent: Any, prompts: tuple[str, ...] = SAMPLE_PROMPTS, seed: int = 0
 ) -> list[str]:
     """One reply per prompt, each in a fresh conversation, with the agent's own decoding."""
+    return _first_replies(agent, [(agent.clone(), prompt) for prompt in prompts], seed)
+
+
+def _first_replies(agent: Any, conversations: list[tuple[Any, str]], seed: int) -> list[str]:
+    """The reply to each (fresh clone, first message), one at a time, torch seeded once with
+    `seed`, cleaned as the service cleans replies."""
     import torch
     from parlai.core.message import Message
 
@@ -75,8 +81,7 @@ def sample_replies(
     torch.manual_seed(seed)
     clean = reply_cleaner(agent.opt)
     replies = []
-    for prompt in prompts:
-        clone = agent.clone()
+    for clone, prompt in conversations:
         obs = clone.observe(Message({"text": prompt, "episode_done": False}))
         replies.append(clean(str(agent.batch_act([obs])[0]["text"])))
     return replies
@@ -103,17 +108,6 @@ def persona_replies(
 ) -> list[str]:
     """One reply per (persona, message), each in a fresh conversation whose clone pins the
     persona the way the service's does (bot.inference.cache.new_clone)."""
-    import torch
-    from parlai.core.message import Message
-
-    from bot.inference.batcher import reply_cleaner
     from bot.inference.cache import new_clone
 
-    torch.manual_seed(seed)
-    clean = reply_cleaner(agent.opt)
-    replies = []
-    for persona, prompt in samples:
-        clone = new_clone(agent, persona)
-        obs = clone.observe(Message({"text": prompt, "episode_done": False}))
-        replies.append(clean(str(agent.batch_act([obs])[0]["text"])))
-    return replies
+    return _first_replies(agent, [(new_clone(agent, persona), p) for persona, p in samples], seed)
