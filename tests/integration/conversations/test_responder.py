@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -292,19 +293,40 @@ async def test_a_clone_behind_the_database_is_rebuilt(
 
 
 async def test_a_cancelled_turn_leaves_no_clone_behind(
-    responder: Responder, store: ConversationStore
+    responder: Responder, store: ConversationStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Found in review: a turn cancelled while it generates goes on in the batch, and its reply
     # lands in the cached clone although the database never stores it; the next turn then
     # read a history with a reply nobody saw.
+    # The inference thread is held where it batches the turn, so the turn is cancelled while it
+    # is in the batch whatever the machine's speed (CI once finished the turn first).
+    agent = responder.batcher.shared_agent
+    entered, release = threading.Event(), threading.Event()
+    batchify = agent.batchify
+
+    def held_batchify(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        release.wait(30)
+        return batchify(*args, **kwargs)
+
+    monkeypatch.setattr(agent, "batchify", held_batchify)
     session = await store.active_session(14)
     turn = asyncio.create_task(responder.generate(session, "hello there"))
-    await asyncio.sleep(0)  # queued
-    for _ in range(200):
-        if responder.cache.peek(session.id) is not None:
+    try:
+        for _ in range(2000):
+            if entered.is_set():
+                break
+            await asyncio.sleep(0.005)
+        assert entered.is_set(), "the turn never reached the inference thread"
+        assert responder.cache.peek(session.id) is not None
+        turn.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await turn
+    finally:
+        release.set()
+    # The batch goes on, and its reply lands in a clone that is no longer cached.
+    for _ in range(2000):
+        if responder.batcher.stats.requests and not responder.batcher.liveness.busy:
             break
         await asyncio.sleep(0.005)
-    turn.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await turn
     assert responder.cache.peek(session.id) is None
