@@ -418,7 +418,8 @@ def write_persona_dataset(
     lines = train_file.read_text(encoding="utf-8").splitlines()
     stats.chitchat = data.train_examples - stats.grounded - stats.persona_chitchat
     lines += [
-        to_parlai_line(qa_example(rng, persona.greeting_rate)) for _ in range(persona.qa_examples)
+        to_parlai_line(qa_example(rng, persona.greeting_rate, persona.made_up_rate))
+        for _ in range(persona.qa_examples)
     ]
     stats.qa = persona.qa_examples
     stats.valid = data.valid_examples
