@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.safety import SafetyGate
+from bot.safety import SafetyGate, fast_profanity_scorer, reference_profanity_scorer
 from bot.texts import ENGLISH as texts
 from tests.support.fakebotapi import FakeBotAPI
 from tests.support.fixtures import ServeSettings, StartService
@@ -27,6 +27,56 @@ async def test_the_classifier_tells_the_examples_apart() -> None:
         False,
         False,
     ]
+
+
+# Replies, user messages and personas of every kind the gate sees, offensive or not.
+TEXTS = [
+    TOXIC,
+    TOXIC_TOO,
+    CLEAN,
+    "hello, how are you?",
+    "",
+    "   ",
+    "I'm Sarah! I love hiking, my dog Max and pizza.",
+    "what a damn shame, the bastard stole my bike",
+    "go to hell",
+    "you suck at this game lol",
+    "Sex, drugs and rock and roll",
+    "i work as a nurse in a hospital in chicago . what do you do for a living ?",
+    "Ich heiße Anna und wohne in Berlin.",
+    "¿Qué tal? 😀 emoji and ünïcödé",
+    "kill kill kill",
+    "a " * 500,
+    "The quick brown fox jumps over the lazy dog. " * 20,
+]
+
+
+def test_the_fast_scorer_equals_the_package_s_predict_prob() -> None:
+    from profanity_check import profanity_check
+
+    fast = fast_profanity_scorer(profanity_check.vectorizer, profanity_check.model)
+    assert fast is not None, "alt-profanity-check's model changed shape: see bot/safety.py"
+    reference = reference_profanity_scorer()
+    assert fast(TEXTS) == pytest.approx(reference(TEXTS), abs=1e-12)
+    # one at a time (the gate's usual call) gives the same as in a batch
+    assert [fast([t])[0] for t in TEXTS] == pytest.approx(fast(TEXTS), abs=1e-12)
+
+
+def test_the_fast_scorer_refuses_a_model_of_another_shape() -> None:
+    from sklearn.calibration import CalibratedClassifierCV
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.svm import LinearSVC
+
+    texts = ["good day", "bad words", "nice one", "awful stuff"] * 5
+    labels = [0, 1, 0, 1] * 5
+    vectorizer = TfidfVectorizer().fit(texts)
+    features = vectorizer.transform(texts)
+    sigmoid = CalibratedClassifierCV(LinearSVC(), method="sigmoid", cv=2).fit(features, labels)
+    fast = fast_profanity_scorer(vectorizer, sigmoid)
+    assert fast is not None
+    assert fast(texts[:4]) == pytest.approx(list(sigmoid.predict_proba(features[:4])[:, 1]))
+    isotonic = CalibratedClassifierCV(LinearSVC(), method="isotonic", cv=2).fit(features, labels)
+    assert fast_profanity_scorer(vectorizer, isotonic) is None
 
 
 def _toxic(responder: EchoResponder, *candidates: str) -> EchoResponder:
