@@ -38,6 +38,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,8 @@ class Turn:
     model_ms: float | None = None  # messages.model_ms: the batch that produced the reply
     variant: str | None = None  # messages.variant
     text: str | None = None
+    inbox_at: float | None = None  # inbox.received_at of the update: polled and stored
+    committed_at: float | None = None  # outbox.created_at of the reply: the turn's transaction
 
 
 @dataclass
@@ -89,6 +92,11 @@ class Summary:
     overhead: list[float] = field(default_factory=list)  # latency - model_ms
     engine_wait: list[float] = field(default_factory=list)  # respond_ms - model_ms
     outside: list[float] = field(default_factory=list)  # latency - respond_ms
+    # outside, split (ms): queued -> inbox row; inbox row -> reply's transaction, less the
+    # respond call; that transaction -> the server has the sendMessage
+    to_inbox: list[float] = field(default_factory=list)
+    inbox_to_commit: list[float] = field(default_factory=list)
+    commit_to_sent: list[float] = field(default_factory=list)
 
     def rows(self) -> list[tuple[str, float, float]]:
         """(label, p50, p95) for a table."""
@@ -98,12 +106,24 @@ class Summary:
             ("overhead (latency - model_ms)", self.overhead),
             ("  in the engine, outside the model", self.engine_wait),
             ("  outside the engine", self.outside),
+            ("    polling and the inbox row", self.to_inbox),
+            ("    inbox row to the reply's commit", self.inbox_to_commit),
+            ("    commit to sendMessage", self.commit_to_sent),
         ]
         return [(label, common.percentile(v, 50), common.percentile(v, 95)) for label, v in series]
 
     def percentiles(self) -> dict[str, dict[str, float]]:
         """{"latency_ms": {"p50": .., "p95": ..}, ...} for the JSON."""
-        names = ["latency_ms", "model_ms", "overhead_ms", "engine_wait_ms", "outside_engine_ms"]
+        names = [
+            "latency_ms",
+            "model_ms",
+            "overhead_ms",
+            "engine_wait_ms",
+            "outside_engine_ms",
+            "to_inbox_ms",
+            "inbox_to_commit_ms",
+            "commit_to_sent_ms",
+        ]
         return {
             name: {"p50": p50, "p95": p95}
             for name, (_, p50, p95) in zip(names, self.rows(), strict=True)
@@ -124,6 +144,10 @@ def summarize(turns: Sequence[Turn]) -> Summary:
                 out.engine_wait.append(t.respond_ms - t.model_ms)
         if t.respond_ms is not None:
             out.outside.append(t.latency_ms - t.respond_ms)
+            if t.inbox_at is not None and t.committed_at is not None and t.replied_at is not None:
+                out.to_inbox.append((t.inbox_at - t.sent_at) * 1000)
+                out.inbox_to_commit.append((t.committed_at - t.inbox_at) * 1000 - t.respond_ms)
+                out.commit_to_sent.append((t.replied_at - t.committed_at) * 1000)
     return out
 
 
@@ -144,13 +168,15 @@ def bot_env(
     threads: int | None = None,
     log_level: str = "WARNING",
     extra: Mapping[str, str] | None = None,
+    root: Path = common.ROOT,
 ) -> dict[str, str]:
     """The bot's environment: only what a deployment would set (loopback_bot adds the server's
-    URL). `decoding` None keeps the model file's own generation settings."""
+    URL). `decoding` None keeps the model file's own generation settings; `root` is the tree
+    whose code runs (another checkout for a before/after comparison)."""
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": os.environ.get("HOME", str(tmp)),
-        "PYTHONPATH": str(common.ROOT),
+        "PYTHONPATH": str(root),
         "TELEGRAM_BOT_TOKEN": TOKEN,
         "DATABASE_URL": f"sqlite+aiosqlite:///{tmp / 'bot.sqlite3'}",
         "BOT_MODEL": model_file,
@@ -230,7 +256,7 @@ async def loopback_bot(env: Mapping[str, str], tmp: Path) -> AsyncIterator[Repli
                 "-m",
                 "bot",
                 "run",
-                cwd=common.ROOT,
+                cwd=env.get("PYTHONPATH", str(common.ROOT)),  # bot_env's root
                 env={**env, "TELEGRAM_BASE_URL": api.base_url},
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -328,20 +354,32 @@ async def wait_until(condition: Callable[[], bool], wait_s: float, what: str) ->
         await asyncio.sleep(0.1)
 
 
+def _stamp(value: str | None) -> float | None:
+    """A stored UTC time as time.time()."""
+    if value is None:
+        return None
+    at = datetime.fromisoformat(value)
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
+
+
 def read_db(path: Path, *runs: Run) -> None:
     """Fill the runs' turns with their rows' latency_ms, model_ms and variant (a chat's k-th
-    timed bot row is its k-th turn's reply); every run gets the database's leftovers (pending
-    inbox rows, unsent outbox rows)."""
+    timed bot row is its k-th turn's reply), the update's inbox time and the reply's outbox
+    time; every run gets the database's leftovers (pending inbox rows, unsent outbox rows)."""
     with sqlite3.connect(path) as conn:
         rows = conn.execute(
-            "SELECT chat_id, latency_ms, model_ms, variant FROM messages "
-            "WHERE role = 'bot' AND latency_ms IS NOT NULL ORDER BY chat_id, id"
+            "SELECT m.chat_id, m.latency_ms, m.model_ms, m.variant, o.created_at, "
+            "(SELECT i.received_at FROM messages u JOIN inbox i ON i.update_id = u.update_id "
+            " WHERE u.chat_id = m.chat_id AND u.role = 'user' AND u.id < m.id "
+            " ORDER BY u.id DESC LIMIT 1) "
+            "FROM messages m LEFT JOIN outbox o ON o.message_id = m.id "
+            "WHERE m.role = 'bot' AND m.latency_ms IS NOT NULL ORDER BY m.chat_id, m.id"
         ).fetchall()
         pending = conn.execute("SELECT count(*) FROM inbox WHERE status = 'pending'").fetchone()[0]
         unsent = conn.execute("SELECT count(*) FROM outbox WHERE sent_at IS NULL").fetchone()[0]
     turns = {(t.chat_id, t.index): t for run in runs for t in run.turns}
     seen: dict[int, int] = {}
-    for chat_id, latency, model, variant in rows:
+    for chat_id, latency, model, variant, committed, received in rows:
         k = seen.get(chat_id, 0)
         seen[chat_id] = k + 1
         turn = turns.get((chat_id, k))
@@ -349,6 +387,8 @@ def read_db(path: Path, *runs: Run) -> None:
             turn.respond_ms = float(latency)
             turn.model_ms = None if model is None else float(model)
             turn.variant = variant
+            turn.committed_at = _stamp(committed)
+            turn.inbox_at = _stamp(received)
     for run in runs:
         run.pending_inbox, run.unsent_outbox = int(pending), int(unsent)
 
@@ -379,6 +419,12 @@ def main() -> None:
     parser.add_argument("--log-level", default="WARNING", help="the bot's LOG_LEVEL")
     parser.add_argument("--keep-log", type=Path, help="copy the bot's log here at the end")
     parser.add_argument(
+        "--before",
+        type=Path,
+        help="first run the same session with the code of this checkout (e.g. `git worktree "
+        "add /tmp/before REV`), for a before/after in one run",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="3 users, 2 messages, greedy, 1 torch thread"
     )
     args = parser.parse_args()
@@ -397,42 +443,17 @@ def main() -> None:
         f"{args.messages} messages, decoding {args.decoding}, {common.REPLY_TOKENS}-token replies",
         flush=True,
     )
-    with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp_dir:
-        try:
-            tmp = Path(tmp_dir)
-            env = bot_env(
-                tmp,
-                model_file,
-                decoding=args.decoding,
-                threads=args.threads,
-                log_level=args.log_level,
-            )
-            run = asyncio.run(
-                session(env, tmp, users=args.users, messages=args.messages, wait_s=args.timeout)
-            )
-        finally:
-            if args.keep_log is not None:
-                shutil.copyfile(Path(tmp_dir) / "bot.log", args.keep_log)
-
-    expected = args.users * args.messages
+    before = None
+    if args.before is not None:
+        print(f"e2e: first the code in {args.before} (before), then this tree's", flush=True)
+        before = _measure(args, model_file, args.before.resolve())
+        _report("before", args, *before)
+    run, summary = _measure(args, model_file, common.ROOT)
+    rows = _report("after" if before else None, args, run, summary)
     answered = run.answered
-    summary = summarize(run.turns)
-    lost = expected - len(answered)
+    lost = args.users * args.messages - len(answered)
     sorry = sum(1 for t in answered if (t.text or "").startswith("Sorry"))
-    rows = summary.rows()
-    common.print_table(
-        f"End to end, {args.users} users x {args.messages} messages (ms)",
-        ["", "p50", "p95"],
-        rows,
-    )
     rate = len(answered) / run.wall_s if run.wall_s else 0.0
-    print(
-        f"{len(answered)}/{expected} replies in {run.wall_s:.1f} s = {rate:.2f} replies/s; "
-        f"lost {lost}; error replies {sorry}; pending inbox {run.pending_inbox}, "
-        f"unsent outbox {run.unsent_outbox}"
-    )
-    for err in run.errors[:10]:
-        print("  " + err)
     common.write_json(
         "e2e",
         {
@@ -450,6 +471,9 @@ def main() -> None:
             "errors": run.errors,
             "turns": [t.__dict__ for t in run.turns],
             "quick": args.quick,
+            "before": None
+            if before is None
+            else {"tree": str(args.before), **before[1].percentiles()},
         },
     )
     overhead_p50 = rows[2][1]
@@ -475,8 +499,63 @@ def main() -> None:
             "outside_engine_ms_p50": rows[4][1],
             "outside_engine_ms_p95": rows[4][2],
             "lost": float(lost),
+            **(
+                {}
+                if before is None
+                else {
+                    "outside_engine_ms_p50_before": common.percentile(before[1].outside, 50),
+                    "outside_engine_ms_p95_before": common.percentile(before[1].outside, 95),
+                    "replies_per_s_before": _rate(before[0]),
+                }
+            ),
         }
     )
+
+
+def _rate(run: Run) -> float:
+    return len(run.answered) / run.wall_s if run.wall_s else 0.0
+
+
+def _measure(args: argparse.Namespace, model_file: str, root: Path) -> tuple[Run, Summary]:
+    """One session with the code in `root`."""
+    with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp_dir:
+        try:
+            tmp = Path(tmp_dir)
+            env = bot_env(
+                tmp,
+                model_file,
+                decoding=args.decoding,
+                threads=args.threads,
+                log_level=args.log_level,
+                root=root,
+            )
+            run = asyncio.run(
+                session(env, tmp, users=args.users, messages=args.messages, wait_s=args.timeout)
+            )
+        finally:
+            if args.keep_log is not None:
+                shutil.copyfile(Path(tmp_dir) / "bot.log", args.keep_log)
+    return run, summarize(run.turns)
+
+
+def _report(
+    label: str | None, args: argparse.Namespace, run: Run, summary: Summary
+) -> list[tuple[str, float, float]]:
+    """The table and the counts of one session; its rows."""
+    expected = args.users * args.messages
+    answered = run.answered
+    sorry = sum(1 for t in answered if (t.text or "").startswith("Sorry"))
+    rows = summary.rows()
+    title = f"End to end, {args.users} users x {args.messages} messages (ms)"
+    common.print_table(title + (f", {label}" if label else ""), ["", "p50", "p95"], rows)
+    print(
+        f"{len(answered)}/{expected} replies in {run.wall_s:.1f} s = {_rate(run):.2f} replies/s; "
+        f"lost {expected - len(answered)}; error replies {sorry}; pending inbox "
+        f"{run.pending_inbox}, unsent outbox {run.unsent_outbox}"
+    )
+    for err in run.errors[:10]:
+        print("  " + err)
+    return rows
 
 
 if __name__ == "__main__":
