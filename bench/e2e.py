@@ -239,7 +239,9 @@ class Replies:
 
 
 @contextlib.asynccontextmanager
-async def loopback_bot(env: Mapping[str, str], tmp: Path) -> AsyncIterator[Replies]:
+async def loopback_bot(
+    env: Mapping[str, str], tmp: Path, root: Path = common.ROOT
+) -> AsyncIterator[Replies]:
     """`python -m bot run` with `env` against a fresh loopback Bot API server, until it polls.
 
     Its log is tmp/bot.log. Leaving the block stops the bot with SIGTERM and waits for it (so
@@ -256,7 +258,7 @@ async def loopback_bot(env: Mapping[str, str], tmp: Path) -> AsyncIterator[Repli
                 "-m",
                 "bot",
                 "run",
-                cwd=env.get("PYTHONPATH", str(common.ROOT)),  # bot_env's root
+                cwd=root,
                 env={**env, "TELEGRAM_BASE_URL": api.base_url},
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -394,13 +396,19 @@ def read_db(path: Path, *runs: Run) -> None:
 
 
 async def session(
-    env: Mapping[str, str], tmp: Path, *, users: int, messages: int, wait_s: float
+    env: Mapping[str, str],
+    tmp: Path,
+    *,
+    users: int,
+    messages: int,
+    wait_s: float,
+    root: Path = common.ROOT,
 ) -> Run:
     """Start the server and the bot (`env`, see bot_env), warm it up, run `users` users x
     `messages` messages, stop the bot, read its database."""
     run = Run()
     common.corpus()  # load the message texts before anything is timed
-    async with loopback_bot(env, tmp) as replies:
+    async with loopback_bot(env, tmp, root) as replies:
         await warm_up(replies, [FIRST_CHAT - 1], wait_s)
         chats = [FIRST_CHAT + u for u in range(users)]
         await talk(replies, chats, run, wait_s, messages=messages)
@@ -530,7 +538,14 @@ def _measure(args: argparse.Namespace, model_file: str, root: Path) -> tuple[Run
                 root=root,
             )
             run = asyncio.run(
-                session(env, tmp, users=args.users, messages=args.messages, wait_s=args.timeout)
+                session(
+                    env,
+                    tmp,
+                    users=args.users,
+                    messages=args.messages,
+                    wait_s=args.timeout,
+                    root=root,
+                )
             )
         finally:
             if args.keep_log is not None:
