@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
 from bot.app import serve
+from bot.conversations.store import ConversationStore
+from bot.tg import ingest as ingest_module
 from tests.support.botprocess import free_port
 from tests.support.fakebotapi import SECRET_HEADER, FakeBotAPI
 from tests.support.fixtures import ServeSettings
@@ -173,3 +176,47 @@ async def test_a_rejected_token_ends_the_service_with_status_1(
 
 async def _never(*_args: object) -> EchoResponder:
     raise AssertionError("the responder must not load when Telegram refuses the token")
+
+
+async def test_the_first_update_of_a_batch_wakes_the_worker_before_the_rest_are_stored(
+    api: FakeBotAPI, store: ConversationStore
+) -> None:
+    # Measured at 50 users (docs/benchmarks.md): getUpdates batches held 10-15 updates, each its
+    # own commit, and the worker heard of the first only after the last was stored.
+    from telegram import Bot
+    from telegram.request import HTTPXRequest
+
+    for chat in (801, 802, 803, 804):
+        api.user_message(chat, "hello")
+    stored_at_wake: list[int] = []
+    woken = asyncio.Event()
+
+    def on_stored() -> None:
+        stored_at_wake.append(len(api_stored))
+        woken.set()
+
+    api_stored: list[int] = []
+    original = ingest_module.store_update
+
+    async def counting_store(*args: Any, **kwargs: Any) -> bool:
+        new = await original(*args, **kwargs)
+        api_stored.append(1)
+        return new
+
+    bot = Bot(
+        TOKEN, base_url=api.base_url, request=HTTPXRequest(), get_updates_request=HTTPXRequest()
+    )
+    ingest = ingest_module.PollingIngest(bot, store, on_stored)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ingest_module, "store_update", counting_store)
+        async with bot:
+            await ingest.start()
+            try:
+                for _ in range(500):
+                    if len(api_stored) == 4 and len(stored_at_wake) >= 2:
+                        break
+                    await asyncio.sleep(0.01)
+            finally:
+                await ingest.stop()
+    # one wake after the first update, one after the batch: not one per update
+    assert stored_at_wake[:2] == [1, 4]
