@@ -97,7 +97,7 @@ def fast_profanity_scorer(vectorizer: Any, model: Any) -> Scorer | None:
     expit(-(a_i f_i + b_i)) (_SigmoidCalibration.predict); the probability is the mean of the
     p_i (CalibratedClassifierCV.predict_proba averages its classifiers)."""
     import numpy as np
-    from scipy.special import expit
+    from scipy.special import expit  # type: ignore[import-untyped]
 
     try:
         members = list(model.calibrated_classifiers_)
