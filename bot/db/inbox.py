@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import exists, func, select, update
+from sqlalchemy import event, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.dialect import insert_unless_present
@@ -126,6 +130,52 @@ async def finish(
         if owner is not None and await status_of(db, update_id) == InboxStatus.PENDING:
             raise LeaseLost(f"the lease of update {update_id}'s chat was taken over")
         raise StaleUpdate(f"update {update_id} is no longer pending")
+    watch = _WATCH.get()
+    if watch is not None and watch.update_id == update_id:
+        _closing(db).append(watch)  # closed once (and only if) this transaction commits
+
+
+@dataclass(slots=True)
+class CloseWatch:
+    """Whether the update being handled was closed by a committed transaction of its handler
+    (see watching_close)."""
+
+    update_id: int
+    closed: bool = False
+
+
+_WATCH: ContextVar[CloseWatch | None] = ContextVar("inbox_close_watch", default=None)
+
+
+@contextmanager
+def watching_close(update_id: int) -> Iterator[CloseWatch]:
+    """While the block runs (and in the tasks it starts), a `finish` of `update_id` whose
+    transaction commits sets the watch's `closed`: the inbox worker then need not read the
+    update's status back after its handler ran."""
+    watch = CloseWatch(update_id)
+    token = _WATCH.set(watch)
+    try:
+        yield watch
+    finally:
+        _WATCH.reset(token)
+
+
+def _closing(db: AsyncSession) -> list[CloseWatch]:
+    """The watches `db`'s transaction closes: set at its commit, dropped at its rollback."""
+    sync = db.sync_session
+    closing: list[CloseWatch] | None = sync.info.get("inbox_closing")
+    if closing is None:
+        closing = sync.info["inbox_closing"] = []
+        event.listen(sync, "after_commit", _committed)
+        event.listen(sync, "after_rollback", lambda s: s.info["inbox_closing"].clear())
+    return closing
+
+
+def _committed(sync: Any) -> None:
+    closing = sync.info["inbox_closing"]
+    for watch in closing:
+        watch.closed = True
+    closing.clear()
 
 
 async def count_failure(db: AsyncSession, update_id: int, error: str) -> int:

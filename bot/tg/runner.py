@@ -74,14 +74,18 @@ class UpdateRunner:
         retry."""
         update = Update.de_json(json.loads(row.payload), self.application.bot)
         started = time.perf_counter()
-        turn = await self.turn_of(update, row, owner)
-        await dispatch(self.application, update, turn)
+        with inbox.watching_close(row.update_id) as watch:
+            turn = await self.turn_of(update, row, owner)
+            await dispatch(self.application, update, turn)
         unanswered = False
-        async with self.sessionmaker.begin() as db:
-            # No handler closed it (a group message not for us, a service message): done with it.
-            if await inbox.status_of(db, row.update_id) == InboxStatus.PENDING:
-                await inbox.finish(db, UpdateRef(row.update_id, owner), status=InboxStatus.IGNORED)
-                unanswered = True
+        if not watch.closed:  # (a handler's commit closed it: nothing to read back)
+            async with self.sessionmaker.begin() as db:
+                # No handler closed it (a group message not for us, a service message): done.
+                if await inbox.status_of(db, row.update_id) == InboxStatus.PENDING:
+                    await inbox.finish(
+                        db, UpdateRef(row.update_id, owner), status=InboxStatus.IGNORED
+                    )
+                    unanswered = True
         log.debug(
             "update %s processed in %.0f ms", row.update_id, (time.perf_counter() - started) * 1000
         )

@@ -208,3 +208,40 @@ async def test_each_reply_keeps_the_persona_it_was_generated_with(
         ("user", None), ("bot", "I love cats."),
         ("user", None), ("bot", "I love cats."),
     ]  # fmt: skip
+
+
+async def test_a_watched_update_counts_as_closed_only_once_its_closing_commit_is_done(
+    store: ConversationStore,
+) -> None:
+    # The inbox worker skips its closing re-read for such an update (bot/tg/runner.py): a
+    # rolled-back close must not count, or the update would be left pending unread.
+    for update_id in (7001, 7002, 7003):
+        await ingest(
+            store, update_id=update_id, chat_id=70, user_id=70, kind="message", payload="{}"
+        )
+    with inbox.watching_close(7001) as watch, pytest.raises(RuntimeError):
+        async with store.write() as db:
+            await inbox.finish(db, UpdateRef(7001))
+            raise RuntimeError("the turn failed after closing its update")
+    assert not watch.closed
+    assert await store_status(store, 7001) == "pending"
+    session = await store.active_session(70)
+    with inbox.watching_close(7002) as watch:
+        await store.record_turn(session.id, 70, "hi", "hello!", update=UpdateRef(7002))
+    assert watch.closed
+    # another update's close, or a close outside the block, is not this watch's
+    with inbox.watching_close(7001) as watch:
+        await finish_update(store, UpdateRef(7003))
+    assert not watch.closed
+    # a session that rolled back a close and then commits something else closes nothing
+    with inbox.watching_close(7001) as watch:
+        async with store.sessionmaker() as db:
+            await inbox.finish(db, UpdateRef(7001))
+            await db.rollback()
+            await db.commit()
+    assert not watch.closed
+
+
+async def store_status(store: ConversationStore, update_id: int) -> str | None:
+    async with store.sessionmaker() as db:
+        return await inbox.status_of(db, update_id)
