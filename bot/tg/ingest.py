@@ -57,6 +57,10 @@ ALLOWED_UPDATES = ["message", "edited_message", "callback_query", "message_react
 HANDLED_KINDS = frozenset(ALLOWED_UPDATES)
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 # Long-poll duration of getUpdates (seconds).
+# A batch up to this size wakes the inbox worker at its first stored update; a larger one (a
+# backlog, or many users at the same moment) is stored whole first: measured in
+# docs/benchmarks.md, an early start made the other 49 of a batch of 50 wait 1.7 s p50.
+EARLY_WAKE_MAX_BATCH = 16
 POLL_TIMEOUT_S = 25
 # The inbox's integer columns (update_id, chat_id, ...) are signed 64-bit; so are Telegram's ids.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -298,9 +302,9 @@ class PollingIngest(_Ingest):
                 offset = update_id + 1  # acknowledged by the next getUpdates
                 if self.metrics is not None:
                     self.metrics.acknowledged_updates()
-                if not stored:
+                if not stored and len(batch) <= EARLY_WAKE_MAX_BATCH:
                     # The inbox worker starts on the first update now, not after the rest of
-                    # the batch (at 50 users a batch held 10-15 updates, each its own commit);
+                    # the batch (at 50 users a batch held 2-15 updates, each its own commit);
                     # one scan for the rest at the end: a scan per update slowed the stores.
                     self.on_stored()
                 stored = True
