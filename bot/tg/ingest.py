@@ -57,11 +57,11 @@ ALLOWED_UPDATES = ["message", "edited_message", "callback_query", "message_react
 HANDLED_KINDS = frozenset(ALLOWED_UPDATES)
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 # Long-poll duration of getUpdates (seconds).
+POLL_TIMEOUT_S = 25
 # A batch up to this size wakes the inbox worker at its first stored update; a larger one (a
 # backlog, or many users at the same moment) is stored whole first: measured in
 # docs/benchmarks.md, an early start made the other 49 of a batch of 50 wait 1.7 s p50.
 EARLY_WAKE_MAX_BATCH = 16
-POLL_TIMEOUT_S = 25
 # The inbox's integer columns (update_id, chat_id, ...) are signed 64-bit; so are Telegram's ids.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _SURROGATE = re.compile("[\ud800-\udfff]")
