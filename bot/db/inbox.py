@@ -39,6 +39,8 @@ class InboxRow:
     attempts: int
     # When the update was stored (for the reply latency metric).
     received_at: datetime | None = None
+    # time.monotonic() when the inbox worker read it as pending (bot/service/inbox.py FRESH_S)
+    read_at: float | None = None
 
 
 class StaleUpdate(Exception):

@@ -13,6 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -84,8 +85,6 @@ class InboxWorker:
         # Whose inbox leases the rows are handled under (None: no leases, one process).
         self._owner = leases.owner if leases is not None else None
         self._read_pending = in_session(sessionmaker, inbox.pending_of_chat)
-        # update_id -> when it was read as pending (popped at its first try)
-        self._read_at: dict[int, float] = {}
 
     def wake(self) -> None:
         """New rows were committed: scan now."""
@@ -116,18 +115,9 @@ class InboxWorker:
         return closed
 
     async def _pending(self, chat_id: int) -> list[InboxRow]:
-        rows = await self._read_pending(chat_id)
+        """The chat's pending rows, stamped with when they were read."""
         now = time.monotonic()
-        if len(self._read_at) > 10_000:  # rows read but never tried (deleted, a stop)
-            self._read_at = {k: t for k, t in self._read_at.items() if now - t < FRESH_S}
-        for row in rows:
-            self._read_at[row.update_id] = now
-        return rows
-
-    def _fresh(self, update_id: int) -> bool:
-        """Read as pending a moment ago (the first try only)."""
-        read_at = self._read_at.pop(update_id, None)
-        return read_at is not None and time.monotonic() - read_at < FRESH_S
+        return [replace(row, read_at=now) for row in await self._read_pending(chat_id)]
 
     async def _status(self, update_id: int) -> str | None:
         async with self.sessionmaker() as db:
@@ -136,7 +126,8 @@ class InboxWorker:
     async def _process(self, row: InboxRow) -> bool:
         """Handle one row with retries; True once the row is closed (or was already)."""
         attempts = row.attempts
-        fresh = self._fresh(row.update_id)
+        # read as pending a moment ago: the first try need not read it again
+        fresh = row.read_at is not None and time.monotonic() - row.read_at < FRESH_S
         while True:
             try:
                 status = InboxStatus.PENDING if fresh else await self._status(row.update_id)
