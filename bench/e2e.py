@@ -82,6 +82,11 @@ class Run:
         """The turns that got their reply."""
         return [t for t in self.turns if t.latency_ms is not None]
 
+    @property
+    def error_replies(self) -> int:
+        """Answered turns whose reply is the service's apology."""
+        return sum(1 for t in self.answered if (t.text or "").startswith("Sorry"))
+
 
 @dataclass
 class Summary:
@@ -460,8 +465,8 @@ def main() -> None:
     rows = _report("after" if before else None, args, run, summary)
     answered = run.answered
     lost = args.users * args.messages - len(answered)
-    sorry = sum(1 for t in answered if (t.text or "").startswith("Sorry"))
-    rate = len(answered) / run.wall_s if run.wall_s else 0.0
+    sorry = run.error_replies
+    rate = _rate(run)
     common.write_json(
         "e2e",
         {
@@ -559,13 +564,12 @@ def _report(
     """The table and the counts of one session; its rows."""
     expected = args.users * args.messages
     answered = run.answered
-    sorry = sum(1 for t in answered if (t.text or "").startswith("Sorry"))
     rows = summary.rows()
     title = f"End to end, {args.users} users x {args.messages} messages (ms)"
     common.print_table(title + (f", {label}" if label else ""), ["", "p50", "p95"], rows)
     print(
         f"{len(answered)}/{expected} replies in {run.wall_s:.1f} s = {_rate(run):.2f} replies/s; "
-        f"lost {expected - len(answered)}; error replies {sorry}; pending inbox "
+        f"lost {expected - len(answered)}; error replies {run.error_replies}; pending inbox "
         f"{run.pending_inbox}, unsent outbox {run.unsent_outbox}"
     )
     for err in run.errors[:10]:

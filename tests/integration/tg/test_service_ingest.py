@@ -188,14 +188,12 @@ async def test_the_first_update_of_a_batch_wakes_the_worker_before_the_rest_are_
 
     for chat in (801, 802, 803, 804):
         api.user_message(chat, "hello")
+    api_stored: list[int] = []
     stored_at_wake: list[int] = []
-    woken = asyncio.Event()
 
     def on_stored() -> None:
         stored_at_wake.append(len(api_stored))
-        woken.set()
 
-    api_stored: list[int] = []
     original = ingest_module.store_update
 
     async def counting_store(*args: Any, **kwargs: Any) -> bool:
