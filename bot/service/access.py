@@ -115,38 +115,42 @@ class Access:
         return not allowed or bool(names & allowed)
 
     async def refuse(
-        self, sender: Sender, *, update_id: int, kind: str, language: str | None
+        self, db: AsyncSession, sender: Sender, *, update_id: int, kind: str, language: str | None
     ) -> bool:
         """Store the update closed, keeping nothing it said, and refuse the chat if it is a
-        private one due a refusal, in one transaction; False if it was stored before."""
-        async with self.sessionmaker.begin() as db:
-            new = await inbox.insert(
+        private one due a refusal, in the caller's transaction (the batch of updates being
+        stored, bot/tg/ingest.py); False if it was stored before. Count it with `refused`
+        once that transaction has committed."""
+        new = await inbox.insert(
+            db,
+            update_id=update_id,
+            chat_id=sender.chat_id,
+            user_id=sender.user_id,
+            kind=kind,
+            payload=json.dumps({"update_id": update_id, "refused": "access"}),
+            status=InboxStatus.IGNORED,
+        )
+        if (
+            new
+            and sender.private
+            and sender.chat_id is not None
+            and kind == "message"
+            and await access.claim_refusal(db, sender.chat_id, self.quiet_s)
+        ):
+            await outbox.enqueue(
                 db,
-                update_id=update_id,
                 chat_id=sender.chat_id,
-                user_id=sender.user_id,
-                kind=kind,
-                payload=json.dumps({"update_id": update_id, "refused": "access"}),
-                status=InboxStatus.IGNORED,
+                kind=OutboxKind.NOTICE,
+                text=texts.for_language(texts.choose(None, language)).NOT_ALLOWED,
+                update_id=update_id,
             )
-            if (
-                new
-                and sender.private
-                and sender.chat_id is not None
-                and kind == "message"
-                and await access.claim_refusal(db, sender.chat_id, self.quiet_s)
-            ):
-                await outbox.enqueue(
-                    db,
-                    chat_id=sender.chat_id,
-                    kind=OutboxKind.NOTICE,
-                    text=texts.for_language(texts.choose(None, language)).NOT_ALLOWED,
-                    update_id=update_id,
-                )
-                log.info("refused chat %s (not allowed)", sender.chat_id)
-        if new and self.metrics is not None:  # once per update: not again on a redelivery
-            self.metrics.access_refused()
+            log.info("refused chat %s (not allowed)", sender.chat_id)
         return new
+
+    def refused(self) -> None:
+        """Count a refused update (once: not again on a redelivery), after its commit."""
+        if self.metrics is not None:
+            self.metrics.access_refused()
 
     async def limits(self, user_id: int) -> dict[str, int | None]:
         """The user's limits per window: their own (`admin access quota`), else the global."""

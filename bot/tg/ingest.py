@@ -15,7 +15,7 @@ import json
 import logging
 import re
 import warnings
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any, TypeGuard
 from urllib.parse import urlsplit
@@ -58,10 +58,6 @@ HANDLED_KINDS = frozenset(ALLOWED_UPDATES)
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 # Long-poll duration of getUpdates (seconds).
 POLL_TIMEOUT_S = 25
-# A batch up to this size wakes the inbox worker at its first stored update; a larger one (a
-# backlog, or many users at the same moment) is stored whole first: measured in
-# docs/benchmarks.md, an early start made the other 49 of a batch of 50 wait 1.7 s p50.
-EARLY_WAKE_MAX_BATCH = 16
 # The inbox's integer columns (update_id, chat_id, ...) are signed 64-bit; so are Telegram's ids.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -105,17 +101,22 @@ def _clean(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text)
 
 
-async def store_update(
-    store: ConversationStore,
-    update: Update,
-    payload: str,
-    metrics: Metrics | None = None,
-    access: Access | None = None,
-) -> bool:
-    """Commit one update to the inbox; False if its update_id was there already.
+@dataclass(frozen=True, slots=True)
+class InboxEntry:
+    """One update as the inbox will store it: its row's values, or the sender it refuses."""
 
-    With `access`, an update from a sender who is not allowed is stored closed and without
-    its content, and never handled (bot/service/access.py)."""
+    update_id: int
+    kind: str
+    values: Mapping[str, Any]
+    # Set when access refuses the sender: the row is stored closed and without content.
+    refused: Sender | None = None
+    language: str | None = None
+
+
+async def inbox_entry(update: Update, payload: str, access: Access | None = None) -> InboxEntry:
+    """What the inbox keeps of an update. With `access`, an update from a sender who is not
+    allowed is stored closed and without its content, and never handled
+    (bot/service/access.py)."""
     payload = _clean(payload)
     data = json.loads(payload)
     kind = _clean(update_kind(data))[:32]
@@ -125,6 +126,7 @@ async def store_update(
     if unusable:
         log.warning("update %s holds %s; stored as ignored", update.update_id, unusable)
     handled = kind in HANDLED_KINDS and chat is not None and not unusable
+    refused = None
     if handled and access is not None and chat is not None:
         sender = Sender(
             user_id=user.id if user else None,
@@ -134,48 +136,87 @@ async def store_update(
             private=chat.type == ChatType.PRIVATE,
         )
         if not await access.allows(sender):
-            new = await access.refuse(
-                sender,
-                update_id=update.update_id,
-                kind=kind,
-                language=user.language_code if user else None,
-            )
-            if not new and metrics is not None:
-                metrics.duplicate()
-            return new
+            refused = sender
+    values = {
+        "update_id": update.update_id,
+        "chat_id": _db_int(chat.id) if chat else None,
+        "user_id": _db_int(user.id) if user else None,
+        "kind": kind,
+        "payload": payload,
+        "status": InboxStatus.PENDING if handled else InboxStatus.IGNORED,
+    }
+    language = user.language_code if user else None
+    return InboxEntry(update.update_id, kind, values, refused, language)
+
+
+def unreadable_entry(data: Mapping[str, Any]) -> InboxEntry:
+    """An update python-telegram-bot cannot parse, kept closed ("ignored"), for the record."""
+    chat = next(
+        (v.get("chat") for k, v in data.items() if k != "update_id" and isinstance(v, dict)),
+        None,
+    )
+    kind = _clean(update_kind(data))[:32]
+    values = {
+        "update_id": int(data["update_id"]),
+        "chat_id": _db_int(chat.get("id")) if isinstance(chat, dict) else None,
+        "user_id": None,
+        "kind": kind,
+        "payload": _clean(json.dumps(data, ensure_ascii=False)),
+        "status": InboxStatus.IGNORED,
+    }
+    return InboxEntry(int(data["update_id"]), kind, values)
+
+
+async def store_entries(
+    store: ConversationStore,
+    entries: Sequence[InboxEntry],
+    metrics: Metrics | None = None,
+    access: Access | None = None,
+) -> list[bool]:
+    """Commit updates to the inbox in one transaction (a getUpdates batch is one commit, not
+    one per update); for each, False if its update_id was there already."""
     async with store.write() as db:
-        new = await inbox.insert(
-            db,
-            update_id=update.update_id,
-            chat_id=_db_int(chat.id) if chat else None,
-            user_id=_db_int(user.id) if user else None,
-            kind=kind,
-            payload=payload,
-            status=InboxStatus.PENDING if handled else InboxStatus.IGNORED,
-        )
-    if not new:
-        log.info("update %s was delivered again; already stored", update.update_id)
+        new = []
+        for entry in entries:
+            if entry.refused is not None and access is not None:
+                new.append(
+                    await access.refuse(
+                        db,
+                        entry.refused,
+                        update_id=entry.update_id,
+                        kind=entry.kind,
+                        language=entry.language,
+                    )
+                )
+            else:
+                new.append(await inbox.insert(db, **entry.values))
+    for entry, fresh in zip(entries, new, strict=True):
+        if fresh:
+            if entry.refused is not None and access is not None:
+                access.refused()
+            continue
+        if entry.refused is None:
+            log.info("update %s was delivered again; already stored", entry.update_id)
         if metrics is not None:
             metrics.duplicate()
     return new
 
 
+async def store_update(
+    store: ConversationStore,
+    update: Update,
+    payload: str,
+    metrics: Metrics | None = None,
+    access: Access | None = None,
+) -> bool:
+    """Commit one update to the inbox; False if its update_id was there already."""
+    entry = await inbox_entry(update, payload, access)
+    return (await store_entries(store, [entry], metrics, access))[0]
+
+
 async def store_unreadable(store: ConversationStore, data: Mapping[str, Any]) -> bool:
     """Keep an update python-telegram-bot cannot parse, closed ("ignored"), for the record."""
-    chat = next(
-        (v.get("chat") for k, v in data.items() if k != "update_id" and isinstance(v, dict)),
-        None,
-    )
-    async with store.write() as db:
-        return await inbox.insert(
-            db,
-            update_id=int(data["update_id"]),
-            chat_id=_db_int(chat.get("id")) if isinstance(chat, dict) else None,
-            user_id=None,
-            kind=_clean(update_kind(data))[:32],
-            payload=_clean(json.dumps(data, ensure_ascii=False)),
-            status=InboxStatus.IGNORED,
-        )
+    return (await store_entries(store, [unreadable_entry(data)]))[0]
 
 
 @dataclass(eq=False, repr=False)
@@ -283,7 +324,7 @@ class PollingIngest(_Ingest):
             finally:
                 self._fetch = None
             failures = 0
-            stored = False
+            items: list[Update | dict[str, Any]] = []
             for item in batch:
                 update_id = item.update_id if isinstance(item, Update) else item.get("update_id")
                 if not valid_update_id(update_id):
@@ -295,26 +336,23 @@ class PollingIngest(_Ingest):
                     self.metrics.received(
                         update_kind(item.to_dict() if isinstance(item, Update) else item)
                     )
-                if not await (
-                    self._store(item) if isinstance(item, Update) else self._store_raw(item)
-                ):
-                    return  # stopping while the database is down: Telegram keeps the rest
-                offset = update_id + 1  # acknowledged by the next getUpdates
-                if self.metrics is not None:
+                items.append(item)
+            if not items:
+                if batch:
+                    # Only skipped updates: Telegram answers at once again; do not spin.
+                    idle += 1
+                    await self._backoff.sleep(idle, self._stop)
+                continue
+            if not await self._store_batch(items):
+                return  # stopping while the database is down: Telegram keeps the batch
+            last = items[-1]
+            offset = (last.update_id if isinstance(last, Update) else last["update_id"]) + 1
+            if self.metrics is not None:
+                for _ in items:
                     self.metrics.acknowledged_updates()
-                if not stored and len(batch) <= EARLY_WAKE_MAX_BATCH:
-                    # The inbox worker starts on the first update now, not after the rest of
-                    # the batch (at 50 users a batch held 2-15 updates, each its own commit);
-                    # one scan for the rest at the end: a scan per update slowed the stores.
-                    self.on_stored()
-                stored = True
-            if stored:
-                idle = 0
-                self.on_stored()
-            elif batch:
-                # Only skipped updates: Telegram answers at once again; do not spin.
-                idle += 1
-                await self._backoff.sleep(idle, self._stop)
+            idle = 0
+            # One wake for the batch: its updates became visible together, in one commit.
+            self.on_stored()
 
     async def _fetch_raw(self, offset: int | None) -> list[dict[str, Any]] | None:
         """The pending batch as plain JSON objects (no long poll); None if that failed too."""
@@ -334,35 +372,44 @@ class PollingIngest(_Ingest):
             return None
         return [d for d in result if isinstance(d, dict)]
 
-    async def _store_raw(self, data: dict[str, Any]) -> bool:
-        """Store one raw update: parsed if possible, else kept closed as unreadable."""
+    def _readable(self, item: Update | dict[str, Any]) -> Update | InboxEntry:
+        """A raw update parsed if possible, else its closed "unreadable" entry."""
+        if isinstance(item, Update):
+            return item
         try:
-            update = Update.de_json(data, self.bot)
+            return Update.de_json(item, self.bot)
         except Exception as err:  # noqa: BLE001 - whatever the library raises on bad data
-            return await self._store_unreadable(data, err)
-        return await self._store(update)
+            log.warning(
+                "update %s cannot be parsed (%s); stored as ignored", item["update_id"], err
+            )
+            return unreadable_entry(item)
 
-    async def _store_unreadable(self, data: dict[str, Any], err: Exception) -> bool:
-        log.warning("update %s cannot be parsed (%s); stored as ignored", data["update_id"], err)
-        return await self._retry_store(
-            lambda: store_unreadable(self.store, data), data["update_id"]
-        )
+    async def _store_batch(self, items: Sequence[Update | dict[str, Any]]) -> bool:
+        """Store a batch in one transaction, retrying until the database takes it; False if
+        stopping first (then nothing of it was stored, or all of it)."""
+        readable = [self._readable(item) for item in items]
+        payloads = {
+            id(u): json.dumps(u.to_dict(), ensure_ascii=False)
+            for u in readable
+            if isinstance(u, Update)
+        }
 
-    async def _store(self, update: Update) -> bool:
-        """Store one update, retrying until the database takes it; False if stopping first."""
-        payload = json.dumps(update.to_dict(), ensure_ascii=False)
-        return await self._retry_store(
-            lambda: store_update(self.store, update, payload, self.metrics, self.access),
-            update.update_id,
-        )
+        async def store() -> None:
+            entries = [
+                u
+                if isinstance(u, InboxEntry)
+                else await inbox_entry(u, payloads[id(u)], self.access)
+                for u in readable
+            ]
+            await store_entries(self.store, entries, self.metrics, self.access)
 
-    async def _retry_store(self, store: Callable[[], Awaitable[object]], update_id: int) -> bool:
+        first = readable[0].update_id
         # Not stored = not confirmed to Telegram: retry until the database is back or we stop
         # (a write in progress is finished first).
         try:
             await retry(
                 store,
-                what=f"storing update {update_id}",
+                what=f"storing update {first}" + (".." if len(readable) > 1 else ""),
                 backoff=self._backoff,
                 stop=self._stop,
                 finish_call=True,

@@ -178,43 +178,41 @@ async def _never(*_args: object) -> EchoResponder:
     raise AssertionError("the responder must not load when Telegram refuses the token")
 
 
-async def test_the_first_update_of_a_batch_wakes_the_worker_before_the_rest_are_stored(
+async def test_a_batch_of_updates_is_one_commit_and_one_wake(
     api: FakeBotAPI, store: ConversationStore
 ) -> None:
-    # Measured at 50 users (docs/benchmarks.md): getUpdates batches held 10-15 updates, each its
+    # Measured at 50 users (docs/benchmarks.md): getUpdates batches held 2-15 updates, each its
     # own commit, and the worker heard of the first only after the last was stored.
+    from sqlalchemy import event
     from telegram import Bot
     from telegram.request import HTTPXRequest
 
-    for chat in (801, 802, 803, 804):
-        api.user_message(chat, "hello")
-    api_stored: list[int] = []
-    stored_at_wake: list[int] = []
+    ids = [api.user_message(chat, "hello") for chat in (801, 802, 803, 804)]
+    commits: list[int] = []  # the inbox's row count at each commit
+    wakes: list[int] = []  # commits made before each wake
+
+    def on_commit(conn: Any) -> None:
+        commits.append(conn.exec_driver_sql("SELECT count(*) FROM inbox").scalar())
 
     def on_stored() -> None:
-        stored_at_wake.append(len(api_stored))
+        wakes.append(len(commits))
 
-    original = ingest_module.store_update
-
-    async def counting_store(*args: Any, **kwargs: Any) -> bool:
-        new = await original(*args, **kwargs)
-        api_stored.append(1)
-        return new
-
+    sync_engine = store.sessionmaker.kw["bind"].sync_engine
     bot = Bot(
         TOKEN, base_url=api.base_url, request=HTTPXRequest(), get_updates_request=HTTPXRequest()
     )
     ingest = ingest_module.PollingIngest(bot, store, on_stored)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ingest_module, "store_update", counting_store)
+    event.listen(sync_engine, "commit", on_commit)
+    try:
         async with bot:
             await ingest.start()
             try:
-                for _ in range(500):
-                    if len(api_stored) == 4 and len(stored_at_wake) >= 2:
-                        break
-                    await asyncio.sleep(0.01)
+                await api.wait_for(lambda: any(o and o > max(ids) for o in api.offsets))
             finally:
                 await ingest.stop()
-    # one wake after the first update, one after the batch: not one per update
-    assert stored_at_wake[:2] == [1, 4]
+    finally:
+        event.remove(sync_engine, "commit", on_commit)
+    # the four updates came in one getUpdates batch: one commit that stored all four, then
+    # one wake (the inbox worker is told once, when all of them are visible)
+    assert commits == [len(ids)]
+    assert wakes == [1]
