@@ -28,6 +28,8 @@ class OutboxRow:
     # The Telegram message to edit with the first part instead of sending one (a regenerated
     # reply after the user edited their message).
     edit_message_id: int | None = None
+    # time.monotonic() when delivery read it as pending (bot.service.chat_pool.FRESH_S)
+    read_at: float | None = None
 
 
 _WAITING = (Outbox.sent_at.is_(None), Outbox.failed_at.is_(None))

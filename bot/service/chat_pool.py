@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import KW_ONLY, InitVar, dataclass, field
 from functools import partial
@@ -35,6 +36,15 @@ R = TypeVar("R")
 
 # Waiting for another process's lease of a chat: it lingers about a second after its work.
 CLAIM_BACKOFF = Backoff(initial_s=0.1, factor=2.0, cap_s=1.0)
+# A row read under the chat's lease this recently is not read again before its first try
+# (`read_recently`); the pool's users say what fences the rare change in between.
+FRESH_S = 1.0
+
+
+def read_recently(read_at: float | None) -> bool:
+    """Whether a row stamped `read_at` (time.monotonic() when `pending` read it under the
+    chat's lease) is recent enough to be worked on without reading it again."""
+    return read_at is not None and time.monotonic() - read_at < FRESH_S
 
 
 class Lanes(Protocol):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -31,7 +33,7 @@ from bot.db import outbox
 from bot.db.engine import in_session
 from bot.db.outbox import OutboxRow
 from bot.logs import log_context
-from bot.service.chat_pool import ChatPool
+from bot.service.chat_pool import ChatPool, read_recently
 from bot.service.leases import Leases
 from bot.service.metrics import GAVE_UP, RETRY, Metrics
 from bot.service.retry import Backoff, retry, retry_after_s
@@ -111,17 +113,27 @@ class Delivery:
         self.markup = markup
         self.backoff = backoff or Backoff(initial_s=0.5, cap_s=60.0)
         self._slots = asyncio.Semaphore(max_concurrent)
+        self._read_pending = in_session(sessionmaker, outbox.pending)
         # Only the holder of a chat's outbox lease sends its texts, so none goes out twice.
         self.pool: ChatPool[OutboxRow] = ChatPool(
             "delivery",
             pending_chats=in_session(sessionmaker, outbox.pending_chats),
-            pending=in_session(sessionmaker, outbox.pending),
+            pending=self._pending,
             process=self._deliver,
             leases=leases,
             backoff=self.backoff,
             poll_interval_s=poll_interval_s,
             drain_on_stop=True,
         )
+
+    async def _pending(self, chat_id: int) -> list[OutboxRow]:
+        """The chat's waiting texts, the first stamped with when it was read: the others are
+        sent after it, by which time a /forget may have deleted them (issue 11.5), so they
+        are read again first."""
+        rows = await self._read_pending(chat_id)
+        if rows:
+            rows[0] = replace(rows[0], read_at=time.monotonic())
+        return rows
 
     def wake(self) -> None:
         """Something was queued: look at the outbox now."""
@@ -152,15 +164,24 @@ class Delivery:
         """Send one outbox text (all its remaining parts); False if the chat refuses the bot."""
         parts = split_message(row.text)
         failures = 0
+        # Read under the chat's lease a moment ago (chat_pool.FRESH_S): the first try need not
+        # read it again. A /forget or an edit that withdraws it in between is the race the
+        # re-read had too, between it and the request: `outbox.sent` then finds the row gone,
+        # and `withdrawn_reply_went_out` makes the replacing reply edit this one.
+        fresh = read_recently(row.read_at)
         while True:
             # Still ours before every attempt, also after a 429 wait or a backoff: a replica
             # fenced or taken over meanwhile must not send (the new holder does).
             if not await self._still_ours(row.chat_id):
                 log.warning("chat %s: outbox lease lost; its new holder sends", row.chat_id)
                 return True  # the row stays pending; the pool finds the lease gone next
-            # Re-read the row before every part: a /forget (or another process) may have
-            # deleted or sent it since the chat's rows were read.
-            current = await self._write(outbox.still_pending, row.id)
+            # Re-read the row before every part but a fresh row's first: a /forget (or another
+            # process) may have deleted or sent it since the chat's rows were read.
+            if fresh:
+                current: int | None = row.parts_sent
+                fresh = False  # a retry reads it again
+            else:
+                current = await self._write(outbox.still_pending, row.id)
             if current is None:
                 return True
             if current >= len(parts):

@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from bot.conversations.store import ConversationStore
 from bot.db import migrate, outbox
 from bot.db.engine import make_engine, make_sessionmaker
+from bot.service import chat_pool
 from bot.service.delivery import split_message
 from tests.support.fakebotapi import FakeBotAPI, Fault
 from tests.support.fixtures import ServeSettings, StartService
@@ -137,11 +140,20 @@ async def test_undelivered_texts_are_sent_at_start_resuming_after_sent_parts(
     assert texts == [parts[1], parts[2], "and then this"]
 
 
+@pytest.mark.parametrize("fresh_s", [chat_pool.FRESH_S, 60.0])
 async def test_a_reply_deleted_by_forget_while_queued_is_never_sent(
-    sqlite_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+    sqlite_url: str,
+    tmp_path: Path,
+    api: FakeBotAPI,
+    start_service: StartService,
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_s: float,
 ) -> None:
     # Issue 11.5: delivery looped over rows it had read earlier, so replies that /forget
-    # deleted while an earlier one was still being sent went out anyway.
+    # deleted while an earlier one was still being sent went out anyway. Only the first row
+    # of a read skips the re-read (FRESH_S): with a FRESH_S longer than the whole test, the
+    # others must still be read again.
+    monkeypatch.setattr(chat_pool, "FRESH_S", fresh_s)
     chat = 531
     await asyncio.to_thread(migrate.upgrade, sqlite_url)
     engine = make_engine(sqlite_url)
