@@ -67,11 +67,6 @@ async def claim_refusal(db: AsyncSession, chat_id: int, quiet_s: float) -> bool:
     return bool(getattr(result, "rowcount", 0))
 
 
-async def quota_of(db: AsyncSession, user_id: int) -> UserQuota | None:
-    """The user's own limits (`admin access quota`), or None: the global ones apply."""
-    return await db.get(UserQuota, user_id)
-
-
 async def set_quota(
     db: AsyncSession, user_id: int, per_day: int | None, per_minute: int | None
 ) -> None:

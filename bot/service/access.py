@@ -11,7 +11,8 @@ Allowed: an admin (ADMIN_USER_IDS); else not when a `deny` rule names the user, 
 either's @username; else when nothing is on the allow-list (ALLOWED_USERS, ALLOWED_CHATS and
 the `allow` rules of `admin access`), or something on it names the user, the chat or either's
 @username. The rules are read from the database at most every RULES_TTL_S seconds, so
-`admin access allow` reaches every replica within that time, without a restart.
+`admin access allow` reaches every replica within that time, without a restart; so are the
+users' own quotas (`admin access quota`).
 
 Quotas (QUOTA_PER_DAY, QUOTA_PER_MINUTE, or the user's own from `admin access quota`) are
 counted in the database per reply (bot/db/access.py) when a text is about to be answered
@@ -93,15 +94,26 @@ class Access:
         self.rules_ttl_s = rules_ttl_s
         self.quiet_s = quiet_s
         self._rules: dict[str, str] = {}
+        self._quotas: dict[int, dict[str, int | None]] = {}  # user_id -> their own limits
         self._read_at = float("-inf")
 
     async def rules(self) -> dict[str, str]:
         """The `admin access` rules, read again once RULES_TTL_S old."""
-        if time.monotonic() - self._read_at >= self.rules_ttl_s:
-            async with self.sessionmaker() as db:
-                self._rules = await access.rules(db)
-            self._read_at = time.monotonic()
+        await self._read()
         return self._rules
+
+    async def _read(self) -> None:
+        """Read the rules and the users' own quotas again once RULES_TTL_S old (both are
+        small tables; one read replaces a read per update and one per reply)."""
+        if time.monotonic() - self._read_at < self.rules_ttl_s:
+            return
+        async with self.sessionmaker() as db:
+            self._rules = await access.rules(db)
+            self._quotas = {
+                q.user_id: {"day": q.per_day, "minute": q.per_minute}
+                for q in await access.all_quotas(db)
+            }
+        self._read_at = time.monotonic()
 
     async def allows(self, sender: Sender) -> bool:
         """Whether the sender may talk to the bot (see the module's docstring)."""
@@ -153,11 +165,12 @@ class Access:
             self.metrics.access_refused()
 
     async def limits(self, user_id: int) -> dict[str, int | None]:
-        """The user's limits per window: their own (`admin access quota`), else the global."""
-        async with self.sessionmaker() as db:
-            own = await access.quota_of(db, user_id)
+        """The user's limits per window: their own (`admin access quota`, read at most
+        RULES_TTL_S ago), else the global."""
+        await self._read()
+        own = self._quotas.get(user_id)
         if own is not None:
-            return {"day": own.per_day, "minute": own.per_minute}
+            return dict(own)
         return {"day": self.quota_per_day, "minute": self.quota_per_minute}
 
     async def take_reply(self, user_id: int | None) -> Over | None:
