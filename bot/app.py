@@ -254,7 +254,7 @@ def _queues(
         handlers.sessionmaker,
         UpdateRunner(application, handlers, handlers.sessionmaker, metrics),
         max_concurrent=settings.max_concurrent_chats,
-        on_processed=delivery.wake,
+        on_processed=delivery.offer,
         backoff=backoff,
         leases=inbox_leases,
         metrics=metrics,

@@ -94,3 +94,22 @@ def in_session(
             return await query(db, *args, **kwargs)
 
     return read
+
+
+def on_commit(db: AsyncSession, callback: Callable[[], object]) -> None:
+    """Run `callback` once `db`'s transaction commits; never if it rolls back. For what a
+    caller learns only from a commit (an update closed, a text queued), with no read back."""
+    sync = db.sync_session
+    callbacks: list[Callable[[], object]] | None = sync.info.get("on_commit")
+    if callbacks is None:
+        callbacks = sync.info["on_commit"] = []
+        event.listen(sync, "after_commit", _committed)
+        event.listen(sync, "after_rollback", lambda s: s.info["on_commit"].clear())
+    callbacks.append(callback)
+
+
+def _committed(sync: Any) -> None:
+    callbacks = sync.info["on_commit"]
+    due, callbacks[:] = list(callbacks), []
+    for callback in due:
+        callback()

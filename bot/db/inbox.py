@@ -7,12 +7,12 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-from sqlalchemy import event, exists, func, select, update
+from sqlalchemy import exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.dialect import insert_unless_present
+from bot.db.engine import on_commit
 from bot.db.leases import LeaseLost
 from bot.db.models import ChatLease, Inbox, InboxStatus, utcnow
 
@@ -134,7 +134,7 @@ async def finish(
         raise StaleUpdate(f"update {update_id} is no longer pending")
     watch = _WATCH.get()
     if watch is not None and watch.update_id == update_id:
-        _closing(db).append(watch)  # closed once (and only if) this transaction commits
+        on_commit(db, watch.close)  # closed once (and only if) this transaction commits
 
 
 @dataclass(slots=True)
@@ -144,6 +144,9 @@ class CloseWatch:
 
     update_id: int
     closed: bool = False
+
+    def close(self) -> None:
+        self.closed = True
 
 
 _WATCH: ContextVar[CloseWatch | None] = ContextVar("inbox_close_watch", default=None)
@@ -160,24 +163,6 @@ def watching_close(update_id: int) -> Iterator[CloseWatch]:
         yield watch
     finally:
         _WATCH.reset(token)
-
-
-def _closing(db: AsyncSession) -> list[CloseWatch]:
-    """The watches `db`'s transaction closes: set at its commit, dropped at its rollback."""
-    sync = db.sync_session
-    closing: list[CloseWatch] | None = sync.info.get("inbox_closing")
-    if closing is None:
-        closing = sync.info["inbox_closing"] = []
-        event.listen(sync, "after_commit", _committed)
-        event.listen(sync, "after_rollback", lambda s: s.info["inbox_closing"].clear())
-    return closing
-
-
-def _committed(sync: Any) -> None:
-    closing = sync.info["inbox_closing"]
-    for watch in closing:
-        watch.closed = True
-    closing.clear()
 
 
 async def count_failure(db: AsyncSession, update_id: int, error: str) -> int:

@@ -3,11 +3,16 @@ AsyncSession, never commit."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from functools import partial
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from bot.db.engine import on_commit
 from bot.db.models import Message, Outbox, OutboxKind, utcnow
 
 
@@ -60,7 +65,33 @@ async def enqueue(
     )
     db.add(o)
     await db.flush()
+    watch = _QUEUED.get()
+    if watch is not None:
+        on_commit(db, partial(watch.chats.add, chat_id))
     return o.id
+
+
+@dataclass(slots=True)
+class QueueWatch:
+    """The chats that committed transactions queued texts for (see watching_queued)."""
+
+    chats: set[int] = field(default_factory=set)
+
+
+_QUEUED: ContextVar[QueueWatch | None] = ContextVar("outbox_queue_watch", default=None)
+
+
+@contextmanager
+def watching_queued() -> Iterator[QueueWatch]:
+    """While the block runs (and in the tasks it starts), `enqueue` adds its chat to the
+    watch once (and only if) its transaction commits: the inbox worker hands those chats to
+    delivery, which then need not scan the outbox to find them."""
+    watch = QueueWatch()
+    token = _QUEUED.set(watch)
+    try:
+        yield watch
+    finally:
+        _QUEUED.reset(token)
 
 
 async def pending(db: AsyncSession, chat_id: int | None = None) -> list[OutboxRow]:

@@ -114,6 +114,14 @@ class ChatPool(Generic[R]):
         """New rows were committed: scan now."""
         self._wake.set()
 
+    def start_chat(self, chat_id: int) -> bool:
+        """New rows of this chat were committed: start its worker now, without a scan; False
+        when one is running already (it may have read the chat's rows before these: scan)."""
+        if self._runner is None or not self._running() or chat_id in self._workers:
+            return False
+        self._start_worker(chat_id)
+        return True
+
     async def start(self) -> None:
         """Start scanning; the first scan picks up whatever an earlier run left pending."""
         self._runner = asyncio.create_task(self._run(), name=self.name)

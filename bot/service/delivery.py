@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Concatenate, ParamSpec, TypeVar
@@ -138,6 +138,15 @@ class Delivery:
     def wake(self) -> None:
         """Something was queued: look at the outbox now."""
         self.pool.wake()
+
+    def offer(self, chats: Collection[int]) -> None:
+        """Texts were queued (and committed) for `chats`: start sending them now, without a
+        scan of the outbox. No chat named, or one whose sender runs already: scan."""
+        if not chats:
+            self.wake()
+        for chat_id in chats:
+            if not self.pool.start_chat(chat_id):
+                self.wake()
 
     @property
     def busy(self) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -50,7 +50,7 @@ class InboxWorker:
         handle: Handle,
         *,
         max_concurrent: int = 64,
-        on_processed: Callable[[], None] = lambda: None,
+        on_processed: Callable[[Collection[int]], None] = lambda chats: None,
         backoff: Backoff | None = None,
         poll_interval_s: float = 5.0,
         leases: Leases | None = None,
@@ -105,9 +105,12 @@ class InboxWorker:
 
     async def _work_one(self, row: InboxRow) -> bool:
         """Process one row (the chat's lease is held); False leaves the chat for later."""
-        with log_context(chat_id=row.chat_id, update_id=row.update_id):
+        with (
+            log_context(chat_id=row.chat_id, update_id=row.update_id),
+            outbox.watching_queued() as queued,
+        ):
             closed = await self._process(row)
-        self.on_processed()
+        self.on_processed(queued.chats)
         return closed
 
     async def _pending(self, chat_id: int) -> list[InboxRow]:

@@ -180,3 +180,23 @@ async def test_a_reply_deleted_by_forget_while_queued_is_never_sent(
         ]
     )
     assert await rows(svc, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]
+
+
+async def test_a_reply_is_handed_to_delivery_without_a_scan_of_the_outbox(
+    api: FakeBotAPI, serve_db: ServeSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The inbox worker hands delivery the chats its committed transactions queued texts for
+    # (bot.db.outbox.watching_queued): with scans that find nothing, replies still go out.
+    async def nothing(*_args: object, **_kwargs: object) -> list[int]:
+        return []
+
+    monkeypatch.setattr(outbox, "pending_chats", nothing)
+    svc = await serve_db(EchoResponder())
+    api.user_message(541, "first")
+    assert await api.wait_for_texts(541, 1) == ["echo 541: first"]
+    api.user_message(541, "second")
+    api.user_message(542, "another chat")
+    assert await api.wait_for_texts(541, 2) == ["echo 541: first", "echo 541: second"]
+    assert await api.wait_for_texts(542, 1) == ["echo 542: another chat"]
+    await settled(svc, api)
+    assert await rows(svc, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]
