@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -188,7 +188,7 @@ def build_service(
         sessionmaker, "poller", owner=owner, ttl_s=10.0, heartbeat=heartbeat, on_takeover=took_over
     )
     ingest = _ingest(
-        settings, application, store, inbox_worker.wake, polling_leases, backoff, metrics, access
+        settings, application, store, inbox_worker.offer, polling_leases, backoff, metrics, access
     )
     health, ops = _health(settings, sessionmaker, responder, metrics)
     built.append(
@@ -294,7 +294,7 @@ def _ingest(
     settings: Settings,
     application: App,
     store: ConversationStore,
-    on_stored: Callable[[], None],
+    on_stored: Callable[[Collection[int]], None],
     polling_leases: Leases,
     backoff: Backoff | None,
     metrics: Metrics,

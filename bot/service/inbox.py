@@ -86,6 +86,15 @@ class InboxWorker:
         """New rows were committed: scan now."""
         self.pool.wake()
 
+    def offer(self, chats: Collection[int]) -> None:
+        """Updates of `chats` were committed: start their workers now, without a scan of the
+        inbox. No chat named, or one whose worker runs already: scan."""
+        if not chats:
+            self.wake()
+        for chat_id in chats:
+            if not self.pool.start_chat(chat_id):
+                self.wake()
+
     async def start(self) -> None:
         """Start scanning; the first scan picks up whatever an earlier run left pending."""
         await self.pool.start()

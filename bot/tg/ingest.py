@@ -15,7 +15,7 @@ import json
 import logging
 import re
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any, TypeGuard
 from urllib.parse import urlsplit
@@ -111,6 +111,19 @@ class InboxEntry:
     # Set when access refuses the sender: the row is stored closed and without content.
     refused: Sender | None = None
     language: str | None = None
+
+    @property
+    def handled(self) -> bool:
+        """Whether the inbox worker will handle it (stored pending, with a chat)."""
+        return (
+            self.refused is None
+            and self.values["status"] == InboxStatus.PENDING
+            and self.values["chat_id"] is not None
+        )
+
+    @property
+    def chat_id(self) -> int:
+        return int(self.values["chat_id"])
 
 
 async def inbox_entry(update: Update, payload: str, access: Access | None = None) -> InboxEntry:
@@ -226,7 +239,8 @@ class _Ingest:
 
     bot: Bot
     store: ConversationStore
-    on_stored: Callable[[], None]
+    # told the chats with new updates to handle (none named: scan the inbox)
+    on_stored: Callable[[Collection[int]], None]
     _: KW_ONLY
     backoff: InitVar[Backoff | None] = None
     metrics: Metrics | None = None
@@ -343,7 +357,8 @@ class PollingIngest(_Ingest):
                     idle += 1
                     await self._backoff.sleep(idle, self._stop)
                 continue
-            if not await self._store_batch(items):
+            chats = await self._store_batch(items)
+            if chats is None:
                 return  # stopping while the database is down: Telegram keeps the batch
             last = items[-1]
             offset = (last.update_id if isinstance(last, Update) else last["update_id"]) + 1
@@ -351,8 +366,9 @@ class PollingIngest(_Ingest):
                 for _ in items:
                     self.metrics.acknowledged_updates()
             idle = 0
-            # One wake for the batch: its updates became visible together, in one commit.
-            self.on_stored()
+            # The batch's updates became visible together, in one commit: their chats' workers
+            # start now (no scan of the inbox needed to find them).
+            self.on_stored(chats)
 
     async def _fetch_raw(self, offset: int | None) -> list[dict[str, Any]] | None:
         """The pending batch as plain JSON objects (no long poll); None if that failed too."""
@@ -384,15 +400,18 @@ class PollingIngest(_Ingest):
             )
             return unreadable_entry(item)
 
-    async def _store_batch(self, items: Sequence[Update | dict[str, Any]]) -> bool:
-        """Store a batch in one transaction, retrying until the database takes it; False if
-        stopping first (then nothing of it was stored, or all of it)."""
+    async def _store_batch(self, items: Sequence[Update | dict[str, Any]]) -> set[int] | None:
+        """Store a batch in one transaction, retrying until the database takes it: the chats
+        with new updates to handle; None if stopping first (then nothing of it was stored, or
+        all of it)."""
         readable = [self._readable(item) for item in items]
         payloads = {
             id(u): json.dumps(u.to_dict(), ensure_ascii=False)
             for u in readable
             if isinstance(u, Update)
         }
+
+        chats: set[int] = set()
 
         async def store() -> None:
             entries = [
@@ -401,7 +420,11 @@ class PollingIngest(_Ingest):
                 else await inbox_entry(u, payloads[id(u)], self.access)
                 for u in readable
             ]
-            await store_entries(self.store, entries, self.metrics, self.access)
+            new = await store_entries(self.store, entries, self.metrics, self.access)
+            chats.clear()
+            chats.update(
+                e.chat_id for e, fresh in zip(entries, new, strict=True) if fresh and e.handled
+            )
 
         first = readable[0].update_id
         # Not stored = not confirmed to Telegram: retry until the database is back or we stop
@@ -415,8 +438,8 @@ class PollingIngest(_Ingest):
                 finish_call=True,
             )
         except Interrupted:
-            return False
-        return True
+            return None
+        return chats
 
 
 @dataclass(eq=False, repr=False, kw_only=True)
@@ -518,7 +541,7 @@ class WebhookIngest(_Ingest):
             # Not stored, so not acknowledged: Telegram will post it again.
             log.warning("storing update %s failed (%s); answering 500", update.update_id, err)
             return web.Response(status=500, text="try again")
-        self.on_stored()
+        self.on_stored(())  # a scan finds it
         return self._acknowledge()
 
     def _acknowledge(self) -> web.Response:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bot.conversations.store import ConversationStore
-from bot.db import migrate, outbox
+from bot.db import inbox, migrate, outbox
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.service import chat_pool
 from bot.service.delivery import split_message
@@ -182,15 +182,19 @@ async def test_a_reply_deleted_by_forget_while_queued_is_never_sent(
     assert await rows(svc, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]
 
 
-async def test_a_reply_is_handed_to_delivery_without_a_scan_of_the_outbox(
-    api: FakeBotAPI, serve_db: ServeSettings, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("blind", ["outbox", "inbox and outbox"])
+async def test_updates_and_replies_are_handed_on_without_a_scan(
+    api: FakeBotAPI, serve_db: ServeSettings, monkeypatch: pytest.MonkeyPatch, blind: str
 ) -> None:
-    # The inbox worker hands delivery the chats its committed transactions queued texts for
+    # Polling hands the inbox worker the chats of the batch it committed, and the inbox worker
+    # hands delivery the chats its committed transactions queued texts for
     # (bot.db.outbox.watching_queued): with scans that find nothing, replies still go out.
     async def nothing(*_args: object, **_kwargs: object) -> list[int]:
         return []
 
     monkeypatch.setattr(outbox, "pending_chats", nothing)
+    if blind == "inbox and outbox":
+        monkeypatch.setattr(inbox, "pending_chats", nothing)
     svc = await serve_db(EchoResponder())
     api.user_message(541, "first")
     assert await api.wait_for_texts(541, 1) == ["echo 541: first"]

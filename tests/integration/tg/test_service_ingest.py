@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -189,13 +190,13 @@ async def test_a_batch_of_updates_is_one_commit_and_one_wake(
 
     ids = [api.user_message(chat, "hello") for chat in (801, 802, 803, 804)]
     commits: list[int] = []  # the inbox's row count at each commit
-    wakes: list[int] = []  # commits made before each wake
+    wakes: list[tuple[int, list[int]]] = []  # commits made before each wake, the chats named
 
     def on_commit(conn: Any) -> None:
         commits.append(conn.exec_driver_sql("SELECT count(*) FROM inbox").scalar())
 
-    def on_stored() -> None:
-        wakes.append(len(commits))
+    def on_stored(chats: Collection[int]) -> None:
+        wakes.append((len(commits), sorted(chats)))
 
     sync_engine = store.sessionmaker.kw["bind"].sync_engine
     bot = Bot(
@@ -213,6 +214,6 @@ async def test_a_batch_of_updates_is_one_commit_and_one_wake(
     finally:
         event.remove(sync_engine, "commit", on_commit)
     # the four updates came in one getUpdates batch: one commit that stored all four, then
-    # one wake (the inbox worker is told once, when all of them are visible)
+    # one wake that names their chats (the inbox worker starts them without a scan)
     assert commits == [len(ids)]
-    assert wakes == [1]
+    assert wakes == [(1, [801, 802, 803, 804])]
