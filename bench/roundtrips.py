@@ -1,0 +1,147 @@
+"""Database round trips of one turn: what the service's own time at load is made of.
+
+    python -m bench.roundtrips [--turns 20] [--before DIR]
+
+At 50 users the time outside the model is a chain of database waits that queue for the one
+SQLite connection (docs/benchmarks.md), and `bench.e2e`'s latencies move by about 100 ms from
+run to run. This counts the chain itself, which does not move: the service runs in-process on
+an SQLite file against the loopback Bot API with a responder that answers at once
+(tests/support/service_harness.py's EchoResponder), and SQLAlchemy's events count connection
+checkouts (one round trip each: every database call takes the connection), statements and
+commits from a user's message until its reply reached the Bot API, and for the whole turn until
+the service is idle again (the lease releases and rescans after the reply; the 1-second polls
+that fall into a turn are counted too, so the medians are given). Each turn is a new chat's
+first message (it starts a conversation), one at a time.
+
+`--before DIR` counts another checkout's code first (`git worktree add /tmp/before REV`), in a
+process of its own, for a before/after in one run. RESULT lines: `db_checkouts_to_reply`,
+`db_statements_to_reply`, `db_commits_to_reply`, `db_checkouts_per_turn`, and the same with
+`_before`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+KINDS = ("checkouts", "statements", "commits")
+
+
+async def count(turns: int) -> dict[str, list[dict[str, int]]]:
+    """Per turn: the counts until the reply was sent ("to_reply") and for the whole turn."""
+    from sqlalchemy import event
+
+    from tests.support.fakebotapi import FakeBotAPI
+    from tests.support.service_harness import (
+        TOKEN,
+        EchoResponder,
+        make_settings,
+        running_service,
+        settled,
+    )
+
+    counts = dict.fromkeys(KINDS, 0)
+
+    def bump(kind: str) -> Any:
+        def listener(*_args: object) -> None:
+            counts[kind] += 1
+
+        return listener
+
+    to_reply: list[dict[str, int]] = []
+    whole: list[dict[str, int]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite+aiosqlite:///{Path(tmp) / 'bot.sqlite3'}"
+        async with FakeBotAPI(TOKEN) as api:
+            settings = make_settings(url, api, Path(tmp), log_level="WARNING")
+            async with running_service(settings, EchoResponder()) as service:
+                engine = service.db_engine.sync_engine
+                event.listen(engine.pool, "checkout", bump("checkouts"))
+                event.listen(engine, "before_cursor_execute", bump("statements"))
+                event.listen(engine, "commit", bump("commits"))
+                await settled(service, api)
+                await asyncio.sleep(1.5)  # what start-up left (lease releases) is done
+                for i in range(turns):
+                    chat = 1000 + i
+                    start = dict(counts)
+                    api.user_message(chat, f"hello {i}")
+                    await api.wait_for_texts(chat, 1)
+                    to_reply.append({k: counts[k] - start[k] for k in KINDS})
+                    await settled(service, api)
+                    await asyncio.sleep(1.2)  # the leases are released after LINGER_S (1 s)
+                    whole.append({k: counts[k] - start[k] for k in KINDS})
+    return {"to_reply": to_reply, "whole": whole}
+
+
+def median(values: Sequence[int]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return float(ordered[mid]) if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def summary(raw: dict[str, list[dict[str, int]]]) -> dict[str, float]:
+    """Medians: `<kind>_to_reply` and `<kind>_per_turn`."""
+    out = {f"{k}_to_reply": median([t[k] for t in raw["to_reply"]]) for k in KINDS}
+    out.update({f"{k}_per_turn": median([t[k] for t in raw["whole"]]) for k in KINDS})
+    return out
+
+
+def measure_tree(root: Path, turns: int) -> dict[str, float]:
+    """The counts of the code in `root`, in a process of its own: this file runs as a script
+    with `root` first on the path, so `bot` and `tests.support` are that tree's."""
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--count", str(turns)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("ROUNDTRIPS ")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"counting the code in {root} failed:\n{done.stderr[-3000:]}")
+    return summary(json.loads(lines[-1].removeprefix("ROUNDTRIPS ")))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=20, help="turns counted (default 20)")
+    parser.add_argument("--before", type=Path, help="another checkout, counted first")
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)  # measure_tree's worker
+    args = parser.parse_args(argv)
+    if args.count is not None:
+        print("ROUNDTRIPS " + json.dumps(asyncio.run(count(args.count))))
+        return
+    if args.turns < 1:
+        parser.error("--turns must be at least 1")
+    if args.before is not None and not (args.before / "bot").is_dir():
+        parser.error(f"--before {args.before}: not a checkout of this project (no bot/)")
+    before = measure_tree(args.before.resolve(), args.turns) if args.before else None
+    after = measure_tree(ROOT, args.turns)
+    print(f"Database round trips of one turn (median of {args.turns} turns, SQLite)")
+    header = f"{'':<34}{'before':>8}{'now':>8}" if before else f"{'':<34}{'now':>8}"
+    print(header)
+    for key in after:
+        label = key.replace("_to_reply", " until the reply is sent").replace("_", " ")
+        row = f"{label:<34}"
+        if before:
+            row += f"{before[key]:>8g}"
+        print(row + f"{after[key]:>8g}")
+    for key, value in after.items():
+        print(f"RESULT db_{key}={value:g}")
+    if before:
+        for key, value in before.items():
+            print(f"RESULT db_{key}_before={value:g}")
+
+
+if __name__ == "__main__":
+    main()

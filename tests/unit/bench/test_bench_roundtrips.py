@@ -1,0 +1,30 @@
+"""bench.roundtrips counts what the service's database sees of a turn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import roundtrips
+
+
+async def test_a_turn_is_counted_until_its_reply_and_until_the_service_is_idle() -> None:
+    raw = await roundtrips.count(2)
+    assert len(raw["to_reply"]) == len(raw["whole"]) == 2
+    for to_reply, whole in zip(raw["to_reply"], raw["whole"], strict=True):
+        # at least the update's own commit (ingest) and the turn's (reply + outbox + close)
+        assert to_reply["commits"] >= 2
+        assert to_reply["checkouts"] >= to_reply["commits"]
+        assert to_reply["statements"] >= to_reply["checkouts"]
+        # after the reply: at least delivery's "sent" commit and the lease releases
+        assert whole["commits"] > to_reply["commits"]
+    summary = roundtrips.summary(raw)
+    assert set(summary) == {f"{k}_{w}" for k in roundtrips.KINDS for w in ("to_reply", "per_turn")}
+
+
+def test_medians_and_a_bad_before_tree(tmp_path: Path) -> None:
+    assert roundtrips.median([3, 1, 2]) == 2 and roundtrips.median([4, 1, 2, 3]) == 2.5
+    with pytest.raises(SystemExit) as stop:
+        roundtrips.main(["--before", str(tmp_path)])
+    assert stop.value.code == 2
