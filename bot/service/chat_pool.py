@@ -116,8 +116,9 @@ class ChatPool(Generic[R]):
 
     def start_chat(self, chat_id: int) -> bool:
         """New rows of this chat were committed: start its worker now, without a scan; False
-        when one is running already (it may have read the chat's rows before these: scan)."""
-        if self._runner is None or not self._running() or chat_id in self._workers:
+        when one is running already (it may have read the chat's rows before these: scan),
+        or before the start and once stopping (the stop's own scan drains what it drains)."""
+        if self._runner is None or self._stopping or chat_id in self._workers:
             return False
         self._start_worker(chat_id)
         return True
