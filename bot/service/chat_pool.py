@@ -8,6 +8,8 @@ handled meanwhile are not handled twice; it works through them in order, renewin
 before each, and reads again until none is left. A chat whose lease another process holds
 gives its slot back and tries again after a pause; a chat waiting for a slot holds no lease,
 so another replica with room can take it. Rows left by a crash are found by the first scan.
+Where this process committed the rows itself, it names their chats (`start_chat`): their
+workers start at once, without waiting for a scan.
 
 Lanes (the inbox worker's: a chat's lane is its model variant) split the slots further: no lane
 holds more than its share of them, so chats stuck on one variant's hung worker cannot starve
@@ -98,6 +100,8 @@ class ChatPool(Generic[R]):
     _lane_freed: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     _wake: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     _workers: dict[int, asyncio.Task[None]] = field(init=False, default_factory=dict)
+    # Chats handed new rows (start_chat) while their worker ran: started again at its end.
+    _again: set[int] = field(init=False, default_factory=set)
     _runner: asyncio.Task[None] | None = field(init=False, default=None)
     _stopping: bool = field(init=False, default=False)
 
@@ -115,12 +119,15 @@ class ChatPool(Generic[R]):
         self._wake.set()
 
     def start_chat(self, chat_id: int) -> bool:
-        """New rows of this chat were committed: start its worker now, without a scan; False
-        when one is running already (it may have read the chat's rows before these: scan),
-        or before the start and once stopping (the stop's own scan drains what it drains)."""
-        if self._runner is None or self._stopping or chat_id in self._workers:
+        """New rows of this chat were committed: start its worker now, without a scan. A worker
+        that runs already may have read the chat's rows before these came, so the chat is
+        started again when it ends. False before the start and once stopping (then scan)."""
+        if self._runner is None or self._stopping:
             return False
-        self._start_worker(chat_id)
+        if chat_id in self._workers:
+            self._again.add(chat_id)
+        else:
+            self._start_worker(chat_id)
         return True
 
     async def start(self) -> None:
@@ -188,12 +195,16 @@ class ChatPool(Generic[R]):
 
     def _worker_done(self, chat_id: int, task: asyncio.Task[None]) -> None:
         self._workers.pop(chat_id, None)
+        again = chat_id in self._again
+        self._again.discard(chat_id)
         if not task.cancelled() and task.exception() is not None:
             # A bug, not a fault of the row: the chat is tried again at the next poll.
             log.error(
                 "%s: worker of chat %s crashed", self.name, chat_id, exc_info=task.exception()
             )
             return
+        if again and not self._stopping:
+            self._start_worker(chat_id)  # handed rows while it ran (start_chat)
         # Rows may have arrived between the worker's last read and its end.
         self._wake.set()
 

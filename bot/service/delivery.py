@@ -175,8 +175,9 @@ class Delivery:
         failures = 0
         # Read under the chat's lease a moment ago (chat_pool.FRESH_S): the first try need not
         # read it again. A /forget or an edit that withdraws it in between is the race the
-        # re-read had too, between it and the request: `outbox.sent` then finds the row gone,
-        # and `withdrawn_reply_went_out` makes the replacing reply edit this one.
+        # re-read had too (between it and the request), in a window now up to FRESH_S long
+        # instead of one round trip: `outbox.sent` then finds the row gone, and
+        # `withdrawn_reply_went_out` makes a replacing reply already queued edit this one.
         fresh = read_recently(row.read_at)
         while True:
             # Still ours before every attempt, also after a 429 wait or a backoff: a replica

@@ -1,7 +1,8 @@
 """Ingest: Telegram updates into the inbox, acknowledged only once the row is committed.
 
 Polling: an update is confirmed by the next getUpdates whose offset is above its update_id, so
-the offset only moves past an update after `store_update` committed it. Webhook: the HTTP 200
+the offset only moves past a batch of updates after the transaction that stores the whole batch
+(`store_entries`) committed. Webhook: the HTTP 200
 is the acknowledgement, so it is answered after the commit; anything else makes Telegram
 retry. The inbox's unique update_id makes every redelivery a no-op.
 """

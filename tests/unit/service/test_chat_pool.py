@@ -197,3 +197,32 @@ async def test_a_lanes_share_of_the_slots_follows_the_number_of_lanes() -> None:
     finally:
         gate.set()
         await pool.stop(1.0)
+
+
+async def test_rows_handed_to_a_chat_whose_worker_is_ending_are_not_left_to_a_scan() -> None:
+    # start_chat while the chat's worker has done its last (empty) read but not ended yet:
+    # the chat is started again when that worker ends, with scans that find nothing.
+    rows = Rows({1: ["1a"]})
+    pool = _pool(rows, poll_interval_s=60.0)
+    reads = 0
+    original = rows.pending
+
+    async def pending(chat_id: int) -> list[str]:
+        nonlocal reads
+        found = await original(chat_id)
+        reads += 1
+        if reads == 2:  # the worker's last read found nothing; a row is committed now
+            rows.rows[1].append("1b")
+            assert pool.start_chat(1)
+        return found
+
+    async def no_scan() -> list[int]:
+        return []
+
+    pool.pending, pool.pending_chats = pending, no_scan
+    assert not pool.start_chat(1)  # not started yet: the caller scans instead
+    await pool.start()
+    assert pool.start_chat(1)
+    await until(lambda: rows.done == ["1a", "1b"], within_s=5, what="the handed row done")
+    await pool.stop(1.0)
+    assert not pool.start_chat(1)  # stopping: the caller scans instead
