@@ -3,12 +3,13 @@
     python -m bench.roundtrips [--turns 20] [--before DIR]
 
 At 50 users the time outside the model is a chain of database waits that queue for the one
-SQLite connection (docs/benchmarks.md), and `bench.e2e`'s latencies move by about 100 ms from
+SQLite connection (docs/benchmarks.md), and `bench.e2e`'s latencies move by hundreds of ms from
 run to run. This counts the chain itself, which does not move: the service runs in-process on
 an SQLite file against the loopback Bot API with a responder that answers at once
 (tests/support/service_harness.py's EchoResponder), and SQLAlchemy's events count connection
 checkouts (one round trip each: every database call takes the connection), statements and
-commits from a user's message until its reply reached the Bot API, and for the whole turn until
+commits from a user's message until the bench saw its reply at the Bot API (so the "sent"
+commit that follows the request is mostly in), and for the whole turn until
 the service is idle again (the lease releases and rescans after the reply; the 1-second polls
 that fall into a turn are counted too, so the medians are given). Each turn is a new chat's
 first message (it starts a conversation), one at a time.
