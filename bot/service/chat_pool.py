@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import KW_ONLY, InitVar, dataclass, field
 from functools import partial
 from math import ceil
@@ -117,6 +117,15 @@ class ChatPool(Generic[R]):
     def wake(self) -> None:
         """New rows were committed: scan now."""
         self._wake.set()
+
+    def offer(self, chats: Collection[int]) -> None:
+        """New rows of `chats` were committed by this process: start their workers now
+        (`start_chat`); with no chat named, or before the start or once stopping, scan."""
+        if not chats:
+            self.wake()
+        for chat_id in chats:
+            if not self.start_chat(chat_id):
+                self.wake()
 
     def start_chat(self, chat_id: int) -> bool:
         """New rows of this chat were committed: start its worker now, without a scan. A worker

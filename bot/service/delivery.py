@@ -140,13 +140,8 @@ class Delivery:
         self.pool.wake()
 
     def offer(self, chats: Collection[int]) -> None:
-        """Texts were queued (and committed) for `chats`: start sending them now, without a
-        scan of the outbox. No chat named, or one whose sender runs already: scan."""
-        if not chats:
-            self.wake()
-        for chat_id in chats:
-            if not self.pool.start_chat(chat_id):
-                self.wake()
+        """Texts were queued (and committed) for `chats`: send them without a scan."""
+        self.pool.offer(chats)
 
     @property
     def busy(self) -> int:

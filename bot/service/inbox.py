@@ -87,13 +87,8 @@ class InboxWorker:
         self.pool.wake()
 
     def offer(self, chats: Collection[int]) -> None:
-        """Updates of `chats` were committed: start their workers now, without a scan of the
-        inbox. No chat named, or one whose worker runs already: scan."""
-        if not chats:
-            self.wake()
-        for chat_id in chats:
-            if not self.pool.start_chat(chat_id):
-                self.wake()
+        """Updates of `chats` were committed: start their workers without a scan."""
+        self.pool.offer(chats)
 
     async def start(self) -> None:
         """Start scanning; the first scan picks up whatever an earlier run left pending."""

@@ -406,32 +406,22 @@ class PollingIngest(_Ingest):
         with new updates to handle; None if stopping first (then nothing of it was stored, or
         all of it)."""
         readable = [self._readable(item) for item in items]
-        payloads = {
-            id(u): json.dumps(u.to_dict(), ensure_ascii=False)
-            for u in readable
-            if isinstance(u, Update)
-        }
 
-        chats: set[int] = set()
-
-        async def store() -> None:
+        async def store() -> set[int]:
             entries = [
                 u
                 if isinstance(u, InboxEntry)
-                else await inbox_entry(u, payloads[id(u)], self.access)
+                else await inbox_entry(u, json.dumps(u.to_dict(), ensure_ascii=False), self.access)
                 for u in readable
             ]
             new = await store_entries(self.store, entries, self.metrics, self.access)
-            chats.clear()
-            chats.update(
-                e.chat_id for e, fresh in zip(entries, new, strict=True) if fresh and e.handled
-            )
+            return {e.chat_id for e, fresh in zip(entries, new, strict=True) if fresh and e.handled}
 
         first = readable[0].update_id
         # Not stored = not confirmed to Telegram: retry until the database is back or we stop
         # (a write in progress is finished first).
         try:
-            await retry(
+            return await retry(
                 store,
                 what=f"storing update {first}" + (".." if len(readable) > 1 else ""),
                 backoff=self._backoff,
@@ -440,7 +430,6 @@ class PollingIngest(_Ingest):
             )
         except Interrupted:
             return None
-        return chats
 
 
 @dataclass(eq=False, repr=False, kw_only=True)
