@@ -19,8 +19,10 @@ The matcher (`states`, `contradicts`), lower-cased, on word boundaries:
 - a reply *contradicts* the persona when, with the persona's own value (and variants) taken
   out, it states another value of the asked kind from the known values of that kind (the
   probe set's and the training templates', bot/training/persona_data.py TRAIN_VALUES), or a
-  word the training templates could have made up (`made_up`: their syllables, then a suffix of
+  word the first persona recipe could have made up (`FIRST_RECIPE_SYLLABLES`, then a suffix of
   the kind), which is what a model that learnt the template values instead of copying says.
+  Values the current recipe makes up (any corpus word, random letters) are not recognised, so a
+  garbled copy ("my name is lochi" for Chloe) counts as a miss, not as a contradiction.
 
 Figures per model: recall (questions whose reply states the fact, with the persona), base rate
 (the same without a persona: what guessing and coincidence give), their difference in points,
@@ -103,11 +105,23 @@ def states(reply: str, value: str) -> bool:
     return _pattern(variants(value)).search(_normal(reply)) is not None
 
 
-def made_up_pattern(kind: str) -> re.Pattern[str]:
-    """A word (with its suffix) the training templates make up for `kind`."""
-    from bot.training.persona_data import MADE_UP_SUFFIXES, SYLLABLES
+# The syllables the first persona recipe joined into made-up values (two or three, then a suffix
+# of the kind). A model trained on them says them instead of the persona's value ("i'm from
+# vireborn"), so the matcher still knows them, although the recipe now draws its values from
+# corpus words and random letters (bot/training/persona_data.py made_up).
+FIRST_RECIPE_SYLLABLES = (
+    "bra", "dor", "fen", "gul", "kri", "lom", "mav", "nes", "pol", "quin", "rad", "sel", "tav",
+    "ulm", "vor", "wex", "yad", "zon", "tor", "bel", "kas", "mir", "dal", "ren", "sko", "fal",
+    "gar", "hin", "jor", "lev", "ost", "pim", "rul", "sid", "tek", "vam", "zel", "brin", "clo",
+    "dru", "esk", "fro", "gri", "hal", "ith", "jun", "kel", "lur", "mox", "nib",
+)  # fmt: skip
 
-    syllable = "|".join(SYLLABLES)
+
+def made_up_pattern(kind: str) -> re.Pattern[str]:
+    """A word (with its suffix) the first persona recipe made up for `kind`."""
+    from bot.training.persona_data import MADE_UP_SUFFIXES
+
+    syllable = "|".join(FIRST_RECIPE_SYLLABLES)
     suffix = "|".join(re.escape(s) for s in sorted(MADE_UP_SUFFIXES[kind], key=len, reverse=True))
     return re.compile(rf"(?<![a-z0-9])(?:{syllable}){{2,3}}(?:{suffix})(?![a-z0-9])")
 

@@ -27,7 +27,10 @@ probe set never reaches the training data.
 
 from __future__ import annotations
 
+import json
 import random
+import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -107,61 +110,13 @@ TRAIN_VALUES: dict[str, tuple[str, ...]] = {
     ),
 }  # fmt: skip
 
-# Made-up values: syllables joined (plus a suffix of the kind), so that the model cannot learn
-# the values by heart and has to copy them from the persona line. A unit test checks that no
-# probe value of bench.persona can be made this way.
-SYLLABLES = (
-    "bra",
-    "dor",
-    "fen",
-    "gul",
-    "kri",
-    "lom",
-    "mav",
-    "nes",
-    "pol",
-    "quin",
-    "rad",
-    "sel",
-    "tav",
-    "ulm",
-    "vor",
-    "wex",
-    "yad",
-    "zon",
-    "tor",
-    "bel",
-    "kas",
-    "mir",
-    "dal",
-    "ren",
-    "sko",
-    "fal",
-    "gar",
-    "hin",
-    "jor",
-    "lev",
-    "ost",
-    "pim",
-    "rul",
-    "sid",
-    "tek",
-    "vam",
-    "zel",
-    "brin",
-    "clo",
-    "dru",
-    "esk",
-    "fro",
-    "gri",
-    "hal",
-    "ith",
-    "jun",
-    "kel",
-    "lur",
-    "mox",
-    "nib",
-)
+# Made-up values, so that the model cannot learn the values by heart and has to copy them from
+# the persona line. They are drawn from a large space on purpose: a word of the chitchat corpus
+# (any of about 20,000, two of them for the kinds that often take two words) or a string of
+# random letters, sometimes with a suffix of the kind. A first version joined two or three of 50
+# syllables: the model then learnt to write syllables of that set instead of copying (recall
+# 4.5%, docs/models.md), because a copy circuit trained on a hundred tokens does not carry over
+# to the tokens of real names and places. Every token of the dictionary now turns up as a value.
 MADE_UP_SUFFIXES: dict[str, tuple[str, ...]] = {
     "name": ("", "", "a", "o"),
     "job": (" maker", " keeper", "ist", "er", " technician", " inspector"),
@@ -170,12 +125,58 @@ MADE_UP_SUFFIXES: dict[str, tuple[str, ...]] = {
     "home": ("", "ville", "ton", " city", "ia", " springs"),
     "food": ("", " stew", " pie", " soup", " cakes", "i"),
 }
+# Letters in roughly their English frequencies, for the random strings.
+LETTERS = (
+    "eeeeeeeeeeeettttttttaaaaaaaaoooooooiiiiiiinnnnnnnssssssrrrrrrhhhhhlllldddcccuuummmwwffggyy"
+    "ppbbvkjxqz"
+)
+TWO_WORD_KINDS = ("home", "food", "job", "hobby")
+# The probe set bench.persona measures with (bench/data/persona_probes_v1.json): its words are
+# kept out of the made-up values, so the probe set never reaches the training data.
+PROBE_FILE = Path(__file__).resolve().parents[2] / "bench" / "data" / "persona_probes_v1.json"
 
 
-def made_up(kind: str, rng: random.Random) -> str:
-    """A made-up value of `kind`: two or three syllables, then a suffix of the kind."""
-    word = "".join(rng.choice(SYLLABLES) for _ in range(rng.choice((2, 2, 3))))
-    return word + rng.choice(MADE_UP_SUFFIXES[kind])
+def probe_words(path: Path = PROBE_FILE) -> frozenset[str]:
+    """Every word of the probe set's values (none when the file is not there)."""
+    if not path.exists():
+        return frozenset()
+    values = json.loads(path.read_text(encoding="utf-8"))["values"]
+    return frozenset(w for vs in values.values() for v in vs for w in v.lower().split())
+
+
+def corpus_words(
+    conversations: Iterable[tuple[str, Sequence[Sequence[str]]]], exclude: Iterable[str] = ()
+) -> list[str]:
+    """The made-up values' words: every word of 3-12 letters the conversations use at least
+    twice (typos mostly once), without `exclude`, sorted."""
+    counts: Counter[str] = Counter()
+    for _, turns in conversations:
+        for turn in turns:
+            for message in turn:
+                counts.update(re.findall(r"[a-z]+", message.lower()))
+    banned = set(exclude)
+    return sorted(w for w, c in counts.items() if c >= 2 and 3 <= len(w) <= 12 and w not in banned)
+
+
+def made_up(
+    kind: str, rng: random.Random, words: Sequence[str], exclude: frozenset[str] = frozenset()
+) -> str:
+    """A made-up value of `kind`: a corpus word (60%; two for some kinds a quarter of the time)
+    or random letters (40%), with a suffix of the kind 30% of the time; drawn again while a word
+    of it is in `exclude` (a suffix can make one: "art" + "ist")."""
+    while True:
+        if rng.random() < 0.6:
+            value = rng.choice(words)
+            if kind in TWO_WORD_KINDS and rng.random() < 0.25:
+                value += " " + rng.choice(words)
+        else:
+            value = "".join(rng.choice(LETTERS) for _ in range(rng.randint(4, 9)))
+            if not re.search(r"[aeiouy]", value):
+                continue
+        if rng.random() < 0.3:
+            value += rng.choice(MADE_UP_SUFFIXES[kind])
+        if not exclude.intersection(value.split()):
+            return value
 
 
 # Persona line templates per kind ({v} the value, {a} its article "a"/"an").
@@ -264,45 +265,61 @@ def fill(template: str, value: str, rng: random.Random) -> str:
 class PersonaRecipe:
     """The knobs of stage 2: data mix and optimisation of the persona fine-tune."""
 
-    minutes: float = 40.0
+    minutes: float = 45.0
     learning_rate: float = 3e-3
     warmup_updates: int = 100
     # Synthetic question-answer turns, and template personas before chitchat examples.
-    qa_examples: int = 200_000
+    qa_examples: int = 350_000
     # Share of chitchat examples that also come with template persona lines the label ignores.
     persona_chitchat_rate: float = 0.2
     # Share of chitchat labels with a first-person sentence that also get a grounded example.
     grounded_rate: float = 0.5
     greeting_rate: float = 0.3
     # Share of template values that are made up (made_up), so that copying is the only way.
-    made_up_rate: float = 0.85
+    made_up_rate: float = 0.9
+    # Decoding: ParlAI's context blocking (3) bans every 3 tokens of the context from the reply,
+    # persona lines included, and a name is 2-6 tokens of the 8,000-symbol dictionary, so a
+    # stated fact ("my name is sar@@ ah") is blocked by construction. Off for the persona model.
+    beam_context_block_ngram: int = -1
     seed: int = 7
 
 
 DEFAULT_PERSONA_RECIPE = PersonaRecipe()
 
 
+@dataclass(frozen=True)
+class Values:
+    """Where a template persona's values come from: a share `made_up_rate` made up (`made_up`,
+    from `words` and random letters, never one of `exclude`), the others from TRAIN_VALUES."""
+
+    words: Sequence[str] = ("window", "garden", "river", "candle", "pepper", "marble")
+    made_up_rate: float = 0.9
+    exclude: frozenset[str] = frozenset()
+
+    def draw(self, kind: str, rng: random.Random) -> str:
+        if rng.random() < self.made_up_rate:
+            return made_up(kind, rng, self.words, self.exclude)
+        return rng.choice(TRAIN_VALUES[kind])
+
+
 def template_persona(
-    rng: random.Random, kinds: Sequence[str], made_up_rate: float = 0.7
+    rng: random.Random, kinds: Sequence[str], values: Values = Values()
 ) -> dict[str, tuple[str, str]]:
-    """kind -> (value, persona line) for each of `kinds`; a share `made_up_rate` of the values
-    made up, the others from TRAIN_VALUES."""
+    """kind -> (value, persona line) for each of `kinds` (values from `values`)."""
     out: dict[str, tuple[str, str]] = {}
     for kind in kinds:
-        value = (
-            made_up(kind, rng) if rng.random() < made_up_rate else rng.choice(TRAIN_VALUES[kind])
-        )
+        value = values.draw(kind, rng)
         out[kind] = (value, fill(rng.choice(PERSONA_TEMPLATES[kind]), value, rng))
     return out
 
 
 def qa_turn(
-    rng: random.Random, greeting_rate: float = 0.3, made_up_rate: float = 0.7
+    rng: random.Random, values: Values = Values(), greeting_rate: float = 0.3
 ) -> tuple[Example, str, str]:
     """One synthetic turn: 1-4 persona lines, a question about one of them, its answer; with
     the asked kind and value."""
     kinds = rng.sample(KINDS, k=rng.choice((1, 2, 2, 3, 3, 4)))
-    persona = template_persona(rng, kinds, made_up_rate)
+    persona = template_persona(rng, kinds, values)
     asked = rng.choice(kinds)
     value = persona[asked][0]
     lines = [PERSONA_PREFIX + line for _, line in persona.values()]
@@ -315,10 +332,10 @@ def qa_turn(
 
 
 def qa_example(
-    rng: random.Random, greeting_rate: float = 0.3, made_up_rate: float = 0.7
+    rng: random.Random, values: Values = Values(), greeting_rate: float = 0.3
 ) -> Example:
     """One synthetic question-answer turn (qa_turn)."""
-    return qa_turn(rng, greeting_rate, made_up_rate)[0]
+    return qa_turn(rng, values, greeting_rate)[0]
 
 
 # The dialogue of a persona example is cut to its last words: ParlAI's training truncation keeps
@@ -341,10 +358,10 @@ def tail_words(text: str, n: int = DIALOGUE_WORDS) -> str:
     return " ".join(reversed(kept)).replace(" \n ", "\n").strip()
 
 
-def persona_chitchat(example: Example, rng: random.Random, made_up_rate: float = 0.7) -> Example:
+def persona_chitchat(example: Example, rng: random.Random, values: Values = Values()) -> Example:
     """A chitchat example with 1-3 template persona lines in front (the label ignores them)."""
     kinds = rng.sample(KINDS, k=rng.choice((1, 2, 3)))
-    persona = template_persona(rng, kinds, made_up_rate)
+    persona = template_persona(rng, kinds, values)
     lines = [PERSONA_PREFIX + line for _, line in persona.values()]
     return Example("\n".join([*lines, tail_words(example.text)]), example.label)
 
@@ -392,12 +409,17 @@ def write_persona_dataset(
     conversations: Iterable[tuple[str, list[list[str]]]],
     persona: PersonaRecipe = DEFAULT_PERSONA_RECIPE,
     recipe: Recipe = DEFAULT_RECIPE,
+    exclude: frozenset[str] | None = None,
 ) -> PersonaDataStats:
     """Stage 2's `chitchat_{train,valid,test}.txt`: stage 1's examples and held-out split
     (valid is exactly stage 1's), plus grounded, persona-chitchat and question-answer examples
-    in the training split, shuffled."""
+    in the training split, shuffled. Made-up values never use a word of `exclude` (by default
+    the probe set's, `probe_words`)."""
     from bot.training.data import write_dataset
 
+    conversations = list(conversations)
+    banned = probe_words() if exclude is None else exclude
+    values = Values(corpus_words(conversations, banned), persona.made_up_rate, banned)
     rng = random.Random(persona.seed)
     plain = replace(recipe, persona_rate=0.0)
     stats = PersonaDataStats()
@@ -405,7 +427,7 @@ def write_persona_dataset(
     def extra(turns: Sequence[Sequence[str]]) -> list[Example]:
         grounded = grounded_examples(turns, rng, persona.grounded_rate, recipe.context_turns)
         chit = [
-            persona_chitchat(e, rng, persona.made_up_rate)
+            persona_chitchat(e, rng, values)
             for e in make_examples(turns, rng, plain)
             if rng.random() < persona.persona_chitchat_rate
         ]
@@ -418,7 +440,7 @@ def write_persona_dataset(
     lines = train_file.read_text(encoding="utf-8").splitlines()
     stats.chitchat = data.train_examples - stats.grounded - stats.persona_chitchat
     lines += [
-        to_parlai_line(qa_example(rng, persona.greeting_rate, persona.made_up_rate))
+        to_parlai_line(qa_example(rng, values, persona.greeting_rate))
         for _ in range(persona.qa_examples)
     ]
     stats.qa = persona.qa_examples

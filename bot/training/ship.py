@@ -68,6 +68,7 @@ def persona_args(
         "--warmup-updates": str(persona.warmup_updates),
         "--invsqrt-lr-decay-gamma": str(persona.warmup_updates),
         "--seed": str(persona.seed),
+        "--beam-context-block-ngram": str(persona.beam_context_block_ngram),
     }
     for i in range(0, len(args) - 1):
         if args[i] in overrides:
@@ -398,8 +399,10 @@ def _stage2_section(recipe: dict[str, Any]) -> list[str]:
             "persona lines (name, job, hobby, pet, home, food in five phrasings each, the",
             "others distractors), a question about one of them and an answer that states it;",
             "and template persona lines before ordinary chitchat examples, whose labels ignore",
-            "them. The held-out split is stage 1's. The template values are disjoint from",
-            "bench.persona's probe set (a unit test holds that).",
+            "them. The held-out split is stage 1's. Most template values are made up (a word",
+            "of the corpus or random letters), so that copying them is what lowers the loss;",
+            "no word of bench.persona's probe set is one (a unit test holds that). Replies",
+            "are decoded without context blocking, which would ban restating a persona line.",
             "",
             "## Sample exchanges with a persona",
             "",

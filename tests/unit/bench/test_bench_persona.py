@@ -100,14 +100,13 @@ def test_model_names_and_result_names() -> None:
     assert bench.result_names(1, "old", figures) == {"persona_recall_old": 0.5}
 
 
-def test_no_probe_value_can_be_made_up_by_the_training_templates(
-    probes: dict[str, object],
-) -> None:
+def test_no_probe_value_looks_made_up_by_the_first_recipe(probes: dict[str, object]) -> None:
+    """Else a reply stating the fact would also count as contradicting it."""
     import re
 
-    from bot.training.persona_data import MADE_UP_SUFFIXES, SYLLABLES
+    from bot.training.persona_data import MADE_UP_SUFFIXES
 
-    syllable = "|".join(SYLLABLES)
+    syllable = "|".join(bench.FIRST_RECIPE_SYLLABLES)
     for kind, values in probes["values"].items():  # type: ignore[attr-defined]
         suffix = "|".join(re.escape(s) for s in MADE_UP_SUFFIXES[kind])
         made_up = re.compile(rf"(?:{syllable}){{2,3}}(?:{suffix})")

@@ -123,7 +123,7 @@ def test_the_recipe_page_names_both_stages() -> None:
         "persona_samples": [{"persona": "My name is Sarah.", "prompt": "name?", "reply": "sarah"}],
     }
     page = render(recipe)
-    assert "140 minutes" in page and "--from-stage1" in page
+    assert "145 minutes" in page and "--from-stage1" in page
     assert "**persona:** My name is Sarah." in page and "stage 1: 54.7" in page
     assert "--init-model <stage1>" in page
 
@@ -138,3 +138,17 @@ def test_the_stage_two_flags_go_with_ship(
     assert "--from-stage1 goes with --ship" in capsys.readouterr().err
     assert main(["train", "--persona-stage"]) == 2
     assert "--persona-stage goes with --ship" in capsys.readouterr().err
+
+
+def test_made_up_values_never_use_a_probe_word() -> None:
+    """The probe set stays out of the training data: its words are not made-up values."""
+    banned = pd.probe_words()
+    assert {"sarah", "reykjavik", "paella"} <= banned
+    talk = [("c", [["sarah went to reykjavik", "sarah ate paella in reykjavik"], ["paella!"]])]
+    words = pd.corpus_words(talk * 2, banned)
+    assert words == ["ate", "went"]
+    values = pd.Values(words, made_up_rate=1.0, exclude=banned)
+    rng = random.Random(0)
+    drawn = [values.draw(kind, rng) for _ in range(500) for kind in pd.KINDS]
+    assert not {w for v in drawn for w in v.split()} & banned
+    assert len(set(drawn)) > 1000  # a large space: copying, not recall, lowers the loss
