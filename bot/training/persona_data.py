@@ -162,10 +162,10 @@ def made_up(
     kind: str, rng: random.Random, words: Sequence[str], exclude: frozenset[str] = frozenset()
 ) -> str:
     """A made-up value of `kind`: a corpus word (60%; two for some kinds a quarter of the time)
-    or random letters (40%), with a suffix of the kind 30% of the time; drawn again while a word
-    of it is in `exclude` (a suffix can make one: "art" + "ist")."""
+    or random letters (40%, and always when there are no words), with a suffix of the kind 30%
+    of the time; drawn again while a word of it is in `exclude` ("art" + "ist" = "artist")."""
     while True:
-        if rng.random() < 0.6:
+        if words and rng.random() < 0.6:
             value = rng.choice(words)
             if kind in TWO_WORD_KINDS and rng.random() < 0.25:
                 value += " " + rng.choice(words)

@@ -152,3 +152,9 @@ def test_made_up_values_never_use_a_probe_word() -> None:
     drawn = [values.draw(kind, rng) for _ in range(500) for kind in pd.KINDS]
     assert not {w for v in drawn for w in v.split()} & banned
     assert len(set(drawn)) > 1000  # a large space: copying, not recall, lowers the loss
+
+
+def test_made_up_values_need_no_corpus() -> None:
+    """A tiny corpus with no word used twice still gives values (random letters)."""
+    value = pd.made_up("name", random.Random(0), words=[])
+    assert value.strip() and value.replace(" ", "").isalpha()
