@@ -21,8 +21,13 @@ The matcher (`states`, `contradicts`), lower-cased, on word boundaries:
   probe set's and the training templates', bot/training/persona_data.py TRAIN_VALUES), or a
   word the first persona recipe could have made up (`FIRST_RECIPE_SYLLABLES`, then a suffix of
   the kind), which is what a model that learnt the template values instead of copying says.
-  Values the current recipe makes up (any corpus word, random letters) are not recognised, so a
-  garbled copy ("my name is lochi" for Chloe) counts as a miss, not as a contradiction.
+  Values the current recipe makes up (any corpus word, random letters) are in no list, so a
+  reply also contradicts when it states a fact of the asked kind in one of the plain answer
+  shapes (`SHAPES`: "my name is X", "i work as a X", "my hobby is X", "my pet is a X",
+  "i live in X", "my favorite food is X", ...) and the words X after it (up to punctuation)
+  hold neither the persona's value nor any word of it, unless X starts with a vague word
+  ("the", "not", "a" before a home, ...: `VAGUE`). A garbled copy ("my name is lochi" for
+  Chloe, "i live in kyoyoto" for Kyoto) counts as a contradiction: the reply names another.
 
 Figures per model: recall (questions whose reply states the fact, with the persona), base rate
 (the same without a persona: what guessing and coincidence give), their difference in points,
@@ -126,11 +131,72 @@ def made_up_pattern(kind: str) -> re.Pattern[str]:
     return re.compile(rf"(?<![a-z0-9])(?:{syllable}){{2,3}}(?:{suffix})(?![a-z0-9])")
 
 
+# The plain shapes that state a fact of one kind (the answers of bot/training/persona_data.py
+# ANSWER_TEMPLATES and the persona lines' own phrasings); only unambiguous ones: "i'm X" and
+# "i love X" say too many things to count.
+SHAPES: dict[str, tuple[str, ...]] = {
+    "name": (r"my name is", r"my name's", r"my first name is", r"call me", r"i go by",
+             r"i'm called", r"i am called"),
+    "job": (r"i work as(?: an?)?", r"i'm employed as(?: an?)?", r"my job is(?: being)?(?: an?)?",
+            r"i make a living as(?: an?)?", r"by profession i am(?: an?)?"),
+    "hobby": (r"my hobby is", r"my hobbies are", r"my favou?rite hobby is",
+              r"my favou?rite pastime is"),
+    "pet": (r"i have a pet", r"my pet is(?: an?)?", r"i own an?"),
+    "home": (r"i live in", r"i'm from", r"i am from", r"i grew up in", r"my hometown is",
+             r"i was raised in", r"my home is in"),
+    "food": (r"my favou?rite food is", r"my favou?rite dish is"),
+}  # fmt: skip
+# A slot starting with one of these says nothing definite ("i live in the city", "my name is
+# not important", "i'm from a small town"): not counted as another value.
+VAGUE = frozenset(
+    "a an the not no my your his her our their this that these those it its very so really "
+    "just also still now here there what who which where when how why is are was be been being "
+    "and or but to in on at of for with from by as like kind sort one some any many lots all "
+    "pretty quite actually currently always never same going doing too i you we they me "
+    "secret none nothing something someone anything everything".split()
+)
+_SLOT = re.compile(r"\s*([a-z][a-z'-]*(?: [a-z][a-z'-]*)*)")
+
+
+def shape_slots(reply: str, kind: str) -> list[str]:
+    """The words after each answer shape of `kind` in `reply`, up to punctuation."""
+    shapes = "|".join(SHAPES.get(kind, ()))
+    if not shapes:
+        return []
+    text = _normal(reply)
+    out = []
+    for m in re.finditer(rf"(?<![a-z0-9'])(?:{shapes})(?![a-z0-9'])", text):
+        if slot := _SLOT.match(text, m.end()):
+            out.append(slot.group(1))
+    return out
+
+
+def _names_other(slot: str, value: str) -> bool:
+    """Whether the slot of an answer shape names something other than `value`."""
+    words = slot.split()
+    if not words or words[0] in VAGUE:
+        return False
+    if states(slot, value):
+        return False
+    own = {w for v in variants(value) for w in v.split() if len(w) > 2 and w not in VAGUE}
+    return not own & set(words)
+
+
 def contradicts(
     reply: str, value: str, others: Iterable[str], kind: str | None = None
 ) -> str | None:
-    """Another value of the kind (from `others`, or made up for `kind`) that `reply` states,
-    the persona's own `value` taken out first; None when there is none."""
+    """Another value of the kind (from `others`, made up for `kind`, or in an answer shape of
+    `kind`) that `reply` states, the persona's own `value` taken out first; None when there is
+    none."""
+    if kind is not None:
+        for slot in shape_slots(reply, kind):
+            if _names_other(slot, value):
+                named = []
+                for word in slot.split():
+                    if word in VAGUE or len(named) == 3:
+                        break
+                    named.append(word)
+                return " ".join(named)
     text = _pattern(variants(value)).sub(" ", _normal(reply))
     own = value.lower()
     if kind is not None and (found := made_up_pattern(kind).search(text)):

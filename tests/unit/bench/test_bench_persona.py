@@ -67,6 +67,29 @@ def test_a_contradicting_fact_is_rejected(probes: dict[str, object]) -> None:
     assert bench.contradicts("i have a guinea pig", "pig", known["pet"]) is None
 
 
+def test_an_answer_shape_naming_another_value_contradicts() -> None:
+    # Values in no list (what the current recipe makes up, garbled copies) in a plain answer shape.
+    assert bench.contradicts("my name is mimilo. and you?", "milo", [], "name") == "mimilo"
+    assert bench.contradicts("I live in Kyoyoto!", "kyoto", [], "home") == "kyoyoto"
+    assert bench.contradicts("i work as a nurse and i love it", "midwife", [], "job") == "nurse"
+    assert bench.contradicts("my favorite food is pizza", "gnocchi", [], "food") == "pizza"
+    assert bench.contradicts("i have a pet cat", "ferret", [], "pet") == "cat"
+    # The shape of another kind is not this kind's fact.
+    assert bench.contradicts("my name is mimilo", "kyoto", [], "home") is None
+    # The persona's value, a form or a word of it, or a vague slot, is no contradiction.
+    for reply, value, kind in [
+        ("My name is Milo, nice to meet you!", "milo", "name"),
+        ("i work as a park ranger.", "park ranger", "job"),
+        ("my hobby is to hike", "hiking", "hobby"),
+        ("i live in kyoto, japan", "kyoto", "home"),
+        ("i live in the city", "kyoto", "home"),
+        ("my name is not important", "milo", "name"),
+        ("i'm from a small town", "kyoto", "home"),
+        ("i love cats. what about you?", "ferret", "pet"),
+    ]:
+        assert bench.contradicts(reply, value, [], kind) is None, reply
+
+
 def test_the_scores(probes: dict[str, object]) -> None:
     known = bench.known_values(probes)  # type: ignore[arg-type]
     rows = [
