@@ -148,13 +148,16 @@ SHAPES: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 # A slot starting with one of these says nothing definite ("i live in the city", "my name is
 # not important", "i'm from a small town"): not counted as another value.
-VAGUE = frozenset(
-    "a an the not no my your his her our their this that these those it its very so really "
-    "just also still now here there what who which where when how why is are was be been being "
-    "and or but to in on at of for with from by as like kind sort one some any many lots all "
-    "pretty quite actually currently always never same going doing too i you we they me "
-    "secret none nothing something someone anything everything".split()
-)
+VAGUE = frozenset({
+    "a", "an", "the", "not", "no", "my", "your", "his", "her", "our", "their", "this", "that",
+    "these", "those", "it", "its", "very", "so", "really", "just", "also", "still", "now", "here",
+    "there", "what", "who", "which", "where", "when", "how", "why", "is", "are", "was", "be",
+    "been", "being", "and", "or", "but", "to", "in", "on", "at", "of", "for", "with", "from",
+    "by", "as", "like", "kind", "sort", "one", "some", "any", "many", "lots", "all", "pretty",
+    "quite", "actually", "currently", "always", "never", "same", "going", "doing", "too", "i",
+    "you", "we", "they", "me", "secret", "none", "nothing", "something", "someone", "anything",
+    "everything"
+})  # fmt: skip
 _SLOT = re.compile(r"\s*([a-z][a-z'-]*(?: [a-z][a-z'-]*)*)")
 
 
