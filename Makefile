@@ -28,9 +28,9 @@ chat: install
 train: install
 	$(PY) -m bot train
 
-# Reproduce the shipped default model (models/chitchat/): 100 minutes, then its recipe files.
-# The opt-in persona stage (40 minutes more, not shipped: docs/models.md): add --persona-stage,
-# or run it alone on a stage-1 model: python -m bot train --ship --from-stage1 MODEL --out FILE
+# Reproduce the shipped default model (models/chitchat/): stage 1 for 100 minutes, stage 2 (the
+# persona fine-tune) for 45, then its recipe files. Stage 2 alone on a stage-1 model:
+# python -m bot train --ship --from-stage1 MODEL --out FILE; stage 1 alone: --stage1-only
 train-shipped: install
 	$(PY) -m bot train --ship
 

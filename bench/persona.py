@@ -32,9 +32,14 @@ The matcher (`states`, `contradicts`), lower-cased, on word boundaries:
 Figures per model: recall (questions whose reply states the fact, with the persona), base rate
 (the same without a persona: what guessing and coincidence give), their difference in points,
 the contradiction rate (with the persona), and the share of distinct replies among the replies
-with the persona and among those without (a model that answers everything alike scores low).
+with the persona and among those without (a model that answers everything alike scores low);
+and, so that a persona fine-tune is seen not to cost ordinary chat its variety, the share of
+distinct replies to ordinary chat: the last message of the first CHAT_PROMPTS held-out contexts
+of the training recipe (conversations no model here trained on), no persona, each in a fresh
+conversation through the same engine.
 RESULT lines: for the first model `persona_recall`, `persona_base_rate`, `persona_lift_pp`,
-`persona_contradiction_rate`, `persona_distinct_share`, `persona_distinct_share_no_persona`;
+`persona_contradiction_rate`, `persona_distinct_share`, `persona_distinct_share_no_persona`,
+`persona_distinct_share_chat`;
 for the others the same names with `_<NAME>` appended. The default is
 the shipped model alone (models/chitchat/model).
 """
@@ -56,6 +61,7 @@ from bench import common
 PROBES = Path(__file__).resolve().parent / "data" / "persona_probes_v1.json"
 GROUP = 8  # conversations asked at once (one micro-batch)
 QUICK_PERSONAS = 20
+CHAT_PROMPTS = 200  # ordinary held-out messages for the distinct-replies figure (50 --quick)
 
 
 def load_probes(path: Path = PROBES) -> dict[str, Any]:
@@ -222,6 +228,30 @@ def questions(probes: dict[str, Any], n_personas: int | None = None) -> list[dic
     return rows
 
 
+def chat_prompts(n: int) -> list[str]:
+    """The last message of each of the first `n` held-out contexts of the training recipe
+    (bot/training/data.py's split, its persona lines left out), each message once."""
+    from bot.training.data import load_conversations, write_dataset
+    from bot.training.recipe import DEFAULT_RECIPE
+
+    prompts: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        write_dataset(Path(tmp), load_conversations(), DEFAULT_RECIPE)
+        for line in (Path(tmp) / "chitchat_valid.txt").read_text(encoding="utf-8").splitlines():
+            text = line.split("\t")[0].removeprefix("text:")
+            last = text.split("\\n")[-1]
+            if last and not last.startswith("your persona:") and last not in prompts:
+                prompts.append(last)
+            if len(prompts) == n:
+                break
+    return prompts
+
+
+def distinct_share(replies: Sequence[str]) -> float:
+    """Distinct replies (lower-cased, spaces folded) / replies."""
+    return len({_normal(r) for r in replies}) / len(replies) if replies else 0.0
+
+
 def score(
     rows: Sequence[dict[str, Any]],
     with_persona: Sequence[str],
@@ -244,8 +274,8 @@ def score(
         "base_rate": base,
         "lift_pp": 100.0 * (recall - base),
         "contradiction_rate": wrong / n,
-        "distinct_share": len({_normal(r) for r in with_persona}) / n,
-        "distinct_share_no_persona": len({_normal(r) for r in without}) / n,
+        "distinct_share": distinct_share(with_persona),
+        "distinct_share_no_persona": distinct_share(without),
     }
 
 
@@ -293,8 +323,11 @@ async def ask(agent: Any, asked: Sequence[tuple[str, str]]) -> list[str]:
         await engine.close()
 
 
-def replies(model_file: str, rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[str]]:
-    """The model's replies to every question, with its persona and without, seed 0."""
+def replies(
+    model_file: str, rows: Sequence[dict[str, Any]], chat: Sequence[str] = ()
+) -> tuple[list[str], list[str], list[str]]:
+    """The model's replies to every question, with its persona and without, and to each
+    ordinary `chat` message (no persona), each set from seed 0."""
     import torch
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -303,7 +336,9 @@ def replies(model_file: str, rows: Sequence[dict[str, Any]]) -> tuple[list[str],
         with_persona = asyncio.run(ask(agent, [(q["persona"], q["question"]) for q in rows]))
         torch.manual_seed(0)
         without = asyncio.run(ask(agent, [("", q["question"]) for q in rows]))
-    return with_persona, without
+        torch.manual_seed(0)
+        chatted = asyncio.run(ask(agent, [("", text) for text in chat])) if chat else []
+    return with_persona, without, chatted
 
 
 def parse_models(specs: Sequence[str]) -> list[tuple[str, str]]:
@@ -348,15 +383,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = questions(probes, QUICK_PERSONAS if args.quick else None)
     known = known_values(probes)
     n_personas = len({q["id"] for q in rows})
-    print(f"probe set v{probes['version']}: {n_personas} personas, {len(rows)} questions")
+    chat = chat_prompts(50 if args.quick else CHAT_PROMPTS)
+    print(
+        f"probe set v{probes['version']}: {n_personas} personas, {len(rows)} questions; "
+        f"{len(chat)} ordinary held-out messages"
+    )
 
     results: dict[str, float] = {}
     table = []
     samples: dict[str, list[dict[str, str]]] = {}
+    chat_samples: dict[str, list[dict[str, str]]] = {}
     for index, (name, path) in enumerate(models):
         print(f"{name}: asking {path} ...", flush=True)
-        with_persona, without = replies(path, rows)
-        figures = score(rows, with_persona, without, known)
+        with_persona, without, chatted = replies(path, rows, chat)
+        figures = {
+            **score(rows, with_persona, without, known),
+            "distinct_share_chat": distinct_share(chatted),
+        }
         results.update(result_names(index, name, figures))
         table.append(
             [
@@ -367,15 +410,19 @@ def main(argv: Sequence[str] | None = None) -> None:
                 100 * figures["contradiction_rate"],
                 100 * figures["distinct_share"],
                 100 * figures["distinct_share_no_persona"],
+                100 * figures["distinct_share_chat"],
             ]
         )
         samples[name] = [
             {"persona": q["persona"], "question": q["question"], "with": a, "without": b}
             for q, a, b in zip(rows, with_persona, without, strict=True)
         ]
+        chat_samples[name] = [
+            {"message": m, "reply": r} for m, r in zip(chat, chatted, strict=True)
+        ]
     headers = [
         "model", "recall %", "base rate %", "lift pp", "contradicts %", "distinct %",
-        "distinct % (no persona)",
+        "distinct % (no persona)", "distinct % (chat)",
     ]  # fmt: skip
     common.print_table(f"Persona-fact recall, {len(rows)} questions", headers, table)
     for name, rows_out in samples.items():
@@ -391,6 +438,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "results": results,
             "table": common.markdown_table(headers, table),
             "replies": samples,
+            "chat_replies": chat_samples,
         },
     )
 

@@ -111,15 +111,15 @@ def _add_train(sub: Any) -> None:
     train.add_argument(
         "--ship",
         action="store_true",
-        help="reproduce the shipped default model: the default recipe for --minutes (default "
-        "100, no 15-minute cap), installed in models/chitchat/ (or --out) with recipe.json and "
-        "RECIPE.md",
+        help="reproduce the shipped default model: stage 1, the default recipe for --minutes "
+        "(default 100, no 15-minute cap), then stage 2, the persona fine-tune (45 minutes), "
+        "installed in models/chitchat/ (or --out) with recipe.json and RECIPE.md",
     )
     train.add_argument(
-        "--persona-stage",
+        "--stage1-only",
         action="store_true",
-        help="with --ship: then stage 2, the persona fine-tune (40 minutes; experimental, see "
-        "docs/models.md)",
+        help="with --ship: stage 1 alone (the chit-chat recipe, no persona fine-tune): the "
+        "shipped model before it learnt to follow its persona",
     )
     train.add_argument(
         "--from-stage1",
@@ -308,9 +308,12 @@ def _train(settings: Settings, args: argparse.Namespace) -> int:
         if given is not None and args.from_feedback is None:
             print(f"error: {flag} goes with --from-feedback EXPORT", file=sys.stderr)
             return 2
+    if args.stage1_only and args.from_stage1:
+        print("error: --stage1-only and --from-stage1 exclude each other", file=sys.stderr)
+        return 2
     for given, flag in (
         (args.from_stage1, "--from-stage1"),
-        (args.persona_stage, "--persona-stage"),
+        (args.stage1_only, "--stage1-only"),
     ):
         if given and not args.ship:
             print(f"error: {flag} goes with --ship", file=sys.stderr)
@@ -331,7 +334,7 @@ def _train(settings: Settings, args: argparse.Namespace) -> int:
                 args.minutes or SHIP_MINUTES,
                 Path(args.out) if args.out else SHIPPED_MODEL_FILE,
                 from_stage1=stage1,
-                persona_stage=args.persona_stage,
+                persona_stage=not args.stage1_only,
             )
             return 0
         return train_cli(settings, minutes=args.minutes, if_missing=args.if_missing, out=args.out)

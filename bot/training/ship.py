@@ -6,10 +6,9 @@ package, seed and arguments for the recorded minutes (a wall-clock budget, so a 
 busier machine gets through more or fewer steps and a slightly different model), then
 measures it and rewrites models/chitchat/ (or `--out`) with recipe.json and RECIPE.md.
 
-Stage 2 (`--persona-stage`, or `--from-stage1 MODEL` for stage 2 alone on an existing stage-1
-model) fine-tunes stage 1 on the persona mix of bot/training/persona_data.py. It is opt-in:
-measured with bench.persona it does not yet make the model follow its persona (docs/models.md),
-so the shipped model is stage 1 alone.
+Stage 2 (`--from-stage1 MODEL` runs it alone on an existing stage-1 model; `--stage1-only`
+skips it) fine-tunes stage 1 on the persona mix of bot/training/persona_data.py, so that the
+model states its persona's facts when asked (bench.persona, docs/models.md).
 """
 
 from __future__ import annotations
@@ -69,6 +68,7 @@ def persona_args(
         "--invsqrt-lr-decay-gamma": str(persona.warmup_updates),
         "--seed": str(persona.seed),
         "--beam-context-block-ngram": str(persona.beam_context_block_ngram),
+        "--beam-delay": str(persona.beam_delay),
     }
     for i in range(0, len(args) - 1):
         if args[i] in overrides:
@@ -142,13 +142,13 @@ def ship(
     dest: Path = SHIPPED_MODEL_FILE,
     *,
     from_stage1: Path | None = None,
-    persona_stage: bool = False,
+    persona_stage: bool = True,
     persona: PersonaRecipe = DEFAULT_PERSONA_RECIPE,
 ) -> dict[str, Any]:
     """The shipped model, installed at `dest` with its recipe: stage 1 trains the default
-    recipe from scratch for `minutes`; with `persona_stage`, stage 2 fine-tunes it on the
-    persona mix for `persona.minutes`. With `from_stage1` (a stage-1 model, e.g. a copy of the
-    shipped one with its recipe.json) only stage 2 runs."""
+    recipe from scratch for `minutes`; then (unless not `persona_stage`) stage 2 fine-tunes it
+    on the persona mix for `persona.minutes`. With `from_stage1` (a stage-1 model, e.g. a copy
+    of the shipped one with its recipe.json) only stage 2 runs."""
     with train_lock(dest), tempfile.TemporaryDirectory(prefix="ship-") as tmp:
         machine = f"{os.cpu_count()} CPU cores, torch threads {_threads()}"
         stage1_record: dict[str, Any] = {}
@@ -295,11 +295,11 @@ def render(recipe: dict[str, Any]) -> str:
         "A small ParlAI `transformer/generator` trained on the chitchat-dataset package, the",
         "model `make run` and `make chat` serve when `BOT_MODEL` is unset. Reproduce it with",
         (
-            f"`python -m bot train --ship --persona-stage` ({total:g} minutes of training: "
+            f"`make train-shipped` (`python -m bot train --ship`, {total:g} minutes of training: "
             f"stage 1, the default recipe from scratch, {recipe['minutes']:g} minutes; "
             f"stage 2, the persona fine-tune, {p['minutes']:g} minutes)."
             if p
-            else f"`make train-shipped` (`python -m bot train --ship`, {total:g} minutes)."
+            else f"`python -m bot train --ship --stage1-only` ({total:g} minutes)."
         ),
     ]
     if p:
@@ -373,11 +373,15 @@ def _table(recipe: dict[str, Any]) -> list[str]:
             f"{100 * bench['stage1_base_rate']:.0f}%, "
             f"{100 * bench['stage1_contradiction_rate']:.0f}%) |",
         ]
+    # Stage 2 decodes its own way (PersonaRecipe: sampled tokens, context blocking).
+    delay = p.get("beam_delay", r["beam_delay"])
+    context = p.get("beam_context_block_ngram", r["beam_context_block_ngram"])
     lines += [
         f"| size | {recipe['size_bytes'] / 1e6:.1f} MB |",
         f"| decoding | {r['inference']}: top-{r['topk']} sampling for the first "
-        f"{r['beam_delay']} tokens, then beam {r['beam_size']}; min length "
-        f"{r['beam_min_length']}, {r['beam_block_ngram']}-gram blocking |",
+        f"{delay} tokens, then beam {r['beam_size']}; min length "
+        f"{r['beam_min_length']}, {r['beam_block_ngram']}-gram blocking, "
+        + (f"context {context}-gram blocking |" if context > 0 else "no context blocking |"),
         "",
     ]
     return lines
@@ -396,13 +400,15 @@ def _stage2_section(recipe: dict[str, Any]) -> list[str]:
             "(bot/training/persona_data.py) continues from stage 1's weights and dictionary on",
             "stage 1's examples plus: chitchat examples whose persona line is a first-person",
             "sentence of the label itself (the label restates it); synthetic turns with 1-4",
-            "persona lines (name, job, hobby, pet, home, food in five phrasings each, the",
-            "others distractors), a question about one of them and an answer that states it;",
+            "persona lines (name, job, hobby, pet, home, food in eight or nine phrasings each,",
+            "the others distractors), a question about one of them and an answer that states it;",
             "and template persona lines before ordinary chitchat examples, whose labels ignore",
             "them. The held-out split is stage 1's. Most template values are made up (a word",
             "of the corpus or random letters), so that copying them is what lowers the loss;",
             "no word of bench.persona's probe set is one (a unit test holds that). Replies",
-            "are decoded without context blocking, which would ban restating a persona line.",
+            "are decoded without context blocking, which would ban restating a persona line,",
+            "and with the first 5 tokens sampled (stage 1: 3), which keeps the fine-tuned",
+            "model's replies to ordinary chat as varied as stage 1's.",
             "",
             "## Sample exchanges with a persona",
             "",

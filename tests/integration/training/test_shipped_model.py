@@ -68,3 +68,30 @@ def test_it_decodes_on_the_batched_search(tmp_path: Path) -> None:
     assert agent.opt["inference"] == "delayedbeam"
     batch = agent.batchify([agent.clone().observe(Message({"text": "hi, how are you?"}))])
     assert fastgen.fallback_reason(agent, batch, None) is None
+
+
+def test_it_follows_its_persona(tmp_path: Path, recipe: dict[str, object]) -> None:
+    """Stage 2 is shipped with its own recipe and decoding, and the model states its persona's
+    facts: of the eight RECIPE.md exchanges that ask about one, stage 1 stated 1, the shipped
+    model 6 (bench.persona measures 178 questions; this is the quick check)."""
+    from bench.persona import states
+    from bot.inference import compat
+    from bot.inference.model import load_shared_agent
+    from bot.training.evaluate import PERSONA_SAMPLES, persona_replies
+    from bot.training.persona_data import DEFAULT_PERSONA_RECIPE, PersonaRecipe
+
+    stage2 = recipe["stage2"]
+    assert isinstance(stage2, dict)
+    assert PersonaRecipe(**stage2["recipe"]) == DEFAULT_PERSONA_RECIPE
+    opt = json.loads(Path(str(SHIPPED_MODEL_FILE) + ".opt").read_text())
+    assert opt["beam_delay"] == DEFAULT_PERSONA_RECIPE.beam_delay
+    assert opt["beam_context_block_ngram"] == DEFAULT_PERSONA_RECIPE.beam_context_block_ngram
+
+    compat.apply()
+    agent = load_shared_agent(
+        Settings(_env_file=None, data_dir=tmp_path, model_device="cpu")  # type: ignore[call-arg]
+    )
+    facts = ("sarah", "hiking", "midwife", "ferret", "edinburgh", "paella", "oliver", "locksmith")
+    replies = persona_replies(agent, PERSONA_SAMPLES[: len(facts)])
+    stated = [r for r, fact in zip(replies, facts, strict=True) if states(r, fact)]
+    assert len(stated) >= 5, replies

@@ -136,3 +136,8 @@ def test_no_probe_value_looks_made_up_by_the_first_recipe(probes: dict[str, obje
         for value in values:
             for form in bench.variants(value):
                 assert not made_up.fullmatch(form), (kind, value, form)
+
+
+def test_distinct_share_folds_case_and_spaces() -> None:
+    assert bench.distinct_share(["I'm not sure.", "i'm  not sure.", "Hi!", "hi"]) == 0.75
+    assert bench.distinct_share([]) == 0.0

@@ -93,6 +93,9 @@ def test_stage_two_continues_stage_one() -> None:
     assert value(args, "--learningrate") == "0.0005"
     assert value(args, "--warmup-updates") == "30"
     assert value(args, "--seed") == "3"
+    # Its own decoding: no context blocking, more sampled tokens before the beam.
+    assert value(args, "--beam-context-block-ngram") == "-1"
+    assert value(args, "--beam-delay") == str(persona.beam_delay) != value(base, "--beam-delay")
     # The architecture and dictionary are stage 1's, or its weights would not load.
     for flag in ("--embedding-size", "--n-encoder-layers", "--dict-maxtokens", "--dict-lower"):
         assert value(args, flag) == value(base, flag)
@@ -136,8 +139,10 @@ def test_the_stage_two_flags_go_with_ship(
     monkeypatch.setenv("DATA_DIR", str(tmp_path))
     assert main(["train", "--from-stage1", str(tmp_path / "model")]) == 2
     assert "--from-stage1 goes with --ship" in capsys.readouterr().err
-    assert main(["train", "--persona-stage"]) == 2
-    assert "--persona-stage goes with --ship" in capsys.readouterr().err
+    assert main(["train", "--stage1-only"]) == 2
+    assert "--stage1-only goes with --ship" in capsys.readouterr().err
+    assert main(["train", "--ship", "--stage1-only", "--from-stage1", "M"]) == 2
+    assert "exclude each other" in capsys.readouterr().err
 
 
 def test_made_up_values_never_use_a_probe_word() -> None:
