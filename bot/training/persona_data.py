@@ -282,9 +282,10 @@ class PersonaRecipe:
     # stated fact ("my name is sar@@ ah") is blocked by construction. Off for the persona model.
     beam_context_block_ngram: int = -1
     # Decoding: the first 5 tokens sampled from the top 10 (stage 1: 3), then beam search. The
-    # fine-tuned model's beam settles on a few safe replies ("I'm not sure.", 14 of 200
-    # held-out prompts with 3); 5 sampled tokens gave 85.5% distinct replies to them against
-    # 66.0% with 3 and stage 1's 80.5%, at 53.4% persona recall against 56.7% (docs/models.md).
+    # fine-tuned model's beam settles on a few safe replies ("I'm not sure.", "I don't know.");
+    # with 5 sampled tokens bench.persona found 85.5% distinct replies to 200 held-out chat
+    # messages against 67.0% with 3 and stage 1's 80.0%, at 53.4% persona recall against 56.7%
+    # (docs/models.md).
     beam_delay: int = 5
     seed: int = 7
 
