@@ -147,8 +147,8 @@ def ship(
 ) -> dict[str, Any]:
     """The shipped model, installed at `dest` with its recipe: stage 1 trains the default
     recipe from scratch for `minutes`; then, with `persona_stage` (the default), stage 2
-    fine-tunes it on the persona mix for `persona.minutes`. With `from_stage1` (a stage-1 model, e.g. a copy
-    of the shipped one with its recipe.json) only stage 2 runs."""
+    fine-tunes it on the persona mix for `persona.minutes`. With `from_stage1` (a stage-1
+    model, e.g. a copy of the shipped one with its recipe.json) only stage 2 runs."""
     with train_lock(dest), tempfile.TemporaryDirectory(prefix="ship-") as tmp:
         machine = f"{os.cpu_count()} CPU cores, torch threads {_threads()}"
         stage1_record: dict[str, Any] = {}
