@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
+from bot.reports.guards import distinct_share
 
 PROBES = Path(__file__).resolve().parent / "data" / "persona_probes_v1.json"
 GROUP = 8  # conversations asked at once (one micro-batch)
@@ -245,11 +246,6 @@ def chat_prompts(n: int) -> list[str]:
             if len(prompts) == n:
                 break
     return prompts
-
-
-def distinct_share(replies: Sequence[str]) -> float:
-    """Distinct replies (lower-cased, spaces folded) / replies."""
-    return len({_normal(r) for r in replies}) / len(replies) if replies else 0.0
 
 
 def score(

@@ -3,6 +3,8 @@ and the probe set stays out of the training templates."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from bench import persona as bench
@@ -139,5 +141,6 @@ def test_no_probe_value_looks_made_up_by_the_first_recipe(probes: dict[str, obje
 
 
 def test_distinct_share_folds_case_and_spaces() -> None:
+    # The distinct-replies figures are the guards' (bot.reports.guards), not a copy of them.
     assert bench.distinct_share(["I'm not sure.", "i'm  not sure.", "Hi!", "hi"]) == 0.75
-    assert bench.distinct_share([]) == 0.0
+    assert math.isnan(bench.distinct_share([]))
