@@ -15,6 +15,8 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+from bot.db.sqlite_inline import inline_creator
+
 SQLITE_BUSY_TIMEOUT_MS = 15_000
 
 P = ParamSpec("P")
@@ -39,16 +41,18 @@ def ensure_sqlite_dir(url: str | URL) -> None:
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # No busy_timeout: the connection waits for other writers itself, off the loop's thread's
+    # back (bot/db/sqlite_inline.py).
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.close()
 
 
 def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
-    """An async engine for SQLite (aiosqlite) or PostgreSQL (asyncpg).
+    """An async engine for SQLite (aiosqlite's connection, its statements run on the loop's
+    thread: bot/db/sqlite_inline.py) or PostgreSQL (asyncpg).
 
     Bound parameters (message texts, personas, user names) never appear in SQLAlchemy's error
     messages, so a failed statement cannot carry user text into a log line or `inbox.error`.
@@ -59,11 +63,11 @@ def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
         if u.drivername == "sqlite":
             u = u.set(drivername="sqlite+aiosqlite")
         ensure_sqlite_dir(u)
-        kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        kwargs.setdefault("async_creator", inline_creator(u, SQLITE_BUSY_TIMEOUT_MS / 1000))
         # SQLite has one writer at a time. Several pooled connections of one process only take
-        # turns through SQLite's busy handler, which sleeps (up to 100 ms a time) while it
-        # waits; one connection queues the process's statements instead, in order, with no
-        # sleeping. Other processes on the same file still wait via busy_timeout.
+        # turns through waits for the lock (up to 50 ms a time); one connection queues the
+        # process's statements instead, in order, with no sleeping. Other processes (and the
+        # heartbeat's engine) on the same file are waited for (bot/db/sqlite_inline.py).
         kwargs.setdefault("pool_size", 1)
         kwargs.setdefault("max_overflow", 0)
         kwargs.setdefault("pool_timeout", 120)

@@ -1,0 +1,117 @@
+"""SQLite statements run on the event loop's own thread, not through aiosqlite's worker thread.
+
+aiosqlite runs every call (cursor, execute, fetch, close, commit) on a thread of its own and
+hands the result back through the event loop: a thread hop and a loop wake-up per call, five or
+six of them per statement through SQLAlchemy. On a local SQLite file the hops cost ten times
+the statements: a four-statement transaction took 2.5 ms through the thread and 0.24 ms with
+the sqlite3 module called directly (docs/benchmarks.md, "third pass"). At 50 users the replies of
+one model batch finish together and their turns queue for the one connection
+(bot/db/engine.py), so the hops were most of the service's own time.
+
+`InlineConnection` is aiosqlite's `Connection` (SQLAlchemy's aiosqlite dialect drives it, through
+`create_async_engine(..., async_creator=...)`) with its calls made on the calling thread. What
+that changes:
+
+- *Waiting for another writer does not block the loop.* The connection is opened with a busy
+  timeout of 0, so SQLite never sleeps in its busy handler on this thread; a statement that finds
+  the database locked (SQLITE_BUSY) is tried again after an `asyncio.sleep`, 1 ms doubling to
+  50 ms, until `busy_timeout_s` has passed, which is what SQLite's own handler would have done
+  on aiosqlite's thread. That matters inside one process too: the heartbeat has an engine of its
+  own (bot/app.py), and a busy handler sleeping on the loop's thread would keep the other
+  engine's transaction, which holds the lock, from ever finishing. SQLITE_BUSY_SNAPSHOT (a
+  read transaction that another writer overtook) cannot be cured by waiting and is raised at
+  once, as SQLite does; so is a busy `executescript`, which may have run part of its script.
+- *A long statement holds the loop for its length.* On aiosqlite it held the one connection for
+  as long, so every turn waited for it anyway; now polling and drafts wait too. The service's
+  statements take well under a millisecond; the long ones are operators' (the dashboard's
+  aggregates, retention's batched deletes, exports), and are measured in docs/benchmarks.md.
+
+PostgreSQL (asyncpg) is not touched: it is a network client, and its calls are asynchronous.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any
+
+import aiosqlite
+from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
+from sqlalchemy.engine import URL
+
+# sqlite3's extended result codes (sqlite3.Error.sqlite_errorcode) that waiting can cure.
+SQLITE_BUSY = 5
+SQLITE_BUSY_RECOVERY = 5 | (1 << 8)  # another connection is recovering the WAL
+SQLITE_BUSY_TIMEOUT = 5 | (3 << 8)
+RETRYABLE = frozenset({SQLITE_BUSY, SQLITE_BUSY_RECOVERY, SQLITE_BUSY_TIMEOUT})
+FIRST_WAIT_S = 0.001
+LONGEST_WAIT_S = 0.05
+
+
+class InlineConnection(aiosqlite.Connection):
+    """aiosqlite's connection, its calls made on the caller's thread (no worker thread)."""
+
+    def __init__(self, connector: Callable[[], sqlite3.Connection], busy_timeout_s: float):
+        super().__init__(connector, iter_chunk_size=64)
+        self.busy_timeout_s = busy_timeout_s
+
+    async def _execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if not self._running or not self._connection:
+            raise ValueError("Connection closed")
+        wait_s = FIRST_WAIT_S
+        deadline: float | None = None
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except sqlite3.OperationalError as err:
+                if getattr(err, "sqlite_errorcode", None) not in RETRYABLE or _partial(fn):
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.busy_timeout_s
+                if now >= deadline:
+                    raise
+                await asyncio.sleep(min(wait_s, deadline - now))
+                wait_s = min(wait_s * 2, LONGEST_WAIT_S)
+
+    async def _connect(self) -> InlineConnection:
+        if self._connection is None:
+            self._connection = self._connector()
+        return self
+
+    def __await__(self) -> Generator[Any, None, InlineConnection]:
+        return self._connect().__await__()  # (no thread to start)
+
+    def stop(self) -> None:  # type: ignore[override]
+        """Close the sqlite3 connection (aiosqlite's stops its thread; there is none)."""
+        self._running = False
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    async def close(self) -> None:
+        self.stop()
+
+
+def _partial(fn: Callable[..., Any]) -> bool:
+    """True for a call that may have done part of its work before SQLITE_BUSY (a script)."""
+    return getattr(fn, "__name__", "") == "executescript"
+
+
+def inline_creator(url: URL, busy_timeout_s: float) -> Callable[[], Awaitable[InlineConnection]]:
+    """`create_async_engine`'s `async_creator` for the SQLite `url`: its file (or memory, or
+    `?mode=ro` URI) opened as SQLAlchemy's pysqlite dialect would open it, with a busy timeout
+    of 0 (the connection waits for other writers itself, without blocking the loop)."""
+    args, kwargs = SQLiteDialect_pysqlite().create_connect_args(url)
+    kwargs = {**kwargs, "timeout": 0, "check_same_thread": False}
+
+    def connect() -> sqlite3.Connection:
+        conn: sqlite3.Connection = sqlite3.connect(*args, **kwargs)  # type: ignore[call-overload]
+        return conn
+
+    async def create() -> InlineConnection:
+        return await InlineConnection(connect, busy_timeout_s)
+
+    return create
