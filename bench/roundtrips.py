@@ -8,7 +8,8 @@ run to run. This counts the chain itself, which does not move: the service runs 
 an SQLite file against the loopback Bot API with a responder that answers at once
 (tests/support/service_harness.py's EchoResponder), and SQLAlchemy's events count connection
 checkouts (one round trip each: every database call takes the connection), statements and
-commits from a user's message until the bench saw its reply at the Bot API (so the "sent"
+commits, and how long the connection was checked out (`held_ms`: what the turns of a burst queue
+for), from a user's message until the bench saw its reply at the Bot API (so the "sent"
 commit that follows the request is mostly in), and for the whole turn until
 the service is idle again (the lease releases and rescans after the reply; the 1-second polls
 that fall into a turn are counted too, so the medians are given). Each turn is a new chat's
@@ -16,8 +17,8 @@ first message (it starts a conversation), one at a time.
 
 `--before DIR` counts another checkout's code first (`git worktree add /tmp/before REV`), in a
 process of its own, for a before/after in one run. RESULT lines: `db_checkouts_to_reply`,
-`db_statements_to_reply`, `db_commits_to_reply`, `db_checkouts_per_turn`, and the same with
-`_before`.
+`db_statements_to_reply`, `db_commits_to_reply`, `db_held_ms_to_reply`, the same `_per_turn`,
+and all of them again with `_before`.
 """
 
 from __future__ import annotations
@@ -29,15 +30,16 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-KINDS = ("checkouts", "statements", "commits")
+KINDS = ("checkouts", "statements", "commits", "held_ms")
 
 
-async def count(turns: int) -> dict[str, list[dict[str, int]]]:
+async def count(turns: int) -> dict[str, list[dict[str, float]]]:
     """Per turn: the counts until the reply was sent ("to_reply") and for the whole turn."""
     from sqlalchemy import event
 
@@ -50,7 +52,7 @@ async def count(turns: int) -> dict[str, list[dict[str, int]]]:
         settled,
     )
 
-    counts = dict.fromkeys(KINDS, 0)
+    counts: dict[str, float] = dict.fromkeys(KINDS, 0)
 
     def bump(kind: str) -> Any:
         def listener(*_args: object) -> None:
@@ -58,8 +60,16 @@ async def count(turns: int) -> dict[str, list[dict[str, int]]]:
 
         return listener
 
-    to_reply: list[dict[str, int]] = []
-    whole: list[dict[str, int]] = []
+    def checked_out(_dbapi: object, record: Any, _proxy: object) -> None:
+        record.info["checked_out_at"] = time.perf_counter()
+
+    def checked_in(_dbapi: object, record: Any) -> None:
+        at = record.info.pop("checked_out_at", None)
+        if at is not None:
+            counts["held_ms"] += (time.perf_counter() - at) * 1000
+
+    to_reply: list[dict[str, float]] = []
+    whole: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite+aiosqlite:///{Path(tmp) / 'bot.sqlite3'}"
         async with FakeBotAPI(TOKEN) as api:
@@ -67,6 +77,8 @@ async def count(turns: int) -> dict[str, list[dict[str, int]]]:
             async with running_service(settings, EchoResponder()) as service:
                 engine = service.db_engine.sync_engine
                 event.listen(engine.pool, "checkout", bump("checkouts"))
+                event.listen(engine.pool, "checkout", checked_out)
+                event.listen(engine.pool, "checkin", checked_in)
                 event.listen(engine, "before_cursor_execute", bump("statements"))
                 event.listen(engine, "commit", bump("commits"))
                 await settled(service, api)
@@ -83,17 +95,17 @@ async def count(turns: int) -> dict[str, list[dict[str, int]]]:
     return {"to_reply": to_reply, "whole": whole}
 
 
-def median(values: Sequence[int]) -> float:
+def median(values: Sequence[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return float(ordered[mid]) if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def summary(raw: dict[str, list[dict[str, int]]]) -> dict[str, float]:
+def summary(raw: dict[str, list[dict[str, float]]]) -> dict[str, float]:
     """Medians: `<kind>_to_reply` and `<kind>_per_turn`."""
     out = {f"{k}_to_reply": median([t[k] for t in raw["to_reply"]]) for k in KINDS}
     out.update({f"{k}_per_turn": median([t[k] for t in raw["whole"]]) for k in KINDS})
-    return out
+    return {k: round(v, 1) for k, v in out.items()}
 
 
 def measure_tree(root: Path, turns: int) -> dict[str, float]:
@@ -133,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(header)
     for key in after:
         label = key.replace("_to_reply", " until the reply is sent").replace("_", " ")
+        label = label.replace("held ms", "ms the connection was held")
         row = f"{label:<34}"
         if before:
             row += f"{before[key]:>8g}"

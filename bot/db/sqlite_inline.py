@@ -1,12 +1,12 @@
 """SQLite statements run on the event loop's own thread, not through aiosqlite's worker thread.
 
 aiosqlite runs every call (cursor, execute, fetch, close, commit) on a thread of its own and
-hands the result back through the event loop: a thread hop and a loop wake-up per call, five or
-six of them per statement through SQLAlchemy. On a local SQLite file the hops cost ten times
-the statements: a four-statement transaction took 2.5 ms through the thread and 0.24 ms with
-the sqlite3 module called directly (docs/benchmarks.md, "third pass"). At 50 users the replies of
-one model batch finish together and their turns queue for the one connection
-(bot/db/engine.py), so the hops were most of the service's own time.
+hands the result back through the event loop: a thread hop and a loop wake-up per call. On a
+local SQLite file the hops cost more than the statements: a turn of four statements and a commit
+took 3.0 ms through the thread, 0.64 ms with the calls made here and 0.20 ms through SQLAlchemy's
+synchronous engine (`python -m bench.sqlite_driver`; docs/benchmarks.md, "third pass"). At 50
+users the replies of one model batch finish together and their turns queue for the one
+connection (bot/db/engine.py), so what each of them holds it for is what the last one waits.
 
 `InlineConnection` is aiosqlite's `Connection` (SQLAlchemy's aiosqlite dialect drives it, through
 `create_async_engine(..., async_creator=...)`) with its calls made on the calling thread. What

@@ -19,6 +19,8 @@ async def test_a_turn_is_counted_until_its_reply_and_until_the_service_is_idle()
         assert to_reply["statements"] >= to_reply["checkouts"]
         # after the reply: at least delivery's "sent" commit and the lease releases
         assert whole["commits"] > to_reply["commits"]
+        # the connection is held while it works: some time, and no more than the whole turn's
+        assert 0 < to_reply["held_ms"] <= whole["held_ms"]
     summary = roundtrips.summary(raw)
     assert set(summary) == {f"{k}_{w}" for k in roundtrips.KINDS for w in ("to_reply", "per_turn")}
 
