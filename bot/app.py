@@ -206,6 +206,7 @@ def build_service(
             owner=owner,
             heartbeat_engine=heartbeat_engine,
             heartbeat=heartbeat,
+            jobs_engine=make_engine(settings.db_url, on_loop=False, pool_size=1, max_overflow=0),
             leases=(inbox_leases, outbox_leases),
             delivery=delivery,
             inbox_worker=inbox_worker,

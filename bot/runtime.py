@@ -23,7 +23,7 @@ from bot import texts
 from bot.config import Settings
 from bot.conversations.store import ConversationStore
 from bot.conversations.usecases import UseCases
-from bot.db.engine import safe_url
+from bot.db.engine import make_sessionmaker, safe_url
 from bot.engine.protocol import ResponderProtocol
 from bot.service.budget import SendBudget
 from bot.service.delivery import Delivery
@@ -68,6 +68,8 @@ class Service:
     # The heartbeat's own connection (a busy pool must never make it miss a beat).
     heartbeat_engine: AsyncEngine
     heartbeat: Heartbeat
+    # Retention and the autopilot: their long reads run off the event loop (bot.db.engine).
+    jobs_engine: AsyncEngine
     leases: tuple[Leases, Leases]  # inbox, outbox
     delivery: Delivery
     inbox_worker: InboxWorker
@@ -91,7 +93,8 @@ class Service:
             from bot.service.retention import run_forever
 
             self._retention_task = asyncio.create_task(
-                run_forever(self.sessionmaker, self.settings.retention_days), name="retention"
+                run_forever(make_sessionmaker(self.jobs_engine), self.settings.retention_days),
+                name="retention",
             )
         experiment = getattr(self.responder, "experiment", None)
         if experiment is not None:
@@ -100,7 +103,8 @@ class Service:
             from bot.service.autopilot import run_forever as autopilot
 
             self._autopilot_task = asyncio.create_task(
-                autopilot(self.sessionmaker, experiment.name, owner=self.owner), name="autopilot"
+                autopilot(make_sessionmaker(self.jobs_engine), experiment.name, owner=self.owner),
+                name="autopilot",
             )
         # The heartbeat row first: a peer judges our leases by it.
         await retry(
@@ -220,6 +224,7 @@ class Service:
             with contextlib.suppress(Exception):
                 await self.handlers.close()
             await self.heartbeat_engine.dispose()
+            await self.jobs_engine.dispose()
             await self.db_engine.dispose()
 
     async def _set_commands(self) -> None:

@@ -41,8 +41,8 @@ def ensure_sqlite_dir(url: str | URL) -> None:
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    # No busy_timeout: the connection waits for other writers itself, off the loop's thread's
-    # back (bot/db/sqlite_inline.py).
+    # The busy timeout is the connection's own (sqlite3.connect's `timeout`): 0 on the loop's
+    # thread, which waits for other writers without blocking (bot/db/sqlite_inline.py).
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA foreign_keys=ON")
@@ -50,9 +50,13 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
-def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
+def make_engine(url: str, *, on_loop: bool = True, **kwargs: Any) -> AsyncEngine:
     """An async engine for SQLite (aiosqlite's connection, its statements run on the loop's
     thread: bot/db/sqlite_inline.py) or PostgreSQL (asyncpg).
+
+    `on_loop=False`: SQLite's statements run on aiosqlite's own thread instead, for the long
+    reads of background jobs (the autopilot's report, retention), which must not hold the event
+    loop; each such engine is one more connection.
 
     Bound parameters (message texts, personas, user names) never appear in SQLAlchemy's error
     messages, so a failed statement cannot carry user text into a log line or `inbox.error`.
@@ -63,7 +67,10 @@ def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
         if u.drivername == "sqlite":
             u = u.set(drivername="sqlite+aiosqlite")
         ensure_sqlite_dir(u)
-        kwargs.setdefault("async_creator", inline_creator(u, SQLITE_BUSY_TIMEOUT_MS / 1000))
+        if on_loop:
+            kwargs.setdefault("async_creator", inline_creator(u, SQLITE_BUSY_TIMEOUT_MS / 1000))
+        else:  # SQLite's busy handler waits for other writers, on aiosqlite's thread
+            kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         # SQLite has one writer at a time. Several pooled connections of one process only take
         # turns through waits for the lock (up to 50 ms a time); one connection queues the
         # process's statements instead, in order, with no sleeping. Other processes (and the

@@ -21,10 +21,13 @@ that changes:
   engine's transaction, which holds the lock, from ever finishing. SQLITE_BUSY_SNAPSHOT (a
   read transaction that another writer overtook) cannot be cured by waiting and is raised at
   once, as SQLite does; so is a busy `executescript`, which may have run part of its script.
-- *A long statement holds the loop for its length.* On aiosqlite it held the one connection for
-  as long, so every turn waited for it anyway; now polling and drafts wait too. The service's
-  statements take well under a millisecond; the long ones are operators' (the dashboard's
-  aggregates, retention's batched deletes, exports), and are measured in docs/benchmarks.md.
+- *A statement holds the loop for its length.* The service's own statements take well under a
+  millisecond. Background jobs whose work grows with the database are kept off the loop:
+  retention and the autopilot (which reads every vote and the guard figures of the experiment at
+  each check; the variants report over 200,000 messages takes 183 ms, docs/benchmarks.md "Admin
+  dashboard") run on an engine of their own made with `make_engine(..., on_loop=False)`, on
+  aiosqlite's thread (bot/runtime.py); the dashboard and `admin sql` read through their own
+  read-only engine (bot/admin/sql.py).
 
 PostgreSQL (asyncpg) is not touched: it is a network client, and its calls are asynchronous.
 """

@@ -51,6 +51,20 @@ async def test_statements_run_on_the_loops_thread_with_no_worker_thread(
     assert threading.active_count() == threads_before
 
 
+async def test_an_engine_for_long_reads_runs_them_on_aiosqlites_thread(tmp_path: Path) -> None:
+    """`on_loop=False` (retention, the autopilot): the statements leave the loop's thread."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite3'}", on_loop=False)
+    try:
+        async with engine.connect() as conn:
+            driver = (await conn.get_raw_connection()).driver_connection
+            assert not isinstance(driver, InlineConnection)
+            await driver.create_function("thread_id", 0, threading.get_ident)
+            ran_on = (await conn.execute(text("SELECT thread_id()"))).scalar_one()
+        assert ran_on != threading.get_ident()
+    finally:
+        await engine.dispose()
+
+
 async def test_a_write_waits_for_another_writer_without_blocking_the_loop(
     engine: AsyncEngine, tmp_path: Path
 ) -> None:
