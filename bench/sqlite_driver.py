@@ -6,7 +6,8 @@ The same engine settings (WAL, foreign keys, one pooled connection) and the same
 on a file in a temporary folder, one transaction at a time:
 
 - `thread`: SQLAlchemy's aiosqlite dialect as aiosqlite ships it (every call made on a worker
-  thread and handed back through the event loop): the service before bot/db/sqlite_inline.py;
+  thread and handed back through the event loop): the service before bot/db/sqlite_inline.py,
+  and its background jobs' engine now (`make_engine(..., on_loop=False)`);
 - `inline`: the service's engine (bot.db.engine.make_engine): the same aiosqlite connection with
   its calls made on the event loop's thread;
 - `sync`: SQLAlchemy's synchronous pysqlite engine, the floor.
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, event, text
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot.db.engine import _sqlite_pragmas, make_engine, make_sessionmaker
 
@@ -100,9 +101,7 @@ def measure(rounds: int) -> dict[str, tuple[float, float]]:
             return f"sqlite+aiosqlite:///{folder / name}"
 
         def thread_engine() -> AsyncEngine:
-            engine = create_async_engine(url("thread.db"), pool_size=1, max_overflow=0)
-            event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
-            return engine
+            return make_engine(url("thread.db"), on_loop=False)
 
         ways: dict[str, Callable[[], Any]] = {
             "thread": lambda: asyncio.run(_async_way(thread_engine(), rounds)),

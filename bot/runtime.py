@@ -89,12 +89,12 @@ class Service:
             await self.ops.start()
         self._commands_task = asyncio.create_task(self._set_commands(), name="setMyCommands")
         await self.cases.core.safety.warm_up()  # the classifier loads now, not on the first reply
+        jobs = make_sessionmaker(self.jobs_engine)  # retention and the autopilot
         if self.settings.retention_days:
             from bot.service.retention import run_forever
 
             self._retention_task = asyncio.create_task(
-                run_forever(make_sessionmaker(self.jobs_engine), self.settings.retention_days),
-                name="retention",
+                run_forever(jobs, self.settings.retention_days), name="retention"
             )
         experiment = getattr(self.responder, "experiment", None)
         if experiment is not None:
@@ -103,8 +103,7 @@ class Service:
             from bot.service.autopilot import run_forever as autopilot
 
             self._autopilot_task = asyncio.create_task(
-                autopilot(make_sessionmaker(self.jobs_engine), experiment.name, owner=self.owner),
-                name="autopilot",
+                autopilot(jobs, experiment.name, owner=self.owner), name="autopilot"
             )
         # The heartbeat row first: a peer judges our leases by it.
         await retry(
