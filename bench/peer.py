@@ -28,8 +28,11 @@ turns in rotated order, one at a time; the figure is the median over rounds):
   ours_batch/cont_int8slots  QUANTIZE=int8 with the default's per-slot cross-attention products
                         (as before steppers.slot_products merged a chat's beam slots for
                         quantized and cast models): what that merge adds
-  ours_batch_int8prev   QUANTIZE=int8 as it was before both that merge and the fused encoder
-                        self-attention (fastgen/encoder.py)
+  ours_batch_int8prev   QUANTIZE=int8 as it was before that merge, the fused encoder
+                        self-attention (fastgen/encoder.py) and the row blocks below
+  ours_batch/cont_int8whole  QUANTIZE=int8 with the projection, log-softmax and top-k over all
+                        rows at once (as before fastgen/projection.py's row blocks): what the
+                        blocks add; the same replies to the bit
   ours_cont_fp32/int8/bf16   the continuous scheduler's search (SCHEDULER=continuous, the
                         default): `fastgen.continuous.ContinuousSearch`, every chat joins at 0
   hf_fp32               transformers `generate` (sdpa attention, KV cache)
@@ -85,11 +88,13 @@ SYSTEMS = (
     "ours_batch_int8slots",
     "ours_batch_int8bucket",
     "ours_batch_int8prev",
+    "ours_batch_int8whole",
     "ours_batch_bf16",
     "ours_cont_fp32",
     "ours_cont_int8",
     "ours_cont_bf16",
     "ours_cont_int8slots",
+    "ours_cont_int8whole",
     "hf_fp32",
     "ct2_fp32",
     "ct2_int8",
@@ -101,6 +106,8 @@ BEFORE = (
     "ours_batch_int8slots",
     "ours_cont_int8slots",
     "ours_batch_int8prev",
+    "ours_batch_int8whole",
+    "ours_cont_int8whole",
 )
 # The default (fp32, bit for bit ParlAI's): what our faster modes' replies are compared with.
 REFERENCE = "ours_batch_fp32"
@@ -845,6 +852,12 @@ def load_ours(
         from bot.inference.fastgen import steppers
 
         steppers.use_merged_slots(False)  # this worker process only
+    if precision in ("int8whole", "int8prev"):
+        from bot.inference.fastgen import projection
+
+        fast = projection.of(agent.model)
+        assert fast is not None
+        fast.block_rows = 0  # every row at once
     if precision == "int8prev":
         from bot.inference.fastgen import encoder
 

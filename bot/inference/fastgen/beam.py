@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -199,17 +200,26 @@ def batched_generate(
         if not any(active):
             break
         if fused is None:
-            score = stepper.logits(t).view(bsz, beam, -1)
-            if temperature != 1.0:
-                score.div_(temperature)
-            lp = F.log_softmax(score, dim=-1, dtype=torch.float32)
-            vocab = lp.size(-1)
-            if t < min_length:
-                lp[:, :, eos] = NEG
-            if block_ngram > 0:
-                block_self_ngrams(lp.view(rows, vocab), hyps, block_ngram)
-            if context is not None:
-                block_context_ngrams(lp, hyps, context, context_ngram)
+            # what each branch below takes of the log-probabilities, block by block of chats
+            # (one block unless the int8 projection's row blocks pay: projection.py)
+            picks = []
+            for lo, score in _step_scores(stepper, model, t, rows, beam):
+                n = score.size(0)
+                score = score.view(n // beam, beam, -1)
+                if temperature != 1.0:
+                    score.div_(temperature)
+                lp = F.log_softmax(score, dim=-1, dtype=torch.float32)
+                vocab = lp.size(-1)
+                if t < min_length:
+                    lp[:, :, eos] = NEG
+                if block_ngram > 0:
+                    block_self_ngrams(lp.view(n, vocab), hyps[lo : lo + n], block_ngram)
+                if context is not None:
+                    chats = slice(lo // beam, (lo + n) // beam)
+                    block_context_ngrams(lp, hyps[lo : lo + n], context[chats], context_ngram)
+                picks.append(_pick(lp, t, delay, greedy, beam, topk))
+            cvals = torch.cat([v for v, _ in picks]) if len(picks) > 1 else picks[0][0]
+            ctoks = torch.cat([i for _, i in picks]) if len(picks) > 1 else picks[0][1]
         else:
             # the projection fused with log-softmax, masking and top-k (projection.py): each
             # branch below takes the same top-k entries it takes from the full scores
@@ -224,10 +234,7 @@ def batched_generate(
             # TopKSampling.select_paths: every row draws one token from its own top-k (at the
             # first step all rows are the same start: that is what makes them differ)
             prior = scores if t == 0 else scores.masked_fill(last == eos, NEG)
-            if fused is None:
-                values, indices = lp.view(rows, vocab).topk(topk, dim=-1)
-            else:
-                values, indices = cvals, ctoks
+            values, indices = cvals, ctoks
             choices = torch.multinomial(torch.softmax(values, dim=-1), 1)
             tok_ids = indices.gather(1, choices).view(bsz, beam)
             new_scores = values.gather(1, choices).view(bsz, beam) + prior
@@ -237,28 +244,20 @@ def batched_generate(
             if fused is not None:
                 best = cvals.view(bsz, beam, -1)[:, 0, :]
                 tok = ctoks.view(bsz, beam, -1)[:, 0, :]
-            elif greedy:
-                best, tok = lp[:, 0, :].max(1, keepdim=True)
             else:
-                best, tok = torch.topk(lp[:, 0, :], beam, dim=1)
+                best, tok = cvals, ctoks  # per chat (_pick)
             new_scores = best + scores[:, :1]
             hyp_ids = torch.zeros(bsz, beam, dtype=torch.long, device=dev)
             tok_ids = tok
         else:
             prior = scores.masked_fill(last == eos, NEG)
             if greedy:
-                if fused is None:
-                    best, tok = lp.view(bsz, vocab).max(1, keepdim=True)
-                else:
-                    best, tok = cvals.view(bsz, 1), ctoks.view(bsz, 1)
+                best, tok = cvals.view(bsz, 1), ctoks.view(bsz, 1)
                 new_scores = best + prior
                 hyp_ids = torch.zeros(bsz, 1, dtype=torch.long, device=dev)
                 tok_ids = tok
             else:
-                if fused is None:
-                    vals, toks = row_topk(lp.view(rows, vocab), beam)
-                else:
-                    vals, toks = cvals, ctoks
+                vals, toks = cvals, ctoks
                 cand = vals.view(bsz, beam, beam) + prior.unsqueeze(2)
                 new_scores, pos = torch.topk(cand.view(bsz, beam * beam), beam, dim=1)
                 hyp_ids = torch.div(pos, beam, rounding_mode="trunc")
@@ -313,6 +312,40 @@ def batched_generate(
         )
     preds = [b.get_rescored_finished()[0] for b in beams]
     return preds, beams
+
+
+def _step_scores(
+    stepper: FastDecoder | GenericDecoder, model: Any, t: int, rows: int, beam: int
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """The step's next-token scores, (first row, scores of whole chats' rows): all rows at
+    once, or the int8 projection's row blocks (projection.py) where they pay."""
+    proj = projection.of(model) if isinstance(stepper, FastDecoder) else None
+    bounds = proj.blocks(rows, beam) if proj is not None else [(0, rows)]
+    if proj is None or len(bounds) == 1:
+        yield 0, stepper.logits(t)
+        return
+    assert isinstance(stepper, FastDecoder)
+    yield from proj.block_scores(stepper.hidden(t).squeeze(1), bounds)
+
+
+def _pick(
+    lp: torch.Tensor, t: int, delay: int, greedy: bool, beam: int, topk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the step takes of the log-probabilities `lp` (chats, beam, vocab) of some chats,
+    as (values, tokens): each row's top-k while sampling; at the first step each chat's best
+    (greedy) or top `beam` of its first row; then each row's best (greedy) or top `beam`."""
+    flat = lp.view(-1, lp.size(-1))
+    if t < delay:
+        values, tokens = flat.topk(topk, dim=-1)
+    elif t == 0 and greedy:
+        values, tokens = lp[:, 0, :].max(1, keepdim=True)
+    elif t == 0:
+        values, tokens = torch.topk(lp[:, 0, :], beam, dim=1)
+    elif greedy:
+        values, tokens = flat.max(1, keepdim=True)
+    else:
+        values, tokens = row_topk(flat, beam)
+    return values, tokens
 
 
 def _blocked_pairs(

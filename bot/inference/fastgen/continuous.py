@@ -40,7 +40,7 @@ differences).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -372,7 +372,8 @@ class ContinuousSearch:
         out = slot_products(weights, values, n, beam, self.heads, self.dh, exact=self.exact)
         return attn.out_lin(self._merge(out, x))  # type: ignore[no-any-return]
 
-    def _logits(self) -> torch.Tensor:
+    def _hidden(self) -> torch.Tensor:
+        """The decoder's output for every row, (rows, 1, dim), before the output projection."""
         rows = self.rows
         pos = self.pos
         x = self.dec.forward_embedding(self.tokens, pos.unsqueeze(1))
@@ -405,32 +406,45 @@ class ContinuousSearch:
             x = after_self_attention(layer, self.variant, x, residual, self._cross_attend, ck, cv)
         if self.variant == "prelayernorm":
             x = self.dec.norm_embeddings(x)
-        return projection.scores(self.model, x).squeeze(1)
+        return x
+
+    def _scores(self, beam: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """Next-token scores, (first row, scores of whole chats' rows): all rows at once, or
+        the int8 projection's row blocks (projection.py) where they pay."""
+        x = self._hidden()
+        proj = projection.of(self.model)
+        bounds = proj.blocks(self.rows, beam) if proj is not None else [(0, self.rows)]
+        if proj is None or len(bounds) == 1:
+            yield 0, projection.scores(self.model, x).squeeze(1)
+            return
+        yield from proj.block_scores(x.squeeze(1), bounds)
 
     def step(self) -> list[ChatSearch]:
         """Advance every chat by one token; returns the chats that finished (they have left)."""
         if not self.chats:
             return []
         beam = self.chats[0].beam
-        score = self._logits()
         temperature = self.agent.temperature
-        if temperature != 1.0:
-            score.div_(temperature)
-        lp = F.log_softmax(score, dim=-1, dtype=torch.float32)
-        for i, chat in enumerate(self.chats):
-            chat.constrain(lp[i * beam : (i + 1) * beam])
-        need_rows = any(not c.greedy and c.t > 0 and c.t >= c.delay for c in self.chats)
-        row_vals, row_toks = row_topk(lp, beam) if need_rows else (None, None)
         src, toks = [], []
-        for i, chat in enumerate(self.chats):
-            rs = slice(i * beam, (i + 1) * beam)
-            hyp_ids, tok_ids = chat.select(
-                lp[rs],
-                None if row_vals is None else row_vals[rs],
-                None if row_toks is None else row_toks[rs],
-            )
-            src.append(hyp_ids + i * beam)
-            toks.append(tok_ids)
+        for lo, score in self._scores(beam):
+            if temperature != 1.0:
+                score.div_(temperature)
+            lp = F.log_softmax(score, dim=-1, dtype=torch.float32)
+            first = lo // beam
+            chats = self.chats[first : first + score.size(0) // beam]
+            for j, chat in enumerate(chats):
+                chat.constrain(lp[j * beam : (j + 1) * beam])
+            need_rows = any(not c.greedy and c.t > 0 and c.t >= c.delay for c in chats)
+            row_vals, row_toks = row_topk(lp, beam) if need_rows else (None, None)
+            for j, chat in enumerate(chats):
+                rs = slice(j * beam, (j + 1) * beam)
+                hyp_ids, tok_ids = chat.select(
+                    lp[rs],
+                    None if row_vals is None else row_vals[rs],
+                    None if row_toks is None else row_toks[rs],
+                )
+                src.append(hyp_ids + (first + j) * beam)
+                toks.append(tok_ids)
         keep = [i for i, c in enumerate(self.chats) if not c.done]
         done = [c for c in self.chats if c.done]
         if not keep:

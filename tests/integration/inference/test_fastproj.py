@@ -12,6 +12,7 @@ gaps up to 7% of the score (every linear layer is int8 there, not only the proje
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -260,3 +261,72 @@ def test_the_fused_encoder_attention_is_parlais_within_rounding(
         if k.startswith(prefix)
     }
     assert held == {"q_lin", "k_lin", "v_lin", "out_lin"}
+
+
+@contextlib.contextmanager
+def row_blocks(model: Any, block_rows: int) -> Iterator[None]:
+    """The int8 projection's row blocks of `block_rows` rows from the first row on (0: off)."""
+    proj = projection.of(model)
+    assert proj is not None and proj.kind == "int8"
+    kept, kept_from = proj.block_rows, projection.BLOCK_FROM
+    proj.block_rows, projection.BLOCK_FROM = block_rows, 1
+    try:
+        yield
+    finally:
+        proj.block_rows, projection.BLOCK_FROM = kept, kept_from
+
+
+def test_int8_row_blocks_give_the_whole_batchs_replies(int8_agent: Any, one_thread: None) -> None:
+    """The micro-batcher's search: the same finished hypotheses, scores to the bit, with the
+    projection's rows taken in blocks of one chat or of several as with all rows at once."""
+    model = int8_agent.model
+    blocked = 0
+    for case in cases(int8_agent, seed=41, per_config=3):
+        with row_blocks(model, 0):
+            _, ref, _ = run_search(int8_agent, case)
+        rows = len(case.texts) * case.gen["beam_size"]
+        for size in (1, 12):
+            with row_blocks(model, size):
+                if len(projection.of(model).blocks(rows, case.gen["beam_size"])) > 1:
+                    blocked += 1
+                _, got, _ = run_search(int8_agent, case)
+            assert finished_lists(got) == finished_lists(ref), (case, size)
+    assert blocked >= 12  # many cases really ran in several blocks (17 of 36 here)
+
+
+def test_int8_row_blocks_give_the_continuous_searchs_replies(
+    int8_agent: Any, one_thread: None
+) -> None:
+    """The continuous scheduler's search likewise, chats joining at random steps."""
+    import torch
+
+    from bot.inference.fastgen import continuous
+    from tests.integration.inference.test_continuous import random_case as continuous_case
+    from tests.integration.inference.test_fastgen import generation, observe
+
+    def replies(case: Any) -> dict[int, list[tuple[list[int], float]]]:
+        batches = [int8_agent.batchify([observe(int8_agent, c.turns)]) for c in case.chats]
+        search = continuous.ContinuousSearch(int8_agent)
+        got: dict[int, list[tuple[list[int], float]]] = {}
+        step = 0
+        while len(got) < len(batches):
+            for i, chat in enumerate(case.chats):
+                if chat.arrival == step or (chat.arrival > step and len(search) == 0):
+                    chat.arrival = step
+                    search.join(i, batches[i])
+            for done in search.step():
+                [got[done.key]] = finished_lists([done.result()])
+            step += 1
+        return got
+
+    rng = random.Random(43)
+    words = [int8_agent.dict.ind2tok[i] for i in range(4, len(int8_agent.dict))]
+    model = int8_agent.model
+    for _ in range(16):
+        case = continuous_case(rng, words)
+        with generation(int8_agent, **case.gen), torch.no_grad():
+            with row_blocks(model, 0):
+                ref = replies(case)
+            for size in (1, 12):
+                with row_blocks(model, size):
+                    assert replies(case) == ref, (case.gen, size)

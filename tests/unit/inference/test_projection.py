@@ -106,3 +106,26 @@ def test_cpu_flags_are_read_from_cpuinfo(monkeypatch: pytest.MonkeyPatch) -> Non
     assert not hardware.has_bf16() and not hardware.has_int8_dot()
     monkeypatch.setattr(hardware, "read_cpuinfo", lambda: "")
     assert hardware.cpu_flags() == frozenset()
+
+
+def test_int8_row_blocks_are_the_whole_inputs_scores_to_the_bit() -> None:
+    """Each block is quantized over the whole input's range, so its scores are those rows of
+    one call over every row; blocks are whole groups (a chat's beam)."""
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(3000, 64, generator=gen) * 0.05
+    x = torch.randn(23, 64, generator=gen) * 2
+    x[17, 3] = 9.0  # the largest value in one block only: the others must still use it
+    proj = Projection(w, "int8", start=2)
+    whole = proj.scores(x)
+    proj.block_rows = 10
+    assert proj.blocks(23, 5) == [(0, 23)]  # too few rows to pay (BLOCK_FROM)
+    assert proj.blocks(400, 5) == [(lo, min(lo + 10, 400)) for lo in range(0, 400, 10)]
+    assert proj.blocks(400, 3)[:2] == [(0, 9), (9, 18)]  # whole chats of 3 rows
+    bounds = [(0, 5), (5, 15), (15, 23)]
+    got = list(proj.block_scores(x, bounds))
+    assert [lo for lo, _ in got] == [0, 5, 15]
+    assert torch.equal(torch.cat([s for _, s in got]), whole)
+    # without the whole input's range a block would be quantized otherwise
+    alone = proj.scores(x[:5])
+    assert not torch.equal(alone, whole[:5])
+    assert Projection(w, "fused").block_rows == 0  # float products keep one call
