@@ -12,7 +12,12 @@ who needs more should put a stronger classifier behind the same interface.
 - flag: replies and personas go through unchanged and are stored marked, for the admins.
 - off: no classifier at all.
 
-The classifier runs on a worker thread, never on the event loop.
+The classifier is loaded on a worker thread (about a second, at start: `warm_up`). Once
+loaded, a short batch of texts (a reply and its candidate beams, a persona: up to
+`INLINE_CHARS` characters in all) is scored on the event loop, in about a millisecond: a hop to
+the worker thread cost the turn 12-14 ms p50 at 50 users, waiting for the thread to get the
+GIL (docs/benchmarks.md, "The service's own time, fourth pass"). Longer batches still go to
+the thread.
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ class Verdict:
 
 
 Scorer = Callable[[list[str]], list[float]]
+
+# A loaded classifier scores batches of up to this many characters on the event loop (the
+# module's note); longer ones on a worker thread.
+INLINE_CHARS = 4096
 
 _scorer: Scorer | None = None
 _scorer_lock = threading.Lock()
@@ -139,6 +148,7 @@ class SafetyGate:
         self.mode = mode
         self.threshold = threshold
         self._scorer = scorer or profanity_scorer
+        self._loaded: Scorer | None = None  # what `_scorer` gave, once loaded
         # What replaces a reply when every candidate was offensive (in the model's language).
         self.deflection = deflection
 
@@ -150,13 +160,25 @@ class SafetyGate:
     async def warm_up(self) -> None:
         """Load the classifier now (about a second), not on the first reply."""
         if self.on:
-            await asyncio.to_thread(self._scorer)
+            await self._load()
+
+    async def _load(self) -> Scorer:
+        """The classifier, loaded on a worker thread the first time."""
+        if self._loaded is None:
+            self._loaded = await asyncio.to_thread(self._scorer)
+        return self._loaded
 
     async def offensive(self, items: Sequence[str]) -> list[bool]:
-        """Whether each text is offensive, scored on a worker thread."""
+        """Whether each text is offensive: a short batch scored on the event loop, a long one
+        on a worker thread (the module's note)."""
         if not items:
             return []
-        scores = await asyncio.to_thread(lambda: self._scorer()(list(items)))
+        texts_ = list(items)
+        scorer = await self._load()
+        if sum(len(t) for t in texts_) <= INLINE_CHARS:
+            scores = scorer(texts_)
+        else:
+            scores = await asyncio.to_thread(scorer, texts_)
         return [s >= self.threshold for s in scores]
 
     async def reply(self, text: str, candidates: Sequence[str] = ()) -> Verdict:

@@ -161,3 +161,32 @@ async def test_stats_count_what_the_gate_did(api: FakeBotAPI, serve_db: ServeSet
     assert "Safety: 2 offensive replies (1 replaced, 1 deflected, 0 sent flagged)" in (
         format_stats(figures)
     )
+
+
+async def test_a_loaded_classifier_scores_short_batches_on_the_event_loop() -> None:
+    """Loading (about a second) is on a worker thread, once; a reply and its candidates are
+    then scored on the loop's own thread; a batch over INLINE_CHARS on a worker thread."""
+    import threading
+
+    from bot.safety import INLINE_CHARS
+
+    loop_thread = threading.get_ident()
+    loads: list[int] = []
+    calls: list[tuple[int, int]] = []
+
+    def load() -> object:
+        loads.append(threading.get_ident())
+
+        def score(items: list[str]) -> list[float]:
+            calls.append((threading.get_ident(), len(items)))
+            return [1.0 if "idiot" in t else 0.0 for t in items]
+
+        return score
+
+    gate = SafetyGate("block", scorer=load)  # type: ignore[arg-type]
+    assert await gate.offensive([TOXIC, CLEAN]) == [True, False]
+    assert await gate.offensive([CLEAN] * 3) == [False] * 3
+    assert await gate.offensive(["x" * (INLINE_CHARS + 1)]) == [False]
+    assert len(loads) == 1 and loads[0] != loop_thread
+    assert calls[:2] == [(loop_thread, 2), (loop_thread, 3)]
+    assert calls[2][1] == 1 and calls[2][0] != loop_thread
