@@ -1,6 +1,6 @@
 """End to end: the real `python -m bot run` process, many users talking at once.
 
-    python -m bench.e2e --users 50 --messages 5 [--quick]
+    python -m bench.e2e --users 50 --messages 5 [--quick] [--set STREAM_REPLIES=off ...]
 
 A loopback Bot API server (tests/support/fakebotapi.py) plays Telegram; the bot polls it
 with its real
@@ -438,6 +438,16 @@ def main() -> None:
         "add /tmp/before REV`), for a before/after in one run",
     )
     parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        type=parse_setting,
+        metavar="NAME=VALUE",
+        help="a setting of the bot's for this run, e.g. STREAM_REPLIES=off or SAFETY=off, to "
+        "measure what a feature costs (repeatable; both runs of --before get it)",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="3 users, 2 messages, greedy, 1 torch thread"
     )
     args = parser.parse_args()
@@ -525,6 +535,18 @@ def main() -> None:
     )
 
 
+def parse_setting(text: str) -> tuple[str, str]:
+    """`NAME=VALUE` of --set, NAME a setting's environment variable (docs/configuration.md)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name or name != name.upper() or not name.replace("_", "").isalnum():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a setting as NAME=VALUE, e.g. STREAM_REPLIES=off"
+        )
+    if name in ("TELEGRAM_BOT_TOKEN", "DATABASE_URL", "BOT_MODEL", "DATA_DIR"):
+        raise argparse.ArgumentTypeError(f"{name} is the benchmark's own; it cannot be set")
+    return name, value
+
+
 def _rate(run: Run) -> float:
     return len(run.answered) / run.wall_s if run.wall_s else 0.0
 
@@ -541,6 +563,7 @@ def _measure(args: argparse.Namespace, model_file: str, root: Path) -> tuple[Run
                 threads=args.threads,
                 log_level=args.log_level,
                 root=root,
+                extra=dict(args.settings),
             )
             run = asyncio.run(
                 session(

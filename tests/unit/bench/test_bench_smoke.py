@@ -186,3 +186,15 @@ def test_the_quality_guard_counts_identical_replies_and_the_score_gap_of_the_oth
     assert cmp["gap_p50"] == pytest.approx(-0.25)  # median of +0.5 and -1.0
     with pytest.raises(ValueError, match="different model inputs"):  # equal work is checked
         quality.compare(ref, [{**other[0], "model_input": [9]}, *other[1:]], [0] * 4, [0] * 4)
+
+
+def test_e2e_takes_a_setting_for_the_bot_and_refuses_the_benchmarks_own() -> None:
+    import argparse
+
+    assert e2e.parse_setting("STREAM_REPLIES=off") == ("STREAM_REPLIES", "off")
+    assert e2e.parse_setting("SAFETY_THRESHOLD=0.5=x") == ("SAFETY_THRESHOLD", "0.5=x")
+    for bad in ("STREAM_REPLIES", "stream_replies=off", "=off", "A B=1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="NAME=VALUE"):
+            e2e.parse_setting(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="benchmark's own"):
+        e2e.parse_setting("DATABASE_URL=sqlite://")
