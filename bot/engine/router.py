@@ -337,6 +337,10 @@ class VariantResponder(ServedVariants):
     async def lane_of(self, chat_id: int) -> str:
         """The variant a chat's next turn goes to (its stored one, or the one its first turn
         will get): the inbox worker's lane for the chat."""
+        if len(self.experiment.variants) == 1:
+            # every branch below gives the one variant: no read (a checkout per turn, the
+            # usual single-model deployment; docs/benchmarks.md, fourth pass)
+            return self.experiment.variants[0].name
         name = await self.store.variant_of(chat_id)
         if name is not None and self.experiment.get(name) is not None:
             return name

@@ -210,3 +210,32 @@ def test_a_broken_model_in_the_variants_file_does_not_lock_out_the_admin_command
     assert run_admin(settings, parse_admin("variants", "list")) == 0
     assert run_admin(settings, parse_admin("variants", "remove", "cand")) == 0
     assert "removed cand" in capsys.readouterr().out
+
+
+async def test_the_lane_of_a_single_variant_needs_no_read(
+    store: ConversationStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one variant every chat's lane is it, stored or not, served or down: the lane is
+    answered without reading the chat's variant (a checkout per turn); with two it is read."""
+    reads: list[int] = []
+    original = store.variant_of
+
+    async def variant_of(chat_id: int) -> str | None:
+        reads.append(chat_id)
+        return await original(chat_id)
+
+    monkeypatch.setattr(store, "variant_of", variant_of)
+    alone = Experiment("one", (Variant("only", "zoo:x", 1.0, True),))
+    backend = SimpleNamespace(alive=False)
+    responder = VariantResponder(alone, {"only": cast(Backend, backend)}, store)
+    assert await responder.lane_of(961) == "only"  # down: still its lane
+    backend.alive = True
+    assert await responder.variant_for(await store.active_session(961)) == "only"
+    assert await responder.lane_of(961) == "only"  # stored
+    assert reads == []
+    two = Experiment(
+        "two", (Variant("only", "zoo:x", 1.0, True), Variant("b", "zoo:x", 0.0, False))
+    )
+    up = cast(Backend, SimpleNamespace(alive=True))
+    assert await VariantResponder(two, {"only": up, "b": up}, store).lane_of(961) == "only"
+    assert reads == [961]
