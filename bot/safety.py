@@ -14,10 +14,9 @@ who needs more should put a stronger classifier behind the same interface.
 
 The classifier is loaded on a worker thread (about a second, at start: `warm_up`). Once
 loaded, a short batch of texts (a reply and its candidate beams, a persona: up to
-`INLINE_CHARS` characters in all) is scored on the event loop, in about a millisecond: a hop to
-the worker thread cost the turn 12-14 ms p50 at 50 users, waiting for the thread to get the
-GIL (docs/benchmarks.md, "The service's own time, fourth pass"). Longer batches still go to
-the thread.
+`INLINE_CHARS` characters in all) is scored on the event loop, in about a millisecond; a hop to
+the worker thread took 12-14 ms p50 of a turn at 50 users, nearly all of it waiting for the
+thread (docs/benchmarks.md, "Issue 38, fourth pass"). Longer batches still go to the thread.
 """
 
 from __future__ import annotations

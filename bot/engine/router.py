@@ -339,7 +339,7 @@ class VariantResponder(ServedVariants):
         will get): the inbox worker's lane for the chat."""
         if len(self.experiment.variants) == 1:
             # every branch below gives the one variant: no read (a checkout per turn, the
-            # usual single-model deployment; docs/benchmarks.md, fourth pass)
+            # usual single-model deployment; docs/benchmarks.md, "Issue 38, fourth pass")
             return self.experiment.variants[0].name
         name = await self.store.variant_of(chat_id)
         if name is not None and self.experiment.get(name) is not None:

@@ -340,7 +340,7 @@ class ChatPool(Generic[R]):
             # No second read to find rows that came meanwhile: this process's own start the
             # chat again at the end (start_chat), and the scan that every worker's end sets
             # off (_worker_done) finds the others'. The read that found nothing cost a
-            # checkout per turn in each pool (docs/benchmarks.md, fourth pass). While a
+            # checkout per turn in each pool (docs/benchmarks.md, "Issue 38, fourth pass"). While a
             # draining pool stops, nothing starts a chat again: it reads until none is left.
             if not self._stopping:
                 return "done"
