@@ -5,11 +5,9 @@ over their own table. A scan finds the chats with pending rows and starts one wo
 that has none. A worker takes a concurrency slot, then the chat's lease, and only then reads
 the chat's rows (aiogram #1317: load state after taking the lock), so rows another process
 handled meanwhile are not handled twice; it works through them in order, renewing the lease
-before each. Rows that come while it works are found by a new start: at once for rows this
-process committed (`start_chat`), by the scan that each worker's end sets off for the rest.
-A chat whose lease another process holds gives its slot back and tries again after a pause; a
-chat waiting for a slot holds no lease, so another replica with room can take it. Rows left
-by a crash are found by the first scan.
+before each, and reads again until none is left. A chat whose lease another process holds
+gives its slot back and tries again after a pause; a chat waiting for a slot holds no lease,
+so another replica with room can take it. Rows left by a crash are found by the first scan.
 Where this process committed the rows itself, it names their chats (`start_chat`): their
 workers start at once, without waiting for a scan.
 
@@ -337,13 +335,6 @@ class ChatPool(Generic[R]):
                     return "busy"
                 if not await self.process(row):
                     return "stalled"
-            # No second read to find rows that came meanwhile: this process's own start the
-            # chat again at the end (start_chat), and the scan that every worker's end sets
-            # off (_worker_done) finds the others'. The read that found nothing cost a
-            # checkout per turn in each pool (docs/benchmarks.md, "Issue 38, fourth pass"). While a
-            # draining pool stops, nothing starts a chat again: it reads until none is left.
-            if not self._stopping:
-                return "done"
         return "done"
 
     async def _claim(self, chat_id: int) -> bool:

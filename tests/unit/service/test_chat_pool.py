@@ -200,7 +200,7 @@ async def test_a_lanes_share_of_the_slots_follows_the_number_of_lanes() -> None:
 
 
 async def test_rows_handed_to_a_chat_whose_worker_is_ending_are_not_left_to_a_scan() -> None:
-    # start_chat while the chat's worker has done its read (it reads once) but not ended yet:
+    # start_chat while the chat's worker has done its last (empty) read but not ended yet:
     # the chat is started again when that worker ends, with scans that find nothing.
     rows = Rows({1: ["1a"]})
     pool = _pool(rows, poll_interval_s=60.0)
@@ -211,7 +211,7 @@ async def test_rows_handed_to_a_chat_whose_worker_is_ending_are_not_left_to_a_sc
         nonlocal reads
         found = await original(chat_id)
         reads += 1
-        if reads == 1:  # the worker has read its rows; another is committed now
+        if reads == 2:  # the worker's last read found nothing; a row is committed now
             rows.rows[1].append("1b")
             assert pool.start_chat(1)
         return found
@@ -226,43 +226,3 @@ async def test_rows_handed_to_a_chat_whose_worker_is_ending_are_not_left_to_a_sc
     await until(lambda: rows.done == ["1a", "1b"], within_s=5, what="the handed row done")
     await pool.stop(1.0)
     assert not pool.start_chat(1)  # stopping: the caller scans instead
-
-
-async def test_a_worker_reads_its_chat_once_and_a_scan_finds_what_came_meanwhile() -> None:
-    # No second read that finds nothing (a checkout per turn): a row committed by another
-    # process while the worker ran is found by the scan that the worker's end sets off.
-    rows = Rows({1: ["1a", "1b"]})
-    rows.hold = {"1a"}
-    pool = _pool(rows, poll_interval_s=60.0)  # no timed scan within the test
-    reads = 0
-    original = rows.pending
-
-    async def pending(chat_id: int) -> list[str]:
-        nonlocal reads
-        reads += 1
-        return await original(chat_id)
-
-    pool.pending = pending
-    await pool.start()
-    await asyncio.wait_for(rows.started.wait(), 5)
-    rows.rows[1].append("1c")  # another process's row: no start_chat here
-    rows.release.set()
-    await until(lambda: rows.done == ["1a", "1b", "1c"], within_s=5, what="1c done")
-    await until(lambda: pool.busy == 0, within_s=5, what="the worker ended")
-    assert reads == 2  # one for 1a and 1b, one for 1c: none that found nothing
-    await pool.stop(1.0)
-
-
-async def test_a_draining_pool_reads_a_chat_until_none_is_left() -> None:
-    # Stopping, nothing starts a chat again: its worker reads until it finds nothing.
-    rows = Rows({1: ["1a"]})
-    rows.hold = {"1a"}
-    pool = _pool(rows, poll_interval_s=60.0, drain_on_stop=True)
-    await pool.start()
-    await asyncio.wait_for(rows.started.wait(), 5)
-    stopping = asyncio.create_task(pool.stop(5.0))
-    await asyncio.sleep(0.05)
-    rows.rows[1].append("1b")  # queued by the last moments' work
-    rows.release.set()
-    await stopping
-    assert rows.done == ["1a", "1b"]
