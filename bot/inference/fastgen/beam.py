@@ -203,7 +203,7 @@ def batched_generate(
             # what each branch below takes of the log-probabilities, block by block of chats
             # (one block unless the int8 projection's row blocks pay: projection.py)
             picks = []
-            for lo, score in _step_scores(stepper, model, t, rows, beam):
+            for lo, score in _step_scores(stepper, model, t, beam):
                 n = score.size(0)
                 score = score.view(n // beam, beam, -1)
                 if temperature != 1.0:
@@ -315,17 +315,13 @@ def batched_generate(
 
 
 def _step_scores(
-    stepper: FastDecoder | GenericDecoder, model: Any, t: int, rows: int, beam: int
+    stepper: FastDecoder | GenericDecoder, model: Any, t: int, beam: int
 ) -> Iterator[tuple[int, torch.Tensor]]:
-    """The step's next-token scores, (first row, scores of whole chats' rows): all rows at
-    once, or the int8 projection's row blocks (projection.py) where they pay."""
-    proj = projection.of(model) if isinstance(stepper, FastDecoder) else None
-    bounds = proj.blocks(rows, beam) if proj is not None else [(0, rows)]
-    if proj is None or len(bounds) == 1:
+    """The step's next-token scores, (first row, scores of whole chats' rows)."""
+    if isinstance(stepper, FastDecoder):
+        yield from projection.step_scores(model, stepper.hidden(t), beam)
+    else:
         yield 0, stepper.logits(t)
-        return
-    assert isinstance(stepper, FastDecoder)
-    yield from proj.block_scores(stepper.hidden(t).squeeze(1), bounds)
 
 
 def _pick(

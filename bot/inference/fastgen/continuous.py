@@ -40,7 +40,7 @@ differences).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -408,17 +408,6 @@ class ContinuousSearch:
             x = self.dec.norm_embeddings(x)
         return x
 
-    def _scores(self, beam: int) -> Iterator[tuple[int, torch.Tensor]]:
-        """Next-token scores, (first row, scores of whole chats' rows): all rows at once, or
-        the int8 projection's row blocks (projection.py) where they pay."""
-        x = self._hidden()
-        proj = projection.of(self.model)
-        bounds = proj.blocks(self.rows, beam) if proj is not None else [(0, self.rows)]
-        if proj is None or len(bounds) == 1:
-            yield 0, projection.scores(self.model, x).squeeze(1)
-            return
-        yield from proj.block_scores(x.squeeze(1), bounds)
-
     def step(self) -> list[ChatSearch]:
         """Advance every chat by one token; returns the chats that finished (they have left)."""
         if not self.chats:
@@ -426,7 +415,7 @@ class ContinuousSearch:
         beam = self.chats[0].beam
         temperature = self.agent.temperature
         src, toks = [], []
-        for lo, score in self._scores(beam):
+        for lo, score in projection.step_scores(self.model, self._hidden(), beam):
             if temperature != 1.0:
                 score.div_(temperature)
             lp = F.log_softmax(score, dim=-1, dtype=torch.float32)

@@ -133,18 +133,13 @@ class Projection:
         int8 activations are quantized per call over the input's range (its min and max,
         widened to hold 0): a row holding the whole input's min and max goes with each block,
         so every block is quantized as the whole input would be, and its output is dropped."""
-        if len(bounds) == 1 or x.size(1) < 2:
+        if len(bounds) == 1 or self.kind != "int8" or x.size(1) < 2:
             yield 0, self.scores(x)
             return
-        span = None
-        if self.kind == "int8":
-            x = x.float()
-            span = torch.zeros(1, x.size(1), dtype=x.dtype, device=x.device)
-            span[0, 0], span[0, 1] = x.min(), x.max()
+        x = x.float()
+        span = torch.zeros(1, x.size(1), dtype=x.dtype, device=x.device)
+        span[0, 0], span[0, 1] = x.min(), x.max()
         for lo, hi in bounds:
-            if span is None:
-                yield lo, self.scores(x[lo:hi])
-                continue
             out = self._linear(torch.cat([x[lo:hi], span]), self.full)[:-1]
             if self.start is not None:
                 out[:, self.start] = neginf(out.dtype)
@@ -209,6 +204,18 @@ def prepare(
     projection = Projection(model.embeddings.weight, kind, slice_rows, model.start_idx, fuse)
     object.__setattr__(model, _ATTR, projection)
     return projection
+
+
+def step_scores(model: Any, x: torch.Tensor, group: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """Next-token scores for the decoder output `x` (rows, 1, dim) as (first row, scores of
+    whole groups of `group` rows): all rows at once (`scores`), or the int8 projection's row
+    blocks where they pay (the module's note)."""
+    projection = of(model)
+    bounds = projection.blocks(x.size(0), group) if projection is not None else []
+    if projection is None or len(bounds) == 1:
+        yield 0, scores(model, x).squeeze(1)
+        return
+    yield from projection.block_scores(x.squeeze(1), bounds)
 
 
 def of(model: Any) -> Projection | None:
