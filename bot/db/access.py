@@ -17,20 +17,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import Integer, delete, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bot.db.dialect import db_now
+from bot.db.dialect import db_now, dialect_insert
 from bot.db.models import AccessRefusal, AccessRule, QuotaCounter, UserQuota, utcnow
 
 ALLOW = "allow"
 DENY = "deny"
 SPANS = {"day": timedelta(days=1), "minute": timedelta(minutes=1)}
-
-
-def _insert(db: AsyncSession, table: type[QuotaCounter] | type[AccessRefusal]):  # type: ignore[no-untyped-def]
-    return pg_insert(table) if db.get_bind().dialect.name == "postgresql" else sqlite_insert(table)
 
 
 async def rules(db: AsyncSession) -> dict[str, str]:
@@ -56,7 +50,7 @@ async def claim_refusal(db: AsyncSession, chat_id: int, quiet_s: float) -> bool:
     """True if the chat is due a refusal (none in the last `quiet_s` seconds), recording it;
     one atomic upsert, so of two replicas refusing the same chat at once only one says so."""
     now = db_now(db)
-    ins = _insert(db, AccessRefusal).values(chat_id=chat_id, refused_at=now)
+    ins = dialect_insert(db, AccessRefusal).values(chat_id=chat_id, refused_at=now)
     result = await db.execute(
         ins.on_conflict_do_update(
             index_elements=["chat_id"],
@@ -110,7 +104,9 @@ class _Full(Exception):
 
 
 async def _bump(db: AsyncSession, user_id: int, span: str, start: datetime, column: str) -> int:
-    ins = _insert(db, QuotaCounter).values(user_id=user_id, span=span, start=start, **{column: 1})
+    ins = dialect_insert(db, QuotaCounter).values(
+        user_id=user_id, span=span, start=start, **{column: 1}
+    )
     col = QuotaCounter.__table__.c[column]
     result = await db.execute(
         ins.on_conflict_do_update(

@@ -13,12 +13,16 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from bot.db.models import Base, UtcDateTime
 
 
+def dialect_insert(db: AsyncSession, table: type[Base]):  # type: ignore[no-untyped-def]
+    """The dialect's own INSERT (its ON CONFLICT clauses): PostgreSQL's or SQLite's."""
+    return pg_insert(table) if db.get_bind().dialect.name == "postgresql" else sqlite_insert(table)
+
+
 async def insert_unless_present(
     db: AsyncSession, table: type[Base], values: dict[str, Any], key: list[str]
 ) -> bool:
     """INSERT ... ON CONFLICT (key) DO NOTHING; True if the row was new."""
-    dialect = db.get_bind().dialect.name
-    ins = pg_insert(table) if dialect == "postgresql" else sqlite_insert(table)
+    ins = dialect_insert(db, table)
     result = await db.execute(ins.values(**values).on_conflict_do_nothing(index_elements=key))
     return bool(getattr(result, "rowcount", 0))
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import ColumnElement, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bot.db.dialect import db_now, insert_unless_present
+from bot.db.dialect import db_now, dialect_insert
 from bot.db.models import ChatLease
 
 
@@ -26,27 +26,24 @@ async def take(
     """Take the lease for `ttl_s` if it is free, ours, or expired; the `lease_until` written if
     `owner` holds it now, else None. Expiry is the database's clock, like the heartbeats.
 
-    One conditional UPDATE (or an INSERT when there is no row) whose row count says who won:
-    SQLite serialises writers and PostgreSQL's row lock re-checks the WHERE, so both decide
-    atomically.
+    One statement: an INSERT whose conflict with the chat's row becomes a conditional UPDATE
+    (ON CONFLICT DO UPDATE ... WHERE), returning the row only where it was written. SQLite
+    serialises writers and PostgreSQL locks the conflicting row and re-checks the WHERE on its
+    newest version, so both decide atomically. (It was an UPDATE, then an INSERT, then a
+    SELECT: three statements for a chat whose lease had been given back, the usual case.)
     """
-    until = db_now(db, ttl_s)
+    ins = dialect_insert(db, ChatLease)
     taken = await db.execute(
-        update(ChatLease)
-        .where(
-            _of(chat_id, kind), (ChatLease.owner == owner) | (ChatLease.lease_until < db_now(db))
+        ins.values(chat_id=chat_id, kind=kind, owner=owner, lease_until=db_now(db, ttl_s))
+        .on_conflict_do_update(
+            index_elements=["chat_id", "kind"],
+            set_={"owner": ins.excluded.owner, "lease_until": ins.excluded.lease_until},
+            where=(ChatLease.owner == owner) | (ChatLease.lease_until < db_now(db)),
         )
-        .values(owner=owner, lease_until=until)
         .returning(ChatLease.lease_until)
         .execution_options(synchronize_session=False)
     )
-    written = taken.scalar_one_or_none()
-    if written is not None:
-        return written
-    values = {"chat_id": chat_id, "kind": kind, "owner": owner, "lease_until": until}
-    if not await insert_unless_present(db, ChatLease, values, ["chat_id", "kind"]):
-        return None
-    return await db.scalar(select(ChatLease.lease_until).where(_of(chat_id, kind)))
+    return taken.scalar_one_or_none()
 
 
 async def holder(db: AsyncSession, chat_id: int, kind: str) -> str | None:
