@@ -4,8 +4,13 @@
 
 Each reply of a chitchat corpus goes through `SafetyGate.reply` the way the chat use case calls
 it, with 5 candidate beams (as beam search at beam 5 gives them): the time from the call to its
-verdict, on a worker thread off the event loop, is what SAFETY=block adds to a reply. Also
-timed: the same for an offensive reply (every candidate scored), and SAFETY=flag.
+verdict (on the event loop once the classifier is loaded, bot/safety.py) is what SAFETY=block
+adds to a reply. Also timed: the same for an offensive reply (every candidate scored), and
+SAFETY=flag; and the classifier alone on one short text (a reply, a draft), each way it can
+score it, in the same run:
+`safety_score_one_ms_p50` (bot/safety.py's plain-Python TF-IDF row, what the gate uses),
+`_sparse` (the vectorizer's own transform and a sparse product, the way before) and `_reference`
+(alt-profanity-check's `predict_prob`).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import asyncio
 import time
 
 from bench import common
-from bot.safety import SafetyGate
+from bot.safety import SafetyGate, fast_profanity_scorer, reference_profanity_scorer
 
 TOXIC = "you are a fucking idiot"
 
@@ -29,6 +34,34 @@ async def _timed(gate: SafetyGate, replies: list[str], toxic: bool) -> list[floa
         await gate.reply(first, candidates)
         times.append((time.perf_counter() - started) * 1000.0)
     return times
+
+
+def _score_one(replies: list[str]) -> dict[str, float]:
+    """p50 ms of scoring one text at a time, each way; they must agree."""
+    from profanity_check import profanity_check
+
+    vectorizer, model = profanity_check.vectorizer, profanity_check.model
+    ways = {
+        "": fast_profanity_scorer(vectorizer, model),
+        "_sparse": fast_profanity_scorer(vectorizer, model, sparse=True),
+        "_reference": reference_profanity_scorer(),
+    }
+    out, scores = {}, {}
+    for suffix, scorer in ways.items():
+        if scorer is None:
+            continue
+        scorer(replies[:1])  # first-call costs out of the timing
+        times, scores[suffix] = [], []
+        for text in replies:
+            started = time.perf_counter()
+            scores[suffix].append(scorer([text])[0])
+            times.append((time.perf_counter() - started) * 1000.0)
+        out[f"safety_score_one_ms_p50{suffix}"] = common.percentile(times, 50)
+    if "" in scores and "_reference" in scores:
+        out["safety_score_max_diff"] = max(
+            abs(x - y) for x, y in zip(scores[""], scores["_reference"], strict=True)
+        )
+    return out
 
 
 async def main_async(n: int) -> None:
@@ -50,6 +83,16 @@ async def main_async(n: int) -> None:
         key = name.replace(", ", "_").replace(" reply", "").replace(" ", "_")
         results[f"safety_{key}_p50_ms"] = p50
         results[f"safety_{key}_p95_ms"] = p95
+    scored = _score_one(replies[:n])
+    for suffix, way in (
+        ("", "plain-Python row"),
+        ("_sparse", "sparse"),
+        ("_reference", "predict_prob"),
+    ):
+        key = f"safety_score_one_ms_p50{suffix}"
+        if key in scored:
+            rows.append((f"classifier alone, one text, {way}", n, f"{scored[key]:.3f}", "-"))
+    results.update(scored)
     common.print_table(
         f"Safety gate: added latency per reply (classifier loaded in {load_s:.1f} s)",
         ["case", "replies", "p50 ms", "p95 ms"],

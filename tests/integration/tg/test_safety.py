@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bot.safety import SafetyGate, fast_profanity_scorer, reference_profanity_scorer
@@ -57,9 +58,14 @@ def test_the_fast_scorer_equals_the_package_s_predict_prob() -> None:
     fast = fast_profanity_scorer(profanity_check.vectorizer, profanity_check.model)
     assert fast is not None, "alt-profanity-check's model changed shape: see bot/safety.py"
     reference = reference_profanity_scorer()
-    assert fast(TEXTS) == pytest.approx(reference(TEXTS), abs=1e-12)
-    # one at a time (the gate's usual call) gives the same as in a batch
-    assert [fast([t])[0] for t in TEXTS] == pytest.approx(fast(TEXTS), abs=1e-12)
+    expected = reference(TEXTS)
+    # The plain-Python TF-IDF row does scikit-learn's and scipy's arithmetic in their order:
+    # equal to the last bit, in a batch and one at a time (the gate's usual call).
+    assert fast(TEXTS) == expected
+    assert [fast([t])[0] for t in TEXTS] == expected
+    sparse = fast_profanity_scorer(profanity_check.vectorizer, profanity_check.model, sparse=True)
+    assert sparse is not None
+    assert sparse(TEXTS) == pytest.approx(expected, abs=1e-12)
 
 
 def test_the_fast_scorer_refuses_a_model_of_another_shape() -> None:
@@ -75,6 +81,21 @@ def test_the_fast_scorer_refuses_a_model_of_another_shape() -> None:
     fast = fast_profanity_scorer(vectorizer, sigmoid)
     assert fast is not None
     assert fast(texts[:4]) == pytest.approx(list(sigmoid.predict_proba(features[:4])[:, 1]))
+    # A vectorizer whose transform the plain-Python row does not repeat keeps its own.
+    for other in (
+        TfidfVectorizer(sublinear_tf=True),
+        TfidfVectorizer(norm="l1"),
+        TfidfVectorizer(dtype=np.float32),
+    ):
+        other.fit(texts)
+        refit = CalibratedClassifierCV(LinearSVC(), method="sigmoid", cv=2)
+        refit.fit(other.transform(texts), labels)
+        fast = fast_profanity_scorer(other, refit)
+        sparse = fast_profanity_scorer(other, refit, sparse=True)
+        assert fast is not None and sparse is not None
+        assert fast(texts[:4]) == sparse(texts[:4])
+        want = list(refit.predict_proba(other.transform(texts[:4]))[:, 1])
+        assert fast(texts[:4]) == pytest.approx(want, abs=1e-6)
     isotonic = CalibratedClassifierCV(LinearSVC(), method="isotonic", cv=2).fit(features, labels)
     assert fast_profanity_scorer(vectorizer, isotonic) is None
 
