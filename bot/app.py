@@ -243,6 +243,7 @@ def _queues(
         handlers.sessionmaker,
         application.bot,
         max_concurrent=settings.max_concurrent_chats,
+        concurrency=settings.delivery_concurrency,
         backoff=backoff,
         leases=outbox_leases,
         markup=feedback.outbox_markup(settings.feedback_buttons),

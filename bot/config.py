@@ -195,6 +195,9 @@ class Settings(BaseSettings):
     flood_max_messages: int = Field(default=12, ge=1)
     flood_window_s: float = Field(default=10.0, gt=0)
     max_concurrent_chats: int = Field(default=64, ge=1, le=10_000)
+    # Chats whose texts are being sent at once, half for private chats and half for groups
+    # (bot/service/delivery.py: ChatKinds).
+    delivery_concurrency: int = Field(default=8, ge=2, le=10_000)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     # Replicas on one database: a replica whose heartbeat is this old is dead and its chats are
     # taken over (it fences itself at 60% of it); it beats five times in this time.

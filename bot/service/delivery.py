@@ -90,8 +90,33 @@ def split_message(text: str, limit: int = MAX_MESSAGE_UTF16) -> list[str]:
     return parts
 
 
+class ChatKinds:
+    """Delivery's lanes (bot/service/chat_pool.py): private chats and groups, each with half of
+    the chats sent to at once, so groups waiting out Telegram's limit of 20 messages a minute
+    in a group (inside PTB's rate limiter) never hold up the private chats' replies."""
+
+    lanes = 2
+
+    async def lane_of(self, chat_id: int) -> str:
+        """Telegram's ids: a user's private chat is positive, a group's negative."""
+        return "private" if chat_id > 0 else "group"
+
+    def lane_ready(self, name: str) -> bool:
+        """Both always take work."""
+        return True
+
+
 class Delivery:
-    """The outbox worker: woken when something is queued, and polling now and then."""
+    """The outbox worker: woken when something is queued, and polling now and then.
+
+    At most `concurrency` chats are sent to at once (None: as many as have texts). When a
+    batch of replies is committed together, the replies then go out a few at a time, in the
+    order they were committed, instead of all of them, and the updates that come meanwhile,
+    sharing the event loop in small steps. On a small machine that loop is what a burst
+    waits for (docs/benchmarks.md, "fifth pass"). A few at a time keep up with Telegram's
+    rate: about 30 messages a second for the whole bot (bot/service/budget.py), which 4
+    sends in flight reach at round trips up to about 130 ms.
+    """
 
     def __init__(
         self,
@@ -99,6 +124,7 @@ class Delivery:
         bot: Bot,
         *,
         max_concurrent: int = 64,
+        concurrency: int | None = None,
         backoff: Backoff | None = None,
         poll_interval_s: float = 15.0,
         leases: Leases | None = None,
@@ -124,6 +150,8 @@ class Delivery:
             backoff=self.backoff,
             poll_interval_s=poll_interval_s,
             drain_on_stop=True,
+            max_concurrent=concurrency,
+            lanes=ChatKinds() if concurrency is not None else None,
         )
 
     async def _pending(self, chat_id: int) -> list[OutboxRow]:

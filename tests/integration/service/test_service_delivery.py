@@ -12,7 +12,7 @@ from bot.db import inbox, migrate, outbox
 from bot.db.engine import make_engine, make_sessionmaker
 from bot.service import chat_pool
 from bot.service.delivery import split_message
-from tests.support.fakebotapi import FakeBotAPI, Fault
+from tests.support.fakebotapi import BOT_USERNAME, FakeBotAPI, Fault
 from tests.support.fixtures import ServeSettings, StartService
 from tests.support.service_harness import (
     EchoResponder,
@@ -203,4 +203,39 @@ async def test_updates_and_replies_are_handed_on_without_a_scan(
     assert await api.wait_for_texts(541, 2) == ["echo 541: first", "echo 541: second"]
     assert await api.wait_for_texts(542, 1) == ["echo 542: another chat"]
     await settled(svc, api)
+    assert await rows(svc, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]
+
+
+async def test_replies_go_out_a_few_chats_at_a_time_and_groups_never_wait_for_them(
+    api: FakeBotAPI, serve_sqlite: ServeSettings
+) -> None:
+    # DELIVERY_CONCURRENCY=4: two private chats and two groups are sent to at once. Two
+    # private chats' sends hang at the Bot API; a third private chat's reply waits for a
+    # slot, while a group's reply goes out.
+    holds = {chat: asyncio.Event() for chat in (551, 552)}
+    api.inject(*(Fault("sendMessage", status=None, hold=h, chat_id=c) for c, h in holds.items()))
+    svc = await serve_sqlite(EchoResponder(), delivery_concurrency=4)
+
+    def sent_to() -> set[int]:
+        return {int(c.params["chat_id"]) for c in api.calls_to("sendMessage")}
+
+    for chat in holds:
+        api.user_message(chat, "hello")
+        await api.wait_for(lambda chat=chat: chat in sent_to(), what=f"a send to {chat}")
+    api.user_message(553, "third")
+    for _ in range(500):  # until the third chat's reply is committed
+        if await rows(svc, "SELECT count(*) FROM outbox WHERE chat_id = 553") == [(1,)]:
+            break
+        await asyncio.sleep(0.02)
+    assert await rows(svc, "SELECT count(*) FROM outbox WHERE chat_id = 553") == [(1,)]
+    api.user_message(-554, f"@{BOT_USERNAME} hello all", user_id=9, chat_type="group")
+    assert len(await api.wait_for_texts(-554, 1)) == 1
+    assert 553 not in sent_to()
+
+    holds[551].set()  # a private slot frees: the third reply goes out
+    assert await api.wait_for_texts(553, 1) == ["echo 553: third"]
+    holds[552].set()
+    await settled(svc, api)
+    for chat in (551, 552):
+        assert api.texts(chat) == [f"echo {chat}: hello"]
     assert await rows(svc, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]
