@@ -1,6 +1,7 @@
 """End to end: the real `python -m bot run` process, many users talking at once.
 
     python -m bench.e2e --users 50 --messages 5 [--quick] [--set STREAM_REPLIES=off ...]
+        [--before DIR] [--loop-trace]
 
 A loopback Bot API server (tests/support/fakebotapi.py) plays Telegram; the bot polls it
 with its real
@@ -19,6 +20,12 @@ Overhead = latency - model time, split in two:
 - outside the engine = latency - messages.latency_ms: polling, the inbox, the per-chat
   sequencer, the database transactions, the outbox and delivery.
 
+`--loop-trace` times every callback of the bot's event loop (bench/looptrace/sitecustomize.py)
+and prints how busy the loop was: over the run (`loop_busy_share`) and while turns were outside
+the engine, in the union of the times from queuing an update to its inbox row and from a reply's
+commit to its sendMessage (`loop_busy_share_outside`). Near 1, those turns wait for the loop's
+CPU: other turns' work, not a timer or the database.
+
 The machinery (the bot process against the loopback server, closed-loop users, reading the
 bot's database, the summary) is shared with bench/variants.py.
 """
@@ -28,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -48,6 +56,7 @@ TOKEN = "123456789:AAbenchmarkTokenForTheLoopbackApi0001"
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 120.0
 FIRST_CHAT = 5000
+LOOP_TRACE = Path(__file__).resolve().parent / "looptrace"  # --loop-trace's sitecustomize
 
 
 @dataclass
@@ -76,6 +85,8 @@ class Run:
     errors: list[str] = field(default_factory=list)
     pending_inbox: int = 0
     unsent_outbox: int = 0
+    # --loop-trace: the bot's event-loop callbacks, (time.time() at start, seconds)
+    loop_busy: list[tuple[float, float]] | None = None
 
     @property
     def answered(self) -> list[Turn]:
@@ -154,6 +165,55 @@ def summarize(turns: Sequence[Turn]) -> Summary:
                 out.inbox_to_commit.append((t.committed_at - t.inbox_at) * 1000 - t.respond_ms)
                 out.commit_to_sent.append((t.replied_at - t.committed_at) * 1000)
     return out
+
+
+def busy_share(
+    busy: Sequence[tuple[float, float]], windows: Sequence[tuple[float, float]]
+) -> float:
+    """The share of the union of `windows` (start, end) covered by the `busy` intervals
+    (start, length): how much of that time the event loop was running callbacks."""
+    merged: list[list[float]] = []
+    for start, end in sorted(w for w in windows if w[1] > w[0]):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    total = sum(end - start for start, end in merged)
+    if not total:
+        return float("nan")
+    covered, k = 0.0, 0
+    for start, length in sorted(busy):
+        end = start + length
+        while k < len(merged) and merged[k][1] <= start:
+            k += 1
+        j = k
+        while j < len(merged) and merged[j][0] < end:
+            covered += min(end, merged[j][1]) - max(start, merged[j][0])
+            j += 1
+    return covered / total
+
+
+def outside_windows(turns: Sequence[Turn]) -> list[tuple[float, float]]:
+    """Per answered turn: queued -> its inbox row, and its reply's commit -> sendMessage."""
+    out = []
+    for t in turns:
+        if t.replied_at is None or t.inbox_at is None or t.committed_at is None:
+            continue
+        out += [(t.sent_at, t.inbox_at), (t.committed_at, t.replied_at)]
+    return out
+
+
+def loop_shares(run: Run) -> dict[str, float]:
+    """loop_busy_share (from the first update to the last reply) and loop_busy_share_outside;
+    empty without --loop-trace."""
+    if not run.loop_busy or not run.answered:
+        return {}
+    first = min(t.sent_at for t in run.answered)
+    last = max(t.replied_at or first for t in run.answered)
+    return {
+        "loop_busy_share": busy_share(run.loop_busy, [(first, last)]),
+        "loop_busy_share_outside": busy_share(run.loop_busy, outside_windows(run.turns)),
+    }
 
 
 def missing_parts() -> str | None:
@@ -448,6 +508,11 @@ def main() -> None:
         "measure what a feature costs (repeatable; both runs of --before get it)",
     )
     parser.add_argument(
+        "--loop-trace",
+        action="store_true",
+        help="time the bot's event-loop callbacks and print how busy the loop was (see above)",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="3 users, 2 messages, greedy, 1 torch thread"
     )
     args = parser.parse_args()
@@ -492,6 +557,7 @@ def main() -> None:
             "pending_inbox": run.pending_inbox,
             "unsent_outbox": run.unsent_outbox,
             "errors": run.errors,
+            **loop_shares(run),
             "turns": [t.__dict__ for t in run.turns],
             "quick": args.quick,
             "before": None
@@ -522,6 +588,7 @@ def main() -> None:
             "outside_engine_ms_p50": rows[4][1],
             "outside_engine_ms_p95": rows[4][2],
             "lost": float(lost),
+            **loop_shares(run),
             **(
                 {}
                 if before is None
@@ -529,6 +596,7 @@ def main() -> None:
                     "outside_engine_ms_p50_before": common.percentile(before[1].outside, 50),
                     "outside_engine_ms_p95_before": common.percentile(before[1].outside, 95),
                     "replies_per_s_before": _rate(before[0]),
+                    **{f"{k}_before": v for k, v in loop_shares(before[0]).items()},
                 }
             ),
         }
@@ -556,6 +624,10 @@ def _measure(args: argparse.Namespace, model_file: str, root: Path) -> tuple[Run
     with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp_dir:
         try:
             tmp = Path(tmp_dir)
+            extra = dict(args.settings)
+            if args.loop_trace:
+                extra["PYTHONPATH"] = f"{LOOP_TRACE}{os.pathsep}{root}"
+                extra["BENCH_LOOPTRACE_DIR"] = str(tmp / "looptrace")
             env = bot_env(
                 tmp,
                 model_file,
@@ -563,7 +635,7 @@ def _measure(args: argparse.Namespace, model_file: str, root: Path) -> tuple[Run
                 threads=args.threads,
                 log_level=args.log_level,
                 root=root,
-                extra=dict(args.settings),
+                extra=extra,
             )
             run = asyncio.run(
                 session(
@@ -575,10 +647,20 @@ def _measure(args: argparse.Namespace, model_file: str, root: Path) -> tuple[Run
                     root=root,
                 )
             )
+            if args.loop_trace:
+                run.loop_busy = _read_loop_trace(tmp / "looptrace")
         finally:
             if args.keep_log is not None:
                 shutil.copyfile(Path(tmp_dir) / "bot.log", args.keep_log)
     return run, summarize(run.turns)
+
+
+def _read_loop_trace(folder: Path) -> list[tuple[float, float]]:
+    """The bot's loop trace (bench/looptrace/sitecustomize.py: one file, the bot process's)."""
+    files = sorted(folder.glob("*.json"))
+    if len(files) != 1:
+        raise RuntimeError(f"expected the bot's loop trace in {folder}, found {len(files)} files")
+    return [(float(a), float(b)) for a, b in json.loads(files[0].read_text(encoding="utf-8"))]
 
 
 def _report(
@@ -595,6 +677,13 @@ def _report(
         f"lost {expected - len(answered)}; error replies {run.error_replies}; pending inbox "
         f"{run.pending_inbox}, unsent outbox {run.unsent_outbox}"
     )
+    shares = loop_shares(run)
+    if shares:
+        print(
+            f"event loop busy: {shares['loop_busy_share']:.0%} of the run, "
+            f"{shares['loop_busy_share_outside']:.0%} of the turns' time outside the engine "
+            "(queued -> inbox row, commit -> sendMessage)"
+        )
     for err in run.errors[:10]:
         print("  " + err)
     return rows

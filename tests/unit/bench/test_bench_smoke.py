@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -198,3 +199,52 @@ def test_e2e_takes_a_setting_for_the_bot_and_refuses_the_benchmarks_own() -> Non
             e2e.parse_setting(bad)
     with pytest.raises(argparse.ArgumentTypeError, match="benchmark's own"):
         e2e.parse_setting("DATABASE_URL=sqlite://")
+
+
+def test_e2e_busy_share_is_the_covered_part_of_the_windows_union() -> None:
+    # Windows 0-10, 5-15 and 20-30: a union of 25 s. Busy 1-3 (2 s inside), 14-21 (1 s in
+    # each window), 40-41 (outside): 4 s of 25.
+    windows = [(0.0, 10.0), (5.0, 15.0), (20.0, 30.0)]
+    busy = [(14.0, 7.0), (1.0, 2.0), (40.0, 1.0)]
+    assert e2e.busy_share(busy, windows) == pytest.approx(4 / 25)
+    assert e2e.busy_share([(0.0, 100.0)], windows) == pytest.approx(1.0)
+    assert math.isnan(e2e.busy_share(busy, []))
+
+
+_LOOP_PROGRAM = """
+import asyncio, multiprocessing, time
+
+def spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+async def busy_child():
+    spin(0.01)
+
+def child():
+    asyncio.run(busy_child())  # a worker process's loop: timed, but it writes nothing
+
+async def main():
+    for _ in range(3):
+        spin(0.01)  # 10 ms of CPU in one callback
+        await asyncio.sleep(0)
+
+if __name__ == "__main__":
+    process = multiprocessing.get_context("spawn").Process(target=child)
+    process.start()
+    process.join()
+    asyncio.run(main())
+"""
+
+
+def test_the_loop_trace_times_the_bots_callbacks_and_only_the_main_process_writes(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "program.py"
+    script.write_text(_LOOP_PROGRAM, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(e2e.LOOP_TRACE), "BENCH_LOOPTRACE_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, str(script)], env=env, check=True, timeout=60)
+    busy = e2e._read_loop_trace(tmp_path)  # exactly one file: the main process's
+    assert sum(length for _, length in busy) >= 0.03
+    assert max(length for _, length in busy) >= 0.01

@@ -1,0 +1,41 @@
+"""`python -m bench.e2e --loop-trace`: when the bot starts with this folder on PYTHONPATH and
+BENCH_LOOPTRACE_DIR set, every callback its event loop runs is timed (start, duration), and the
+list is written to that folder as JSON when the process exits. Worker processes the bot starts
+inherit the folder but write nothing, nor does a process that ran no event loop
+(multiprocessing's resource tracker). Not part of the service: a probe for the benchmark.
+"""
+
+from __future__ import annotations
+
+import asyncio.events
+import atexit
+import json
+import multiprocessing
+import os
+import time
+
+_DIR = os.environ.get("BENCH_LOOPTRACE_DIR")
+_busy: list[tuple[float, float]] = []
+
+if _DIR:
+    _run = asyncio.events.Handle._run
+
+    def _timed_run(self: asyncio.events.Handle) -> None:
+        started, wall = time.perf_counter(), time.time()
+        try:
+            _run(self)
+        finally:
+            took = time.perf_counter() - started
+            if took > 2e-5:  # the loop's own bookkeeping between callbacks is not counted
+                _busy.append((wall, took))
+
+    asyncio.events.Handle._run = _timed_run  # type: ignore[method-assign]
+
+    def _dump() -> None:
+        if multiprocessing.parent_process() is not None or not _busy:
+            return  # a worker process of the bot's, or one that ran no event loop
+        os.makedirs(_DIR, exist_ok=True)
+        with open(os.path.join(_DIR, f"{os.getpid()}.json"), "w", encoding="utf-8") as f:
+            json.dump(_busy, f)
+
+    atexit.register(_dump)
