@@ -18,7 +18,10 @@ first message (it starts a conversation), one at a time.
 `--before DIR` counts another checkout's code first (`git worktree add /tmp/before REV`), in a
 process of its own, for a before/after in one run. RESULT lines: `db_checkouts_to_reply`,
 `db_statements_to_reply`, `db_commits_to_reply`, `db_held_ms_to_reply`, the same `_per_turn`,
-and all of them again with `_before`.
+and all of them again with `_before`. `db_delivery_bookkeeping_ms` (median of 480) is the
+Python one delivery's database steps cost, each in its own session as delivery takes them (the
+lease, the read, the "sent" mark, the read that finds none left, the lease given back): the
+held times above move by 15% from run to run, this by a few percent.
 """
 
 from __future__ import annotations
@@ -92,7 +95,44 @@ async def count(turns: int) -> dict[str, list[dict[str, float]]]:
                     await settled(service, api)
                     await asyncio.sleep(1.2)  # the leases are released after LINGER_S (1 s)
                     whole.append({k: counts[k] - start[k] for k in KINDS})
-    return {"to_reply": to_reply, "whole": whole}
+    return {"to_reply": to_reply, "whole": whole, "bookkeeping_ms": await bookkeeping()}
+
+
+async def bookkeeping(rounds: int = 600) -> list[float]:
+    """ms of one delivery's database bookkeeping, each step in its own session as delivery
+    takes them: the outbox lease, the chat's texts, the "sent" mark, the read that finds none
+    left, the lease given back (the service's own functions, on an SQLite file of their own)."""
+    from bot.db import leases, migrate, outbox
+    from bot.db.engine import make_engine, make_sessionmaker
+    from bot.db.models import OutboxKind
+
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite+aiosqlite:///{Path(tmp) / 'bookkeeping.sqlite3'}"
+        await asyncio.to_thread(migrate.upgrade, url)
+        engine = make_engine(url)
+        sm = make_sessionmaker(engine)
+        times = []
+        try:
+            for i in range(rounds):
+                chat = 1000 + i
+                async with sm.begin() as db:
+                    await outbox.enqueue(db, chat_id=chat, kind=OutboxKind.NOTICE, text="hi")
+                started = time.perf_counter()
+                async with sm.begin() as db:
+                    written = await leases.take(db, chat, "outbox", "bench", 60.0)
+                async with sm() as db:
+                    rows = await outbox.pending(db, chat)
+                async with sm.begin() as db:
+                    await outbox.sent(db, rows[0].id, 1)
+                async with sm() as db:
+                    await outbox.pending(db, chat)
+                async with sm.begin() as db:
+                    assert written is not None
+                    await leases.give_back(db, chat, "outbox", "bench", written)
+                times.append((time.perf_counter() - started) * 1000)
+        finally:
+            await engine.dispose()
+    return times[rounds // 5 :]  # the first fifth warms the caches up
 
 
 def median(values: Sequence[float]) -> float:
@@ -105,7 +145,9 @@ def summary(raw: dict[str, list[dict[str, float]]]) -> dict[str, float]:
     """Medians: `<kind>_to_reply` and `<kind>_per_turn`."""
     out = {f"{k}_to_reply": median([t[k] for t in raw["to_reply"]]) for k in KINDS}
     out.update({f"{k}_per_turn": median([t[k] for t in raw["whole"]]) for k in KINDS})
-    return {k: round(v, 1) for k, v in out.items()}
+    rounded = {k: round(v, 1) for k, v in out.items()}
+    rounded["delivery_bookkeeping_ms"] = round(median(raw["bookkeeping_ms"]), 2)
+    return rounded
 
 
 def measure_tree(root: Path, turns: int) -> dict[str, float]:
@@ -146,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for key in after:
         label = key.replace("_to_reply", " until the reply is sent").replace("_", " ")
         label = label.replace("held ms", "ms the connection was held")
+        label = label.replace("delivery bookkeeping ms", "ms of a delivery's bookkeeping")
         row = f"{label:<34}"
         if before:
             row += f"{before[key]:>8g}"

@@ -7,12 +7,13 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import exists, func, select, update
+from sqlalchemy import Row, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.dialect import insert_unless_present
-from bot.db.engine import on_commit
+from bot.db.engine import core, on_commit
 from bot.db.leases import LeaseLost
 from bot.db.models import ChatLease, Inbox, InboxStatus, utcnow
 
@@ -47,7 +48,8 @@ class StaleUpdate(Exception):
     """The update was closed (or deleted) by someone else while this turn was being made."""
 
 
-def _row(r: Inbox) -> InboxRow:
+def _row(r: Inbox | Row[Any]) -> InboxRow:
+    """A stored update (an Inbox object, or a row of the inbox table's columns) as an InboxRow."""
     return InboxRow(r.update_id, r.chat_id, r.kind, r.payload, r.status, r.attempts, r.received_at)
 
 
@@ -79,7 +81,7 @@ async def insert(
 async def pending_chats(db: AsyncSession, limit: int = 1000) -> list[int]:
     """Chats with updates waiting (rows without a chat are stored closed, never pending)."""
     # Oldest waiting update first, so that a backlog of more than `limit` chats is FIFO.
-    rows = await db.scalars(
+    rows = await (await core(db)).scalars(
         select(Inbox.chat_id)
         .where(Inbox.status == InboxStatus.PENDING, Inbox.chat_id.is_not(None))
         .group_by(Inbox.chat_id)
@@ -91,8 +93,8 @@ async def pending_chats(db: AsyncSession, limit: int = 1000) -> list[int]:
 
 async def pending_of_chat(db: AsyncSession, chat_id: int) -> list[InboxRow]:
     """One chat's waiting updates, in update_id order."""
-    rows = await db.scalars(
-        select(Inbox)
+    rows = await (await core(db)).execute(
+        select(Inbox.__table__)
         .where(Inbox.status == InboxStatus.PENDING, Inbox.chat_id == chat_id)
         .order_by(Inbox.update_id)
     )
@@ -101,7 +103,7 @@ async def pending_of_chat(db: AsyncSession, chat_id: int) -> list[InboxRow]:
 
 async def status_of(db: AsyncSession, update_id: int) -> str | None:
     """The status of one update, or None if it was never stored."""
-    return await db.scalar(select(Inbox.status).where(Inbox.update_id == update_id))
+    return await (await core(db)).scalar(select(Inbox.status).where(Inbox.update_id == update_id))
 
 
 async def finish(

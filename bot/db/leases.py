@@ -9,6 +9,7 @@ from sqlalchemy import ColumnElement, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.dialect import db_now, dialect_insert
+from bot.db.engine import core
 from bot.db.models import ChatLease
 
 
@@ -33,7 +34,7 @@ async def take(
     SELECT: three statements for a chat whose lease had been given back, the usual case.)
     """
     ins = dialect_insert(db, ChatLease)
-    taken = await db.execute(
+    taken = await (await core(db)).execute(
         ins.values(chat_id=chat_id, kind=kind, owner=owner, lease_until=db_now(db, ttl_s))
         .on_conflict_do_update(
             index_elements=["chat_id", "kind"],
@@ -48,7 +49,7 @@ async def take(
 
 async def holder(db: AsyncSession, chat_id: int, kind: str) -> str | None:
     """Who holds the lease (expired or not), if anyone."""
-    return await db.scalar(select(ChatLease.owner).where(_of(chat_id, kind)))
+    return await (await core(db)).scalar(select(ChatLease.owner).where(_of(chat_id, kind)))
 
 
 async def take_from(
@@ -56,7 +57,7 @@ async def take_from(
 ) -> datetime | None:
     """Take the lease from `previous` (known to have exited) unless someone else came first;
     the `lease_until` written, or None."""
-    taken = await db.execute(
+    taken = await (await core(db)).execute(
         update(ChatLease)
         .where(_of(chat_id, kind), ChatLease.owner == previous)
         .values(owner=owner, lease_until=db_now(db, ttl_s))
@@ -70,7 +71,7 @@ async def give_back(
     db: AsyncSession, chat_id: int, kind: str, owner: str, written: datetime
 ) -> None:
     """Delete the lease row `owner` wrote, unless it was renewed or taken again since."""
-    await db.execute(
+    await (await core(db)).execute(
         delete(ChatLease).where(
             _of(chat_id, kind), ChatLease.owner == owner, ChatLease.lease_until == written
         )
@@ -84,7 +85,7 @@ async def renew(
     from now; returns the chats it still held, with their new `lease_until` (a lease taken
     over by another process is not renewed)."""
     mine = (ChatLease.kind == kind, ChatLease.owner == owner, ChatLease.chat_id.in_(chat_ids))
-    renewed = await db.execute(
+    renewed = await (await core(db)).execute(
         update(ChatLease)
         .where(*mine)
         .values(lease_until=db_now(db, ttl_s))

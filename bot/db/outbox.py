@@ -12,7 +12,7 @@ from functools import partial
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bot.db.engine import on_commit
+from bot.db.engine import core, on_commit
 from bot.db.models import Message, Outbox, OutboxKind, utcnow
 
 
@@ -96,10 +96,10 @@ def watching_queued() -> Iterator[QueueWatch]:
 
 async def pending(db: AsyncSession, chat_id: int | None = None) -> list[OutboxRow]:
     """Texts not yet sent nor given up on, oldest first (of one chat, or of all)."""
-    stmt = select(Outbox).where(*_WAITING)
+    stmt = select(Outbox.__table__).where(*_WAITING)
     if chat_id is not None:
         stmt = stmt.where(Outbox.chat_id == chat_id)
-    rows = await db.scalars(stmt.order_by(Outbox.id))
+    rows = await (await core(db)).execute(stmt.order_by(Outbox.id))
     return [
         OutboxRow(
             r.id,
@@ -120,7 +120,7 @@ async def pending(db: AsyncSession, chat_id: int | None = None) -> list[OutboxRo
 async def pending_chats(db: AsyncSession, limit: int = 1000) -> list[int]:
     """Chats with texts waiting to be sent."""
     # Oldest waiting text first, so that a backlog of more than `limit` chats is FIFO.
-    rows = await db.scalars(
+    rows = await (await core(db)).scalars(
         select(Outbox.chat_id)
         .where(*_WAITING)
         .group_by(Outbox.chat_id)
@@ -133,7 +133,8 @@ async def pending_chats(db: AsyncSession, limit: int = 1000) -> list[int]:
 async def still_pending(db: AsyncSession, outbox_id: int) -> int | None:
     """How many parts of a text went out, if it still waits to be sent; None when it was
     sent, given up on or deleted (a /forget) since it was read."""
-    return await db.scalar(select(Outbox.parts_sent).where(Outbox.id == outbox_id, *_WAITING))
+    conn = await core(db)
+    return await conn.scalar(select(Outbox.parts_sent).where(Outbox.id == outbox_id, *_WAITING))
 
 
 async def part_sent(db: AsyncSession, outbox_id: int, parts_sent: int) -> None:
@@ -145,8 +146,9 @@ async def sent(db: AsyncSession, outbox_id: int, telegram_message_id: int | None
     """Mark a text sent, and its bot message delivered; False when the row is gone (deleted
     by a /forget, or withdrawn by an edit, while it was on its way)."""
     now = utcnow()
+    conn = await core(db)
     row = (
-        await db.execute(
+        await conn.execute(
             update(Outbox)
             .where(Outbox.id == outbox_id)
             .values(sent_at=now)
@@ -156,7 +158,7 @@ async def sent(db: AsyncSession, outbox_id: int, telegram_message_id: int | None
     if row is None:
         return False
     if row.message_id is not None:
-        await db.execute(
+        await conn.execute(
             update(Message)
             .where(Message.id == row.message_id)
             .values(delivered_at=now, telegram_message_id=telegram_message_id)
