@@ -102,6 +102,13 @@ class ChatPool(Generic[R]):
     _workers: dict[int, asyncio.Task[None]] = field(init=False, default_factory=dict)
     # Chats handed new rows (start_chat) while their worker ran: started again at its end.
     _again: set[int] = field(init=False, default_factory=set)
+    # wake() calls so far, and their count when each running worker started: a worker that
+    # ends after a wake may have read before that wake's rows were committed, so a scan
+    # follows; one with no wake during its run leaves nothing a scan would find sooner.
+    _wakes: int = field(init=False, default=0)
+    _wakes_at_start: dict[int, int] = field(init=False, default_factory=dict)
+    # Chats whose worker stopped at a failed row: a scan follows its end.
+    _rescan: set[int] = field(init=False, default_factory=set)
     _runner: asyncio.Task[None] | None = field(init=False, default=None)
     _stopping: bool = field(init=False, default=False)
 
@@ -116,6 +123,7 @@ class ChatPool(Generic[R]):
 
     def wake(self) -> None:
         """New rows were committed: scan now."""
+        self._wakes += 1
         self._wake.set()
 
     def offer(self, chats: Collection[int]) -> None:
@@ -200,10 +208,15 @@ class ChatPool(Generic[R]):
             return
         task = asyncio.create_task(self._work(chat_id), name=f"{self.name}:{chat_id}")
         self._workers[chat_id] = task
+        self._wakes_at_start[chat_id] = self._wakes
         task.add_done_callback(partial(self._worker_done, chat_id))
 
     def _worker_done(self, chat_id: int, task: asyncio.Task[None]) -> None:
         self._workers.pop(chat_id, None)
+        woken = self._wakes_at_start.pop(chat_id, None) != self._wakes
+        if chat_id in self._rescan:
+            self._rescan.discard(chat_id)
+            woken = True
         again = chat_id in self._again
         self._again.discard(chat_id)
         if not task.cancelled() and task.exception() is not None:
@@ -214,8 +227,12 @@ class ChatPool(Generic[R]):
             return
         if again and not self._stopping:
             self._start_worker(chat_id)  # handed rows while it ran (start_chat)
-        # Rows may have arrived between the worker's last read and its end.
-        self._wake.set()
+        if woken:
+            # Rows committed with a wake (no chat named) may have come between the worker's
+            # last read and its end. Rows handed to it come back through `again`; another
+            # process's rows are found by the periodic scan, as ever (scanning after every
+            # worker was two scans a turn, a tenth of the pools' statements).
+            self._wake.set()
 
     async def _work(self, chat_id: int) -> None:
         attempt = 0
@@ -243,8 +260,10 @@ class ChatPool(Generic[R]):
                     attempt += 1
                     await CLAIM_BACKOFF.sleep(attempt)
                     continue
-                if outcome == "stalled" and self.after_stall is not None and self._running():
-                    await self.after_stall()
+                if outcome == "stalled":
+                    if self.after_stall is not None and self._running():
+                        await self.after_stall()
+                    self._rescan.add(chat_id)  # its failed row is tried again after the pause
                 return
         finally:
             if self.leases is not None:

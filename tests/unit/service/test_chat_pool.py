@@ -226,3 +226,41 @@ async def test_rows_handed_to_a_chat_whose_worker_is_ending_are_not_left_to_a_sc
     await until(lambda: rows.done == ["1a", "1b"], within_s=5, what="the handed row done")
     await pool.stop(1.0)
     assert not pool.start_chat(1)  # stopping: the caller scans instead
+
+
+async def test_a_worker_that_ends_scans_again_only_after_a_wake_or_a_failed_row() -> None:
+    rows = Rows({1: ["1a"], 2: ["2a"]})
+    scans = 0
+    original = rows.pending_chats
+
+    async def counted() -> list[int]:
+        nonlocal scans
+        scans += 1
+        return await original()
+
+    pool = _pool(rows, poll_interval_s=60.0)  # no periodic scan within the test
+    pool.pending_chats = counted
+    await pool.start()
+    await until(lambda: len(rows.done) == 2 and pool.busy == 0, within_s=5, what="both rows")
+    await asyncio.sleep(0.05)
+    assert scans == 1  # the first scan only: two workers ended without a scan each
+
+    # A wake while a worker runs: its rows may have come after the worker's last read.
+    rows.rows[1] += ["1b"]
+    rows.hold = {"1b"}
+    rows.started.clear()
+    assert pool.start_chat(1)
+    await asyncio.wait_for(rows.started.wait(), 5)
+    rows.rows[2] += ["2b"]  # committed with a wake, no chat named
+    pool.wake()
+    await until(lambda: scans == 2, within_s=5, what="the wake's own scan")
+    rows.release.set()
+    await until(lambda: "2b" in rows.done and pool.busy == 0, within_s=5, what="2b done")
+    await until(lambda: scans == 3, within_s=5, what="a scan after the woken worker ended")
+
+    # A failed row stays pending: a scan after the worker's pause tries it again.
+    rows.rows[2] += ["2c"]
+    rows.fail = {"2c"}
+    assert pool.start_chat(2)
+    await until(lambda: "2c" in rows.done, within_s=5, what="the failed row retried")
+    await pool.stop(1.0)
