@@ -94,6 +94,8 @@ class ChatPool(Generic[R]):
     # in hand (the inbox worker: what is left stays pending for the next start).
     drain_on_stop: bool = False
     lanes: Lanes | None = None
+    # A chat at work this long gives its slots back early (None: it keeps them to the end).
+    slot_hold_s: float | None = None
     # Chats holding each lane's share of the slots now; the share follows the number of
     # lanes, which changes when a variant is added or removed at run time.
     _lane_busy: dict[str, int] = field(init=False, default_factory=dict)
@@ -272,14 +274,36 @@ class ChatPool(Generic[R]):
     @contextlib.asynccontextmanager
     async def _slot(self, lane: str | None) -> AsyncIterator[None]:
         """One of the lane's share of the slots, then a concurrency slot (in this order: a
-        chat waiting for its lane's share holds none of the others' slots)."""
-        async with contextlib.AsyncExitStack() as slots:
+        chat waiting for its lane's share holds none of the others' slots). With
+        `slot_hold_s`, a chat still at work after that long gives both back early (it goes
+        on without them): a chat that is slow, waiting out Telegram, blocks no other."""
+        given_back = False
+        returns: list[Callable[[], object]] = []
+
+        def give_back() -> None:
+            nonlocal given_back
+            if not given_back:
+                given_back = True
+                for give in reversed(returns):
+                    give()
+
+        try:
             if lane is not None and self._lane_share() is not None:
                 await self._take_lane_share(lane)
-                slots.callback(self._give_lane_share, lane)
+                returns.append(partial(self._give_lane_share, lane))
             if self._slots is not None:
-                await slots.enter_async_context(self._slots)
-            yield
+                await self._slots.acquire()
+                returns.append(self._slots.release)
+            timer = None
+            if self.slot_hold_s is not None and returns:
+                timer = asyncio.get_running_loop().call_later(self.slot_hold_s, give_back)
+            try:
+                yield
+            finally:
+                if timer is not None:
+                    timer.cancel()
+        finally:
+            give_back()
 
     def _lane_share(self) -> int | None:
         """Each lane's share of the slots (an equal one: weights steer new chats, not load);

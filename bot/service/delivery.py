@@ -44,6 +44,9 @@ T = TypeVar("T")
 
 # sendMessage takes 1-4096 characters, counted in UTF-16 code units.
 MAX_MESSAGE_UTF16 = 4096
+# A chat still being sent to after this long (waiting out a 429 or a slow network) gives its
+# slot of `concurrency` back: it blocks no other chat (a tenth of a second is a normal send).
+SLOT_HOLD_S = 1.0
 # Give up on a text after this many failures that are not Telegram's ordinary faults (bugs).
 MAX_UNEXPECTED_FAILURES = 5
 # Boundaries preferred for splitting, best first: paragraph, line, sentence, word.
@@ -115,7 +118,9 @@ class Delivery:
     sharing the event loop in small steps. On a small machine that loop is what a burst
     waits for (docs/benchmarks.md, "fifth pass"). A few at a time keep up with Telegram's
     rate: about 30 messages a second for the whole bot (bot/service/budget.py), which 4
-    sends in flight reach at round trips up to about 130 ms.
+    sends in flight reach at round trips up to about 130 ms. A chat still at it after
+    SLOT_HOLD_S (a 429 waited out inside PTB's rate limiter, a slow network) gives its slot
+    back, so a slow chat never holds up another one for longer than that.
     """
 
     def __init__(
@@ -152,6 +157,7 @@ class Delivery:
             drain_on_stop=True,
             max_concurrent=concurrency,
             lanes=ChatKinds() if concurrency is not None else None,
+            slot_hold_s=SLOT_HOLD_S,
         )
 
     async def _pending(self, chat_id: int) -> list[OutboxRow]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from bot.conversations.store import ConversationStore
 from bot.db import inbox, migrate, outbox
 from bot.db.engine import make_engine, make_sessionmaker
-from bot.service import chat_pool
+from bot.service import chat_pool, delivery
 from bot.service.delivery import split_message
 from tests.support.fakebotapi import BOT_USERNAME, FakeBotAPI, Fault
 from tests.support.fixtures import ServeSettings, StartService
@@ -207,11 +208,13 @@ async def test_updates_and_replies_are_handed_on_without_a_scan(
 
 
 async def test_replies_go_out_a_few_chats_at_a_time_and_groups_never_wait_for_them(
-    api: FakeBotAPI, serve_sqlite: ServeSettings
+    api: FakeBotAPI, serve_sqlite: ServeSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # DELIVERY_CONCURRENCY=4: two private chats and two groups are sent to at once. Two
     # private chats' sends hang at the Bot API; a third private chat's reply waits for a
-    # slot, while a group's reply goes out.
+    # slot, while a group's reply goes out; once the hanging chats have held their slots for
+    # SLOT_HOLD_S they give them back, and the third reply goes out while they still hang.
+    monkeypatch.setattr(delivery, "SLOT_HOLD_S", 3.0)
     holds = {chat: asyncio.Event() for chat in (551, 552)}
     api.inject(*(Fault("sendMessage", status=None, hold=h, chat_id=c) for c, h in holds.items()))
     svc = await serve_sqlite(EchoResponder(), delivery_concurrency=4)
@@ -222,6 +225,7 @@ async def test_replies_go_out_a_few_chats_at_a_time_and_groups_never_wait_for_th
     for chat in holds:
         api.user_message(chat, "hello")
         await api.wait_for(lambda chat=chat: chat in sent_to(), what=f"a send to {chat}")
+    held_at = time.monotonic()
     api.user_message(553, "third")
     for _ in range(500):  # until the third chat's reply is committed
         if await rows(svc, "SELECT count(*) FROM outbox WHERE chat_id = 553") == [(1,)]:
@@ -231,10 +235,13 @@ async def test_replies_go_out_a_few_chats_at_a_time_and_groups_never_wait_for_th
     api.user_message(-554, f"@{BOT_USERNAME} hello all", user_id=9, chat_type="group")
     assert len(await api.wait_for_texts(-554, 1)) == 1
     assert 553 not in sent_to()
+    assert time.monotonic() - held_at < 3.0  # (else the check above proves nothing)
 
-    holds[551].set()  # a private slot frees: the third reply goes out
-    assert await api.wait_for_texts(553, 1) == ["echo 553: third"]
-    holds[552].set()
+    assert await api.wait_for_texts(553, 1, timeout_s=10) == ["echo 553: third"]
+    assert time.monotonic() - held_at >= 2.5  # it waited for a slot given back
+    assert not api.texts(551) and not api.texts(552)  # still hanging
+    for hold in holds.values():
+        hold.set()
     await settled(svc, api)
     for chat in (551, 552):
         assert api.texts(chat) == [f"echo {chat}: hello"]
