@@ -196,7 +196,7 @@ class Settings(BaseSettings):
     flood_window_s: float = Field(default=10.0, gt=0)
     max_concurrent_chats: int = Field(default=64, ge=1, le=10_000)
     # Chats whose texts are being sent at once, half for private chats and half for groups
-    # (bot/service/delivery.py: ChatKinds).
+    # (bot/service/delivery.py: ChatKinds); one still at it after a second no longer counts.
     delivery_concurrency: int = Field(default=8, ge=2, le=10_000)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     # Replicas on one database: a replica whose heartbeat is this old is dead and its chats are

@@ -114,7 +114,8 @@ async def core(db: AsyncSession) -> AsyncConnection:
     pending objects; a statement on the connection does not). About a third less Python per
     statement than Session.execute (an update, a select and their commit: 0.37 -> 0.26 ms on
     the event loop's SQLite). For the per-turn bookkeeping (leases, the inbox's and outbox's
-    reads and marks), whose sessions hold nothing else."""
+    reads and marks), in sessions of their own or after their caller's last flush (the status
+    read in bot.db.inbox.finish follows that function's own UPDATE)."""
     return await db.connection()
 
 

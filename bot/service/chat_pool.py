@@ -11,10 +11,12 @@ so another replica with room can take it. Rows left by a crash are found by the 
 Where this process committed the rows itself, it names their chats (`start_chat`): their
 workers start at once, without waiting for a scan.
 
-Lanes (the inbox worker's: a chat's lane is its model variant) split the slots further: no lane
-holds more than its share of them, so chats stuck on one variant's hung worker cannot starve
-the other variants; and a chat whose lane is not ready (its worker stalled or restarting) is
-not taken, or given back between rows, so a replica whose worker is up answers it meanwhile.
+Lanes (the inbox worker's: a chat's lane is its model variant; delivery's: private chats and
+groups) split the slots further: no lane holds more than its share of them, so chats stuck on
+one variant's hung worker cannot starve the other variants; and a chat whose lane is not ready
+(its worker stalled or restarting) is not taken, or given back between rows, so a replica whose
+worker is up answers it meanwhile. With `slot_hold_s`, a chat still at work after that long
+gives its slots back and goes on without them (delivery: a chat waiting out Telegram).
 """
 
 from __future__ import annotations
@@ -232,8 +234,9 @@ class ChatPool(Generic[R]):
         if woken:
             # Rows committed with a wake (no chat named) may have come between the worker's
             # last read and its end. Rows handed to it come back through `again`; another
-            # process's rows are found by the periodic scan, as ever (scanning after every
-            # worker was two scans a turn, a tenth of the pools' statements).
+            # process's rows, and a backlog beyond one scan's chats, are found by the periodic
+            # scan (scanning after every worker was two scans a turn, a tenth of the pools'
+            # statements).
             self._wake.set()
 
     async def _work(self, chat_id: int) -> None:

@@ -96,7 +96,9 @@ def split_message(text: str, limit: int = MAX_MESSAGE_UTF16) -> list[str]:
 class ChatKinds:
     """Delivery's lanes (bot/service/chat_pool.py): private chats and groups, each with half of
     the chats sent to at once, so groups waiting out Telegram's limit of 20 messages a minute
-    in a group (inside PTB's rate limiter) never hold up the private chats' replies."""
+    in a group (inside PTB's rate limiter) do not take the private chats' share. For a second
+    at most: a chat still at it after SLOT_HOLD_S gives its share back, and beyond that only
+    the client's connections (`max_concurrent`, 64) bound the chats waiting, as before."""
 
     lanes = 2
 
@@ -112,8 +114,9 @@ class ChatKinds:
 class Delivery:
     """The outbox worker: woken when something is queued, and polling now and then.
 
-    At most `concurrency` chats are sent to at once (None: as many as have texts). When a
-    batch of replies is committed together, the replies then go out a few at a time, in the
+    At most `concurrency` chats start being sent to at once (None: as many as have texts);
+    one still at it after SLOT_HOLD_S no longer counts. When a batch of replies is committed
+    together, the replies then go out a few at a time, in the
     order they were committed, instead of all of them, and the updates that come meanwhile,
     sharing the event loop in small steps. On a small machine that loop is what a burst
     waits for (docs/benchmarks.md, "fifth pass"). A few at a time keep up with Telegram's

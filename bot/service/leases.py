@@ -3,9 +3,9 @@
 Several `python -m bot run` processes may share one database (a second instance started by
 mistake with the same token, or docs/replicas.md). Every process scans the same inbox and
 outbox, so without a claim two of them would answer one update, or send one reply, twice. A
-lease is a row (chat_id, kind) -> (owner, lease_until): taking it is one conditional UPDATE (or
-an INSERT when there is no row) whose row count says who won, which both SQLite (writers are
-serialised) and PostgreSQL (the row lock re-checks the WHERE) decide atomically. A lease per
+lease is a row (chat_id, kind) -> (owner, lease_until): taking it is one INSERT whose conflict
+becomes a conditional UPDATE, returning the row only to the winner, which both SQLite (writers
+are serialised) and PostgreSQL (the row lock re-checks the WHERE) decide atomically. A lease per
 chat, not per row, also keeps a chat's order across processes.
 
 A holder renews its leases in the background and before each row it works on; a crashed
