@@ -538,6 +538,7 @@ def main() -> None:
         _report("before", args, *before)
     run, summary = _measure(args, model_file, common.ROOT)
     rows = _report("after" if before else None, args, run, summary)
+    shares = loop_shares(run)
     answered = run.answered
     lost = args.users * args.messages - len(answered)
     sorry = run.error_replies
@@ -557,7 +558,7 @@ def main() -> None:
             "pending_inbox": run.pending_inbox,
             "unsent_outbox": run.unsent_outbox,
             "errors": run.errors,
-            **loop_shares(run),
+            **shares,
             "turns": [t.__dict__ for t in run.turns],
             "quick": args.quick,
             "before": None
@@ -588,7 +589,7 @@ def main() -> None:
             "outside_engine_ms_p50": rows[4][1],
             "outside_engine_ms_p95": rows[4][2],
             "lost": float(lost),
-            **loop_shares(run),
+            **shares,
             **(
                 {}
                 if before is None

@@ -139,6 +139,8 @@ def fast_profanity_scorer(vectorizer: Any, model: Any, *, sparse: bool = False) 
     if terms is None:
         return score
     analyze = vectorizer.build_analyzer()
+    idf = [float(x) for x in vectorizer.idf_]
+    rows = [tuple(float(x) for x in r) for r in w]
 
     def score_short(items: list[str]) -> list[float]:
         """The same, a text at a time in plain Python: scikit-learn's transform builds a sparse
@@ -168,8 +170,6 @@ def fast_profanity_scorer(vectorizer: Any, model: Any, *, sparse: bool = False) 
             decisions[row] = sums
         return [float(p) for p in expit(-(a * (decisions + c) + b)).mean(axis=1)]
 
-    idf = [float(x) for x in vectorizer.idf_]
-    rows = [tuple(float(x) for x in r) for r in w]
     return score_short
 
 
