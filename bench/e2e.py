@@ -24,7 +24,9 @@ Overhead = latency - model time, split in two:
 and prints how busy the loop was: over the run (`loop_busy_share`) and while turns were outside
 the engine, in the union of the times from queuing an update to its inbox row and from a reply's
 commit to its sendMessage (`loop_busy_share_outside`). Near 1, those turns wait for the loop's
-CPU: other turns' work, not a timer or the database.
+CPU: other turns' work, not a timer or the database. `loop_on_cpu_share` is how much of the
+callbacks' time the loop's thread was running on a core (its thread CPU time): the rest it waited
+for the GIL, held by the inference thread between torch's calls, or for a core.
 
 The machinery (the bot process against the loopback server, closed-loop users, reading the
 bot's database, the summary) is shared with bench/variants.py.
@@ -87,6 +89,8 @@ class Run:
     unsent_outbox: int = 0
     # --loop-trace: the bot's event-loop callbacks, (time.time() at start, seconds)
     loop_busy: list[tuple[float, float]] | None = None
+    # and the loop thread's CPU time in each (seconds), in the same order
+    loop_cpu: list[float] | None = None
 
     @property
     def answered(self) -> list[Turn]:
@@ -213,6 +217,11 @@ def loop_shares(run: Run) -> dict[str, float]:
     return {
         "loop_busy_share": busy_share(run.loop_busy, [(first, last)]),
         "loop_busy_share_outside": busy_share(run.loop_busy, outside_windows(run.turns)),
+        **(
+            {"loop_on_cpu_share": sum(run.loop_cpu) / sum(took for _, took in run.loop_busy)}
+            if run.loop_cpu
+            else {}
+        ),
     }
 
 
@@ -649,19 +658,24 @@ def _measure(args: argparse.Namespace, model_file: str, root: Path) -> tuple[Run
                 )
             )
             if args.loop_trace:
-                run.loop_busy = _read_loop_trace(tmp / "looptrace")
+                run.loop_busy, run.loop_cpu = _read_loop_trace(tmp / "looptrace")
         finally:
             if args.keep_log is not None:
                 shutil.copyfile(Path(tmp_dir) / "bot.log", args.keep_log)
     return run, summarize(run.turns)
 
 
-def _read_loop_trace(folder: Path) -> list[tuple[float, float]]:
-    """The bot's loop trace (bench/looptrace/sitecustomize.py: one file, the bot process's)."""
+def _read_loop_trace(folder: Path) -> tuple[list[tuple[float, float]], list[float] | None]:
+    """The bot's loop trace (bench/looptrace/sitecustomize.py: one file, the bot process's):
+    the callbacks (start, seconds) and their CPU seconds (None from a trace without them: a
+    --before checkout's older sitecustomize)."""
     files = sorted(folder.glob("*.json"))
     if len(files) != 1:
         raise RuntimeError(f"expected the bot's loop trace in {folder}, found {len(files)} files")
-    return [(float(a), float(b)) for a, b in json.loads(files[0].read_text(encoding="utf-8"))]
+    entries = json.loads(files[0].read_text(encoding="utf-8"))
+    busy = [(float(e[0]), float(e[1])) for e in entries]
+    cpu = [float(e[2]) for e in entries] if entries and len(entries[0]) > 2 else None
+    return busy, cpu
 
 
 def _report(
@@ -684,6 +698,11 @@ def _report(
             f"event loop busy: {shares['loop_busy_share']:.0%} of the run, "
             f"{shares['loop_busy_share_outside']:.0%} of the turns' time outside the engine "
             "(queued -> inbox row, commit -> sendMessage)"
+            + (
+                f"; on a core {shares['loop_on_cpu_share']:.0%} of its callbacks' time"
+                if "loop_on_cpu_share" in shares
+                else ""
+            )
         )
     for err in run.errors[:10]:
         print("  " + err)

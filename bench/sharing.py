@@ -82,7 +82,7 @@ async def _workers(specs: list[ProcessSpec]) -> list[ModelProcess]:
 async def _case(specs: list[ProcessSpec]) -> dict[str, float]:
     handles = await _workers(specs)
     try:
-        figures = [await h.stats() for h in handles]
+        figures = [await h.stats(memory=True) for h in handles]
     finally:
         await asyncio.gather(*(h.close() for h in handles))
     return {
@@ -95,7 +95,7 @@ async def _case(specs: list[ProcessSpec]) -> dict[str, float]:
 async def _per_conversation(spec: ProcessSpec, n: int) -> dict[str, float]:
     [handle] = await _workers([spec])
     try:
-        before = await handle.stats()
+        before = await handle.stats(memory=True)
         started = time.perf_counter()
         batch = 64
         for first in range(0, n, batch):
@@ -106,10 +106,10 @@ async def _per_conversation(spec: ProcessSpec, n: int) -> dict[str, float]:
                 )
             )
         elapsed = time.perf_counter() - started
-        after = await handle.stats()
+        after = await handle.stats(memory=True)
         for i in range(n):
             handle.evict(i)
-        evicted = await handle.stats()
+        evicted = await handle.stats(memory=True)
     finally:
         await handle.close()
     assert after["cached"] - before["cached"] == n, (before, after)

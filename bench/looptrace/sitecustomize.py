@@ -1,5 +1,5 @@
 """`python -m bench.e2e --loop-trace`: when the bot starts with this folder on PYTHONPATH and
-BENCH_LOOPTRACE_DIR set, every callback its event loop runs is timed (start, duration), and the
+BENCH_LOOPTRACE_DIR set, every callback its event loop runs is timed (start, duration, the thread's CPU time), and the
 list is written to that folder as JSON when the process exits. Worker processes the bot starts
 inherit the folder but write nothing, nor does a process that ran no event loop
 (multiprocessing's resource tracker). Not part of the service: a probe for the benchmark.
@@ -15,19 +15,21 @@ import os
 import time
 
 _DIR = os.environ.get("BENCH_LOOPTRACE_DIR")
-_busy: list[tuple[float, float]] = []
+_busy: list[tuple[float, float, float]] = []
 
 if _DIR:
     _run = asyncio.events.Handle._run
 
     def _timed_run(self: asyncio.events.Handle) -> None:
-        started, wall = time.perf_counter(), time.time()
+        started, wall, cpu = time.perf_counter(), time.time(), time.thread_time()
         try:
             _run(self)
         finally:
             took = time.perf_counter() - started
             if took > 2e-5:  # the loop's own bookkeeping between callbacks is not counted
-                _busy.append((wall, took))
+                # The thread's own CPU time too: the rest of `took` it waited, for the GIL
+                # (held by the inference thread) or for a core.
+                _busy.append((wall, took, time.thread_time() - cpu))
 
     asyncio.events.Handle._run = _timed_run  # type: ignore[method-assign]
 

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from bot.engine.protocol import ConversationContext, Generated, ModelView
 
 # 1: positional tuples (before the typed messages); 3: Generated.replica; 4: Stored's replica;
-# 5: Generated.model_text and MessageRow.model_text (the model's own text)
-PROTOCOL_VERSION = 5
+# 5: Generated.model_text and MessageRow.model_text (the model's own text); 6: StatsRequest.memory
+PROTOCOL_VERSION = 6
 
 
 class Kind(StrEnum):
@@ -89,9 +89,15 @@ class Inspect(Request):
 
 @dataclass(frozen=True, slots=True)
 class StatsRequest(Request):
-    """Cache, batch and memory figures."""
+    """Cache and batch figures, and with `memory` the process's memory too.
+
+    Memory is asked for only where it is read (bench/sharing.py): measuring it collects
+    garbage and walks the process's pages, about 0.3 s with a model loaded during which the
+    inference thread cannot run (the collection holds the GIL). The heartbeat's status every few
+    seconds asked for it and dropped it: a stall of every chat's reply each time."""
 
     kind: ClassVar[Kind] = Kind.STATS_REQUEST
+    memory: bool = False
 
 
 @dataclass(frozen=True, slots=True)

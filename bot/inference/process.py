@@ -145,8 +145,8 @@ async def _serve(conn: Connection, agent: Any, spec: ProcessSpec) -> None:
                 responder.evict(session_id)
             case pipe.Stored(session_id=session_id, last_message_id=last):
                 responder.turn_stored(session_id, last)
-            case pipe.StatsRequest(req_id=req_id):
-                worker.send(pipe.Stats(req_id, worker.stats()))
+            case pipe.StatsRequest(req_id=req_id, memory=memory):
+                worker.send(pipe.Stats(req_id, worker.stats(memory)))
             case _:
                 log.error("variant %s: unexpected message: %r", spec.variant, message)
     for task in list(running):
@@ -215,7 +215,9 @@ class _Worker:
                 else self.inspect(request)
             )
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, memory: bool = False) -> dict[str, Any]:
+        """Cache and batch figures; with `memory` rss and pss too (rss_bytes: a collection
+        that stops the inference thread for a few hundred ms, pipe.StatsRequest)."""
         cache = self.responder.cache
         return {
             "cached": len(cache),
@@ -224,5 +226,5 @@ class _Worker:
             "evictions": cache.stats.evictions,
             "batches": self.responder.batcher.stats.batches,
             "requests": self.responder.batcher.stats.requests,
-            **rss_bytes(),
+            **(rss_bytes() if memory else {}),
         }

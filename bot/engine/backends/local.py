@@ -227,14 +227,15 @@ class ModelProcess:
             assert isinstance(answer, pipe.ReplyMessage)
             return answer.result
 
-    async def stats(self) -> dict[str, Any]:
-        """The worker's cache, batch and memory figures ({} while it is down or does not answer
-        within STATS_TIMEOUT_S: a status report never waits on a hung worker)."""
+    async def stats(self, memory: bool = False) -> dict[str, Any]:
+        """The worker's cache and batch figures, and with `memory` its rss and pss (a pause
+        of its inference, pipe.StatsRequest); {} while it is down or does not answer within
+        STATS_TIMEOUT_S: a status report never waits on a hung worker."""
         if not self._ready.is_set():
             return {}
         try:
             async with asyncio.timeout(STATS_TIMEOUT_S):
-                answer = await self._request(pipe.StatsRequest)
+                answer = await self._request(partial(pipe.StatsRequest, memory=memory))
         except (TimeoutError, ModelProcessLost):
             return {}
         assert isinstance(answer, pipe.Stats)

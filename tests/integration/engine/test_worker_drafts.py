@@ -54,7 +54,12 @@ async def test_a_streamed_turn_gets_drafts_over_the_pipe(
         )
         quiet = await handle.generate(_session(2), "hello how are you today")
         stats = await handle.stats()
+        memory = await handle.stats(memory=True)
     assert drafts and all(drafts)  # whole words: never an empty preview
     assert len(set(drafts)) == len(drafts)  # only when the text changed
     assert streamed.text and quiet.text == streamed.text  # same input, same reply
     assert stats["requests"] == 2
+    # Memory only when asked: measuring it pauses the worker's inference (pipe.StatsRequest),
+    # and the heartbeat's status, every few seconds, does not read it.
+    assert "rss" not in stats and "pss" not in stats
+    assert memory["rss"] > 0 and memory["pss"] > 0 and memory["requests"] == 2

@@ -29,6 +29,7 @@ EXAMPLES: list[pipe.Message] = [
     pipe.TurnRequest(2, SESSION, "no context yet", False),
     pipe.Inspect(3, SESSION, CONTEXT),
     pipe.StatsRequest(4),
+    pipe.StatsRequest(5, memory=True),
     pipe.Evict(7),
     pipe.Stored(7, 99),
     pipe.Stored(7, 99, "rep1ica"),
