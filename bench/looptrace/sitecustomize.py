@@ -1,8 +1,9 @@
 """`python -m bench.e2e --loop-trace`: when the bot starts with this folder on PYTHONPATH and
-BENCH_LOOPTRACE_DIR set, every callback its event loop runs is timed (start, duration, the thread's CPU time), and the
-list is written to that folder as JSON when the process exits. Worker processes the bot starts
-inherit the folder but write nothing, nor does a process that ran no event loop
-(multiprocessing's resource tracker). Not part of the service: a probe for the benchmark.
+BENCH_LOOPTRACE_DIR set, every callback its event loop runs is timed (start, duration, the
+thread's CPU time), and the list is written to that folder as JSON when the process exits.
+Worker processes the bot starts inherit the folder but write nothing, nor does a process that
+ran no event loop (multiprocessing's resource tracker). Not part of the service: a probe for
+the benchmark.
 """
 
 from __future__ import annotations
