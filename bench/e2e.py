@@ -91,6 +91,8 @@ class Run:
     loop_busy: list[tuple[float, float]] | None = None
     # and the loop thread's CPU time in each (seconds), in the same order
     loop_cpu: list[float] | None = None
+    # and the callbacks' (calls, seconds, CPU seconds) by what ran them (a task's name)
+    loop_by: dict[str, tuple[int, float, float]] = field(default_factory=dict)
 
     @property
     def answered(self) -> list[Turn]:
@@ -658,24 +660,27 @@ def _measure(args: argparse.Namespace, model_file: str, root: Path) -> tuple[Run
                 )
             )
             if args.loop_trace:
-                run.loop_busy, run.loop_cpu = _read_loop_trace(tmp / "looptrace")
+                run.loop_busy, run.loop_cpu, run.loop_by = _read_loop_trace(tmp / "looptrace")
         finally:
             if args.keep_log is not None:
                 shutil.copyfile(Path(tmp_dir) / "bot.log", args.keep_log)
     return run, summarize(run.turns)
 
 
-def _read_loop_trace(folder: Path) -> tuple[list[tuple[float, float]], list[float] | None]:
+def _read_loop_trace(
+    folder: Path,
+) -> tuple[list[tuple[float, float]], list[float], dict[str, tuple[int, float, float]]]:
     """The bot's loop trace (bench/looptrace/sitecustomize.py: one file, the bot process's):
-    the callbacks (start, seconds) and their CPU seconds (None from a trace without them: a
-    --before checkout's older sitecustomize)."""
+    the callbacks (start, seconds), their CPU seconds, and the sums by what ran them."""
     files = sorted(folder.glob("*.json"))
     if len(files) != 1:
         raise RuntimeError(f"expected the bot's loop trace in {folder}, found {len(files)} files")
-    entries = json.loads(files[0].read_text(encoding="utf-8"))
+    trace = json.loads(files[0].read_text(encoding="utf-8"))
+    entries = trace["callbacks"]
     busy = [(float(e[0]), float(e[1])) for e in entries]
-    cpu = [float(e[2]) for e in entries] if entries and len(entries[0]) > 2 else None
-    return busy, cpu
+    cpu = [float(e[2]) for e in entries]
+    by = {name: (int(n), float(s), float(c)) for name, (n, s, c) in trace["by"].items()}
+    return busy, cpu, by
 
 
 def _report(
@@ -703,6 +708,21 @@ def _report(
                 if "loop_on_cpu_share" in shares
                 else ""
             )
+        )
+    if run.loop_by and answered:
+        top = sorted(run.loop_by.items(), key=lambda kv: -kv[1][1])[:12]
+        common.print_table(
+            "The loop's time by what ran it (task name, or callback), per answered turn",
+            ["", "callbacks", "ms", "CPU ms"],
+            [
+                (
+                    name,
+                    f"{n / len(answered):.1f}",
+                    f"{s * 1e3 / len(answered):.2f}",
+                    f"{c * 1e3 / len(answered):.2f}",
+                )
+                for name, (n, s, c) in top
+            ],
         )
     for err in run.errors[:10]:
         print("  " + err)

@@ -225,10 +225,14 @@ async def busy_child():
 def child():
     asyncio.run(busy_child())  # a worker process's loop: timed, but it writes nothing
 
+async def sleeper():
+    time.sleep(0.03)  # 30 ms off the CPU in one callback
+
 async def main():
     for _ in range(3):
         spin(0.01)  # 10 ms of CPU in one callback
         await asyncio.sleep(0)
+    await asyncio.create_task(sleeper(), name="sleeper:1")
 
 if __name__ == "__main__":
     process = multiprocessing.get_context("spawn").Process(target=child)
@@ -245,6 +249,10 @@ def test_the_loop_trace_times_the_bots_callbacks_and_only_the_main_process_write
     script.write_text(_LOOP_PROGRAM, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(e2e.LOOP_TRACE), "BENCH_LOOPTRACE_DIR": str(tmp_path)}
     subprocess.run([sys.executable, str(script)], env=env, check=True, timeout=60)
-    busy = e2e._read_loop_trace(tmp_path)  # exactly one file: the main process's
-    assert sum(length for _, length in busy) >= 0.03
-    assert max(length for _, length in busy) >= 0.01
+    busy, cpu, by = e2e._read_loop_trace(tmp_path)  # exactly one file: the main process's
+    assert sum(length for _, length in busy) >= 0.06
+    assert max(length for _, length in busy) >= 0.03
+    assert len(cpu) == len(busy) and 0.025 <= sum(cpu) < 0.05  # the sleep is not CPU time
+    calls, seconds, cpu_s = by["sleeper"]  # a task's name up to ":"
+    assert calls == 1 and seconds >= 0.03 and cpu_s < 0.01
+    assert by["Task-1"][2] >= 0.025  # asyncio.run's main task spun
