@@ -91,8 +91,9 @@ class Run:
     loop_busy: list[tuple[float, float]] | None = None
     # and the loop thread's CPU time in each (seconds), in the same order
     loop_cpu: list[float] | None = None
-    # and the callbacks' (calls, seconds, CPU seconds) by what ran them (a task's name)
-    loop_by: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    # and the callbacks' (calls, seconds, CPU seconds, longest call's seconds) by what ran
+    # them (a task's name)
+    loop_by: dict[str, tuple[int, float, float, float]] = field(default_factory=dict)
 
     @property
     def answered(self) -> list[Turn]:
@@ -669,7 +670,7 @@ def _measure(args: argparse.Namespace, model_file: str, root: Path) -> tuple[Run
 
 def _read_loop_trace(
     folder: Path,
-) -> tuple[list[tuple[float, float]], list[float], dict[str, tuple[int, float, float]]]:
+) -> tuple[list[tuple[float, float]], list[float], dict[str, tuple[int, float, float, float]]]:
     """The bot's loop trace (bench/looptrace/sitecustomize.py: one file, the bot process's):
     the callbacks (start, seconds), their CPU seconds, and the sums by what ran them."""
     files = sorted(folder.glob("*.json"))
@@ -679,7 +680,10 @@ def _read_loop_trace(
     entries = trace["callbacks"]
     busy = [(float(e[0]), float(e[1])) for e in entries]
     cpu = [float(e[2]) for e in entries]
-    by = {name: (int(n), float(s), float(c)) for name, (n, s, c) in trace["by"].items()}
+    by = {
+        name: (int(n), float(s), float(c), float(longest))
+        for name, (n, s, c, longest) in trace["by"].items()
+    }
     return busy, cpu, by
 
 
@@ -713,15 +717,16 @@ def _report(
         top = sorted(run.loop_by.items(), key=lambda kv: -kv[1][1])[:12]
         common.print_table(
             "The loop's time by what ran it (task name, or callback), per answered turn",
-            ["", "callbacks", "ms", "CPU ms"],
+            ["", "callbacks", "ms", "CPU ms", "longest callback, ms"],
             [
                 (
                     name,
                     f"{n / len(answered):.1f}",
                     f"{s * 1e3 / len(answered):.2f}",
                     f"{c * 1e3 / len(answered):.2f}",
+                    f"{longest * 1e3:.1f}",
                 )
-                for name, (n, s, c) in top
+                for name, (n, s, c, longest) in top
             ],
         )
     for err in run.errors[:10]:

@@ -1,10 +1,10 @@
 """`python -m bench.e2e --loop-trace`: when the bot starts with this folder on PYTHONPATH and
 BENCH_LOOPTRACE_DIR set, every callback its event loop runs is timed (start, duration, the
-thread's CPU time), its time is added up by what ran it (a task's name up to its first ":", e.g.
-"draft" or "delivery", or else the callback's function), and both are written to that folder as
-JSON when the process exits. Worker processes the bot starts inherit the folder but write
-nothing, nor does a process that ran no event loop (multiprocessing's resource tracker). Not part
-of the service: a probe for the benchmark.
+thread's CPU time), its time is added up by what ran it (a task's name up to its first ":",
+e.g. "draft" or "delivery", an unnamed task's coroutine, or else the callback's function), and
+both are written to that folder as JSON when the process exits. Worker processes the bot starts
+inherit the folder but write nothing, nor does a process that ran no event loop
+(multiprocessing's resource tracker). Not part of the service: a probe for the benchmark.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from collections import defaultdict
 
 _DIR = os.environ.get("BENCH_LOOPTRACE_DIR")
 _busy: list[tuple[float, float, float]] = []
-_by: defaultdict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # calls, s, CPU s
+# calls, seconds, CPU seconds, the longest call's seconds
+_by: defaultdict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
 
 
 def _what(handle: asyncio.events.Handle) -> str:
@@ -28,7 +29,11 @@ def _what(handle: asyncio.events.Handle) -> str:
     callback = handle._callback  # type: ignore[attr-defined]
     owner = getattr(callback, "__self__", None)
     if isinstance(owner, asyncio.Task):
-        return owner.get_name().split(":", 1)[0]
+        name = owner.get_name()
+        if name.startswith("Task-"):  # unnamed: its coroutine's function says more
+            coro = owner.get_coro()
+            return f"task {getattr(coro, '__qualname__', name)}"
+        return name.split(":", 1)[0]
     return getattr(callback, "__qualname__", type(callback).__name__)
 
 
@@ -50,6 +55,7 @@ if _DIR:
                 entry[0] += 1
                 entry[1] += took
                 entry[2] += used
+                entry[3] = max(entry[3], took)
 
     asyncio.events.Handle._run = _timed_run  # type: ignore[method-assign]
 
