@@ -5,7 +5,8 @@ over their own table. A scan finds the chats with pending rows and starts one wo
 that has none. A worker takes a concurrency slot, then the chat's lease, and only then reads
 the chat's rows (aiogram #1317: load state after taking the lock), so rows another process
 handled meanwhile are not handled twice; it works through them in order, renewing the lease
-before each, and reads again until none is left. A chat whose lease another process holds
+before each, and reads again while rows were handed to it (or committed with a bare wake)
+meanwhile. A chat whose lease another process holds
 gives its slot back and tries again after a pause; a chat waiting for a slot holds no lease,
 so another replica with room can take it. Rows left by a crash are found by the first scan.
 Where this process committed the rows itself, it names their chats (`start_chat`): their
@@ -360,6 +361,8 @@ class ChatPool(Generic[R]):
                 return "closed"
             if not await self._claim(chat_id):
                 return "busy"
+            wakes = self._wakes
+            self._again.discard(chat_id)  # this read finds what was handed to it so far
             try:
                 rows = await self.pending(chat_id)
             except Exception as err:  # noqa: BLE001 - the database is down: wait for it
@@ -381,6 +384,16 @@ class ChatPool(Generic[R]):
                     return "busy"
                 if not await self.process(row):
                     return "stalled"
+            # Read again only if rows may have come since this read: handed to this chat
+            # (start_chat) or committed with a bare wake; or if the lease was found lost
+            # (`process` left its row to the new holder: the next claim says who that is, and
+            # takes the chat back once this replica may again). Else the read would find
+            # nothing: the rows this process commits are handed over, and another process's
+            # are found by the periodic scan, as for a chat with no worker. It was one read a
+            # chat's turn in each pool, two of a turn's statements.
+            held = self.leases is None or self.leases.holds(chat_id)
+            if held and chat_id not in self._again and self._wakes == wakes:
+                return "done"
         return "done"
 
     async def _claim(self, chat_id: int) -> bool:

@@ -110,6 +110,10 @@ class Leases:
         """Chats whose lease this process holds."""
         return frozenset(self._held)
 
+    def holds(self, chat_id: int) -> bool:
+        """Whether this process holds the chat's lease, as far as it knows (no database)."""
+        return chat_id in self._held
+
     def _forget_all(self) -> None:
         """Fenced: trust none of our leases any more; the next acquire() asks the database."""
         self._held.clear()

@@ -200,32 +200,67 @@ async def test_a_lanes_share_of_the_slots_follows_the_number_of_lanes() -> None:
 
 
 async def test_rows_handed_to_a_chat_whose_worker_is_ending_are_not_left_to_a_scan() -> None:
-    # start_chat while the chat's worker has done its last (empty) read but not ended yet:
-    # the chat is started again when that worker ends, with scans that find nothing.
+    # start_chat after the worker's last read, while it works on the last row it read: the
+    # chat's rows are read again (in the worker, or by the chat started again when the worker
+    # ends), with scans that find nothing.
     rows = Rows({1: ["1a"]})
     pool = _pool(rows, poll_interval_s=60.0)
     reads = 0
-    original = rows.pending
+    original_pending, original_process = rows.pending, rows.process
 
     async def pending(chat_id: int) -> list[str]:
         nonlocal reads
-        found = await original(chat_id)
         reads += 1
-        if reads == 2:  # the worker's last read found nothing; a row is committed now
+        return await original_pending(chat_id)
+
+    async def process(row: str) -> bool:
+        done = await original_process(row)
+        if row == "1a":  # the worker read before this row was committed
             rows.rows[1].append("1b")
             assert pool.start_chat(1)
-        return found
+        return done
 
     async def no_scan() -> list[int]:
         return []
 
-    pool.pending, pool.pending_chats = pending, no_scan
+    pool.pending, pool.process, pool.pending_chats = pending, process, no_scan
     assert not pool.start_chat(1)  # not started yet: the caller scans instead
     await pool.start()
     assert pool.start_chat(1)
     await until(lambda: rows.done == ["1a", "1b"], within_s=5, what="the handed row done")
+    await until(lambda: pool.busy == 0, within_s=5, what="the worker ended")
+    assert reads == 2  # 1a, then 1b: nothing was handed after that, so no read found nothing
     await pool.stop(1.0)
     assert not pool.start_chat(1)  # stopping: the caller scans instead
+
+
+async def test_a_worker_reads_again_only_when_rows_may_have_come_since_its_read() -> None:
+    rows = Rows({1: ["1a", "1b"]})
+    pool = _pool(rows, poll_interval_s=60.0)  # no periodic scan within the test
+    reads: list[list[str]] = []
+    original = rows.pending
+
+    async def pending(chat_id: int) -> list[str]:
+        reads.append(await original(chat_id))
+        return reads[-1]
+
+    pool.pending = pending
+    await pool.start()
+    await until(lambda: len(rows.done) == 2 and pool.busy == 0, within_s=5, what="the rows")
+    assert reads == [["1a", "1b"]]  # one read; none that finds nothing
+
+    # A bare wake (rows committed without naming their chat) during the run: read again.
+    rows.rows[1] += ["1c"]
+    rows.hold = {"1c"}
+    rows.started.clear()
+    reads.clear()
+    assert pool.start_chat(1)
+    await asyncio.wait_for(rows.started.wait(), 5)
+    pool.wake()
+    rows.release.set()
+    await until(lambda: "1c" in rows.done and pool.busy == 0, within_s=5, what="1c done")
+    assert reads[:2] == [["1c"], []]
+    await pool.stop(1.0)
 
 
 async def test_a_worker_that_ends_scans_again_only_after_a_wake_or_a_failed_row() -> None:
