@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, delete, select, update
+from sqlalchemy import ColumnElement, delete, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.dialect import db_now, dialect_insert
@@ -78,6 +78,22 @@ async def give_back(
     await (await core(db)).execute(
         delete(ChatLease).where(
             _of(chat_id, kind), ChatLease.owner == owner, ChatLease.lease_until == written
+        )
+    )
+
+
+async def give_back_many(
+    db: AsyncSession, written: dict[int, datetime], kind: str, owner: str
+) -> None:
+    """give_back for several chats in one statement: each chat's lease row `owner` wrote with
+    the given `lease_until`, unless renewed or taken again since."""
+    if not written:
+        return
+    await (await core(db)).execute(
+        delete(ChatLease).where(
+            ChatLease.kind == kind,
+            ChatLease.owner == owner,
+            tuple_(ChatLease.chat_id, ChatLease.lease_until).in_(list(written.items())),
         )
     )
 

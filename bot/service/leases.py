@@ -40,6 +40,9 @@ LEASE_TTL_S = 60.0
 # A finished worker keeps its chat's lease this long, so a chat's next message (they come in
 # bursts) costs no database write to take it again; another process waits at most this long.
 LINGER_S = 1.0
+# Leases due to be given back within this long of each other go in one statement: the chats
+# of a model batch end together (a burst), and a statement each was a session a turn per kind.
+RELEASE_GATHER_S = 0.2
 
 
 def _dead_here(owner: str) -> bool:
@@ -101,6 +104,9 @@ class Leases:
         # one taken again meanwhile.
         self._written: dict[int, datetime] = {}
         self._releases: dict[int, asyncio.TimerHandle] = {}
+        # Due to be given back (chat -> the lease_until we wrote) by the task gathering them.
+        self._to_give_back: dict[int, datetime] = {}
+        self._gathering: asyncio.Task[None] | None = None
         self._releasing: set[asyncio.Task[None]] = set()
         self._keeper: asyncio.Task[None] | None = None
         self._epoch = heartbeat.epoch if heartbeat is not None else 0  # see _trusted()
@@ -195,24 +201,45 @@ class Leases:
 
     def _release_soon(self, chat_id: int) -> None:
         self._releases.pop(chat_id, None)
-        # Forget the lease now, not when the task below runs: an acquire() in between must go
-        # to the database (where it renews the row, so the delete below then matches nothing)
-        # instead of trusting a lease that is about to be deleted.
+        # Forget the lease now, not when it is given back: an acquire() in between must go to
+        # the database (where it renews the row, so the delete then matches nothing) instead
+        # of trusting a lease that is about to be deleted.
         self._held.pop(chat_id, None)
         written = self._written.pop(chat_id, None)
-        task = asyncio.create_task(self._release_now(chat_id, written), name=f"release:{chat_id}")
-        self._releasing.add(task)
-        task.add_done_callback(self._releasing.discard)
+        if written is None:
+            return
+        self._to_give_back[chat_id] = written
+        if self._gathering is None:
+            task = asyncio.create_task(self._give_back_gathered(), name=f"release:{self.kind}")
+            self._gathering = task
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
+
+    async def _give_back_gathered(self) -> None:
+        """After RELEASE_GATHER_S, give back in one statement every lease due by then."""
+        try:
+            await asyncio.sleep(RELEASE_GATHER_S)
+        finally:
+            self._gathering = None  # (cancelled: stop() gives back what is due)
+        due, self._to_give_back = self._to_give_back, {}
+        await self._give_back(due)
 
     async def _release_now(self, chat_id: int, written: datetime | None) -> None:
         """Delete the lease row we wrote (best effort: if this fails, the lease expires)."""
-        if written is None:
+        if written is not None:
+            await self._give_back({chat_id: written})
+
+    async def _give_back(self, written: dict[int, datetime]) -> None:
+        """Delete the lease rows we wrote (best effort: if this fails, they expire)."""
+        if not written:
             return
         try:
             async with self.sessionmaker.begin() as db:
-                await leases.give_back(db, chat_id, self.kind, self.owner, written)
+                await leases.give_back_many(db, written, self.kind, self.owner)
         except Exception as err:  # noqa: BLE001 - the lease runs out by itself
-            log.warning("releasing the %s lease of chat %s failed: %s", self.kind, chat_id, err)
+            log.warning(
+                "giving back the %s leases of %d chats failed: %s", self.kind, len(written), err
+            )
 
     async def renew_all(self) -> None:
         """Push back the expiry of every lease this process holds (one statement)."""
@@ -254,10 +281,15 @@ class Leases:
         for timer in self._releases.values():
             timer.cancel()
         self._releases.clear()
+        if self._gathering is not None:
+            self._gathering.cancel()  # (its leases are given back below, with the others)
         await asyncio.gather(*self._releasing, return_exceptions=True)
-        for chat_id in list(self._held):
-            self._held.pop(chat_id, None)
-            await self._release_now(chat_id, self._written.pop(chat_id, None))
+        left = self._to_give_back
+        left.update((c, self._written[c]) for c in self._held if c in self._written)
+        self._to_give_back = {}
+        self._held.clear()
+        self._written.clear()
+        await self._give_back(left)
 
     async def _keep(self) -> None:
         while True:

@@ -1,5 +1,6 @@
 """bot.db.leases.take, the one statement that decides who works on a chat, on both backends:
-a free, an own, a live other's and an expired lease, and many owners racing for one chat."""
+a free, an own, a live other's and an expired lease, and many owners racing for one chat; and
+give_back_many, which gives several back in one."""
 
 from __future__ import annotations
 
@@ -104,3 +105,18 @@ async def test_of_many_owners_racing_for_a_chat_exactly_one_wins(
         assert len(winners) == 1, results
         owner, _ = await _row(sessionmaker, chat_id)
         assert owner == f"owner{winners[0]}"
+
+
+async def test_give_back_many_deletes_only_the_rows_as_they_were_written(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    written = {chat_id: await _take(sessionmaker, "a", chat_id) for chat_id in (7, 8, 9)}
+    await asyncio.sleep(0.01)
+    renewed = await _take(sessionmaker, "a", 9)  # renewed since: no longer as written
+    assert await _take(sessionmaker, "b", 10) is not None  # another owner's
+    async with sessionmaker.begin() as db:
+        await leases.give_back_many(db, {**written, 10: written[7]}, "inbox", "a")  # type: ignore[dict-item]
+    async with sessionmaker() as db:
+        left = dict((await db.execute(select(ChatLease.chat_id, ChatLease.owner))).all())
+    assert left == {9: "a", 10: "b"}
+    assert await _row(sessionmaker, 9) == ("a", renewed)

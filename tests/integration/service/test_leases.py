@@ -11,7 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bot.db.engine import make_engine, make_sessionmaker
@@ -175,3 +175,39 @@ async def test_a_release_during_a_renewal_gives_the_row_back(
     await renewal
     await asyncio.gather(*mine._releasing)
     assert await _owner_of(sessionmaker, 6) is None
+
+
+async def test_leases_due_together_are_given_back_in_one_statement(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    # The chats of a model batch end together: their leases go back in one DELETE
+    # (RELEASE_GATHER_S), not a session each; one taken again meanwhile stays.
+    mine = Leases(sessionmaker, "inbox", linger_s=0.0)
+    other = Leases(sessionmaker, "inbox")
+    for chat_id in (11, 12, 13, 14):
+        assert await mine.acquire(chat_id)
+    deletes: list[str] = []
+
+    def count(*args: object) -> None:
+        if str(args[2]).lstrip().upper().startswith("DELETE"):
+            deletes.append(str(args[2]))
+
+    engine = sessionmaker.kw["bind"].sync_engine
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        for chat_id in (11, 12, 13, 14):
+            await mine.release(chat_id)
+        await asyncio.sleep(0.01)  # the linger timers fired; the leases wait to be given back
+        assert mine._gathering is not None and not mine.holds(14)
+        assert await mine.acquire(14)  # its next update: taken again, from the database
+        await asyncio.gather(*mine._releasing)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert len(deletes) == 1, deletes
+    for chat_id in (11, 12, 13):
+        assert await _owner_of(sessionmaker, chat_id) is None
+        assert await other.acquire(chat_id)
+    assert await _owner_of(sessionmaker, 14) == mine.owner
+    await mine.stop()
+    await other.stop()
+    assert await _owner_of(sessionmaker, 14) is None  # stop gives back what is left
