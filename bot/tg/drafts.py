@@ -71,8 +71,10 @@ class DraftSender:
             await self.request.initialize()  # no getMe: the application's bot did that
             self._ready = True
         try:
-            await asyncio.wait_for(
-                self.bot.send_message_draft(
+            # A deadline on this task, not wait_for's task of its own: on Python 3.11 that was
+            # a task and three more loop callbacks for every draft (docs/benchmarks.md).
+            async with asyncio.timeout(timeout_s):
+                await self.bot.send_message_draft(
                     chat_id,
                     draft_id,
                     text,
@@ -80,9 +82,7 @@ class DraftSender:
                     write_timeout=timeout_s,
                     connect_timeout=timeout_s,
                     pool_timeout=timeout_s,
-                ),
-                timeout_s,
-            )
+                )
         except RetryAfter as err:
             self.paused_until = time.monotonic() + retry_after_s(err)
             raise
