@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -90,8 +91,109 @@ def make_engine(url: str, *, on_loop: bool = True, **kwargs: Any) -> AsyncEngine
 
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
-    """Sessions that keep loaded values after commit (we never cache ORM objects anyway)."""
-    return async_sessionmaker(engine, expire_on_commit=False)
+    """Sessions that keep loaded values after commit (we never cache ORM objects anyway), and
+    end without a task of their own where nothing waits (LoopSession)."""
+    return LoopSessionmaker(engine, expire_on_commit=False, class_=LoopSession)
+
+
+async def run_to_completion(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` to its end even if the caller is cancelled meanwhile (the cancellation is
+    raised once it has ended), as SQLAlchemy ends a session, but in the caller's task as far as
+    it goes without waiting: a task of its own only once it waits.
+
+    SQLAlchemy runs a session's commit and close in a task of their own, shielded, so that a
+    cancellation cannot leave them half done: one task a session, two with `begin()`. On the
+    loop's SQLite (bot/db/sqlite_inline.py) they never wait, unless SQLite is busy, and the
+    tasks were 3.6 ms of the event loop's time a turn at 50 users, a tenth of it
+    (`bench.e2e --loop-trace`, docs/benchmarks.md). A coroutine that completes in its first
+    step cannot be cancelled part way; one that waits (PostgreSQL's I/O, SQLITE_BUSY) goes on
+    in a task, shielded, as in SQLAlchemy.
+    """
+    try:
+        waiting = coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    except BaseException:
+        coro.close()
+        raise
+    task: asyncio.Future[T] = asyncio.ensure_future(_Resumed(coro, waiting))
+    cancelled: BaseException | None = None
+    while True:
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError as err:
+            if task.done():
+                raise
+            cancelled = err
+        else:
+            break
+    if cancelled is not None:
+        raise cancelled
+    return result
+
+
+class _Resumed:
+    """A coroutine that has already taken its first step (and yielded what it waits for), as
+    an awaitable that goes on from there: what a task can run."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], waiting: Any) -> None:
+        self.coro = coro
+        self.waiting = waiting
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        waiting = self.waiting
+        while True:
+            try:
+                sent = yield waiting
+            except GeneratorExit:
+                self.coro.close()
+                raise
+            except BaseException as err:  # noqa: BLE001 - thrown in: the coroutine's to handle
+                try:
+                    waiting = self.coro.throw(err)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    waiting = self.coro.send(sent)
+                except StopIteration as done:
+                    return done.value
+
+
+class LoopSession(AsyncSession):
+    """An AsyncSession that closes without a task where closing does not wait."""
+
+    async def __aexit__(self, type_: Any, value: Any, traceback: Any) -> None:
+        await run_to_completion(self.close())
+
+
+class _Begun:
+    """`LoopSessionmaker.begin()`: a session and its transaction, committed (or rolled back)
+    and closed at the end, as SQLAlchemy's begin() but through run_to_completion."""
+
+    __slots__ = ("session", "trans")
+
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+
+    async def __aenter__(self) -> AsyncSession:
+        self.trans = self.session.begin()
+        await self.trans.__aenter__()
+        return self.session
+
+    async def __aexit__(self, type_: Any, value: Any, traceback: Any) -> None:
+        async def end() -> None:
+            await self.trans.__aexit__(type_, value, traceback)
+            await self.session.close()
+
+        await run_to_completion(end())
+
+
+class LoopSessionmaker(async_sessionmaker[AsyncSession]):
+    """async_sessionmaker whose begin() ends its session through run_to_completion."""
+
+    def begin(self) -> _Begun:  # type: ignore[override]
+        return _Begun(self())
 
 
 def in_session(

@@ -384,6 +384,11 @@ class ChatPool(Generic[R]):
                     return "busy"
                 if not await self.process(row):
                     return "stalled"
+                # One pass of the event loop before the chat's next row: the other chats' ready
+                # work (a reply's delivery, their own rows) goes first. On the loop's SQLite a
+                # row that needs no model may not wait at all, and a chat's backlog would hold
+                # the loop for all of its rows.
+                await asyncio.sleep(0)
             # Read again only if rows may have come since this read: handed to this chat
             # (start_chat) or committed with a bare wake; or if the lease was found lost
             # (`process` left its row to the new holder: the next claim says who that is, and

@@ -86,6 +86,9 @@ async def test_lang_switches_the_chat_and_forget_removes_the_setting(
 
     api.user_message(chat, "/lang de", language_code="ru")
     api.user_message(chat, "hello", language_code="ru")
+    # The replies first: a /forget deletes the chat's replies still queued (docs/guarantees.md),
+    # and these need no model, so without the wait it may come before they go out.
+    await api.wait_for_texts(chat, len(script) + 2)
     api.user_message(chat, "/forget", language_code="ru")
     sent = await api.wait_for_texts(chat, len(script) + 3)
     assert sent[-3:] == [DE.language_set(), f"echo {chat}: hello", DE.FORGOTTEN]
