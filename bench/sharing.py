@@ -20,6 +20,10 @@ enough to keep them all); their cost is the worker's RSS with them cached minus 
 they are evicted, divided by their number (RSS measured after gc and malloc_trim). The raw
 growth from the start is printed too: it includes the allocator's high-water mark from
 generating, which no conversation owns and which evicting them does not give back.
+With the cache full, `sharing_worker_stats_ms` and `sharing_worker_stats_memory_ms` time a
+status report from the worker without and with its memory figures: measuring memory holds the
+GIL, so the worker's inference waits that long (the heartbeat's report every few seconds asked
+for memory until 2026-12-04 and dropped it).
 """
 
 from __future__ import annotations
@@ -107,6 +111,17 @@ async def _per_conversation(spec: ProcessSpec, n: int) -> dict[str, float]:
             )
         elapsed = time.perf_counter() - started
         after = await handle.stats(memory=True)
+        # What a status report costs the worker with its cache full: it answers on its event
+        # loop, and measuring memory (a garbage collection, a walk of its pages) holds the GIL,
+        # so the inference thread waits as long (the heartbeat asked every few seconds).
+        pauses = {}
+        for memory in (False, True):
+            took = []
+            for _ in range(3):
+                asked = time.perf_counter()
+                await handle.stats(memory=memory)
+                took.append((time.perf_counter() - asked) * 1000)
+            pauses[memory] = sorted(took)[1]
         for i in range(n):
             handle.evict(i)
         evicted = await handle.stats(memory=True)
@@ -122,6 +137,8 @@ async def _per_conversation(spec: ProcessSpec, n: int) -> dict[str, float]:
         # generating (freed memory malloc keeps for reuse): not owned by any conversation.
         "kb_growth_per_conversation": (after["rss"] - before["rss"]) / n / 1024,
         "seconds": elapsed,
+        "stats_ms": pauses[False],
+        "stats_memory_ms": pauses[True],
     }
 
 
@@ -175,6 +192,11 @@ async def main_async(args: argparse.Namespace, model: str, copy: str, size_mb: f
         f"one more cached conversation inside a worker: {per:.1f} KB "
         f"({args.conversations} conversations; RSS growth from the start {growth:.1f} KB each)"
     )
+    print(
+        f"a status report from that worker (median of 3): {conversation['stats_ms']:.1f} ms, "
+        f"{conversation['stats_memory_ms']:.1f} ms with its memory (the worker's loop and "
+        "inference wait as long)"
+    )
     common.emit_results(
         {
             "sharing_weights_mb": size_mb,
@@ -183,6 +205,8 @@ async def main_async(args: argparse.Namespace, model: str, copy: str, size_mb: f
             "sharing_two_same_file_private_pss_mb": results["two, one file (private)"]["pss_mb"],
             "sharing_two_files_pss_mb": results["two files"]["pss_mb"],
             "sharing_worker_kb_per_conversation": conversation["kb_per_conversation"],
+            "sharing_worker_stats_ms": conversation["stats_ms"],
+            "sharing_worker_stats_memory_ms": conversation["stats_memory_ms"],
         }
     )
     common.write_json(
