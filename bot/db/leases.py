@@ -71,22 +71,11 @@ async def take_from(
     return taken.scalar_one_or_none()
 
 
-async def give_back(
-    db: AsyncSession, chat_id: int, kind: str, owner: str, written: datetime
-) -> None:
-    """Delete the lease row `owner` wrote, unless it was renewed or taken again since."""
-    await (await core(db)).execute(
-        delete(ChatLease).where(
-            _of(chat_id, kind), ChatLease.owner == owner, ChatLease.lease_until == written
-        )
-    )
-
-
 async def give_back_many(
     db: AsyncSession, written: dict[int, datetime], kind: str, owner: str
 ) -> None:
-    """give_back for several chats in one statement: each chat's lease row `owner` wrote with
-    the given `lease_until`, unless renewed or taken again since."""
+    """Delete each chat's lease row `owner` wrote with the given `lease_until`, unless it was
+    renewed or taken again since; one statement for all of them."""
     if not written:
         return
     await (await core(db)).execute(

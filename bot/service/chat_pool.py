@@ -5,12 +5,11 @@ over their own table. A scan finds the chats with pending rows and starts one wo
 that has none. A worker takes a concurrency slot, then the chat's lease, and only then reads
 the chat's rows (aiogram #1317: load state after taking the lock), so rows another process
 handled meanwhile are not handled twice; it works through them in order, renewing the lease
-before each, and reads again while rows were handed to it (or committed with a bare wake)
-meanwhile. A chat whose lease another process holds
-gives its slot back and tries again after a pause; a chat waiting for a slot holds no lease,
-so another replica with room can take it. Rows left by a crash are found by the first scan.
-Where this process committed the rows itself, it names their chats (`start_chat`): their
-workers start at once, without waiting for a scan.
+before each, and reads again if rows were handed to it (or committed with a bare wake)
+meanwhile. A chat whose lease another process holds gives its slot back and tries again after
+a pause; a chat waiting for a slot holds no lease, so another replica with room can take it.
+Rows left by a crash are found by the first scan. Where this process committed the rows
+itself, it names their chats (`start_chat`): their workers start at once, without a scan.
 
 Lanes (the inbox worker's: a chat's lane is its model variant; delivery's: private chats and
 groups) split the slots further: no lane holds more than its share of them, so chats stuck on

@@ -220,7 +220,7 @@ class Leases:
         try:
             await asyncio.sleep(RELEASE_GATHER_S)
         finally:
-            self._gathering = None  # (cancelled: stop() gives back what is due)
+            self._gathering = None
         due, self._to_give_back = self._to_give_back, {}
         await self._give_back(due)
 
@@ -281,9 +281,7 @@ class Leases:
         for timer in self._releases.values():
             timer.cancel()
         self._releases.clear()
-        if self._gathering is not None:
-            self._gathering.cancel()  # (its leases are given back below, with the others)
-        await asyncio.gather(*self._releasing, return_exceptions=True)
+        await asyncio.gather(*self._releasing, return_exceptions=True)  # (within 0.2 s)
         left = self._to_give_back
         left.update((c, self._written[c]) for c in self._held if c in self._written)
         self._to_give_back = {}
