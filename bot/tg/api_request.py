@@ -1,6 +1,6 @@
-"""python-telegram-bot's HTTP client for the Bot API, reading its answers with a depth bound
-(a getUpdates answer nested too deeply for json.loads must not stop polling for good) and
-counting its requests by method."""
+"""python-telegram-bot's HTTP client for the Bot API, on aiohttp (bot/tg/aiohttp_request.py),
+reading its answers with a depth bound (a getUpdates answer nested too deeply for json.loads
+must not stop polling for good) and counting its requests by method."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 from telegram.error import TelegramError
-from telegram.request import HTTPXRequest, RequestData
+from telegram.request import RequestData
+
+from bot.tg.aiohttp_request import AiohttpRequest
 
 # Telegram's updates nest a dozen levels at most; anything deeper becomes null (see loads_json).
 MAX_JSON_DEPTH = 64
@@ -56,8 +58,8 @@ def _bound_depth(text: str, limit: int) -> str:
     return "".join(out)
 
 
-class BoundedJsonRequest(HTTPXRequest):
-    """python-telegram-bot's HTTP client, reading Bot API answers with loads_json.
+class BoundedJsonRequest(AiohttpRequest):
+    """python-telegram-bot's HTTP client (on aiohttp), reading Bot API answers with loads_json.
 
     A getUpdates answer too deeply nested for json.loads would otherwise raise RecursionError
     on every poll, and no update behind it could ever be fetched. `observe(method, result)`

@@ -37,10 +37,10 @@ from dataclasses import KW_ONLY, dataclass, field
 
 from telegram import Bot
 from telegram.error import RetryAfter
-from telegram.request import HTTPXRequest
 
 from bot.service.budget import SendBudget
 from bot.service.retry import retry_after_s
+from bot.tg.aiohttp_request import AiohttpRequest
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class DraftSender:
     turns from the bot's send budget, and a pause after a draft's 429."""
 
     def __init__(self, token: str, base_url: str, budget: SendBudget) -> None:
-        self.request = HTTPXRequest(connection_pool_size=8)
+        self.request = AiohttpRequest(8)
         self.bot = Bot(token, base_url=base_url, request=self.request)
         self.budget = budget
         self.paused_until = 0.0

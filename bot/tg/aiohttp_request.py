@@ -1,0 +1,119 @@
+"""python-telegram-bot's request interface (`telegram.request.BaseRequest`) on aiohttp.
+
+PTB ships one implementation, on httpx (`HTTPXRequest`), whose stack (httpx, httpcore, anyio,
+h11) took about 2 ms of the event loop a request at 50 users on a 2-core machine
+(docs/benchmarks.md, "sixth pass"). aiohttp, already the service's web server, parses HTTP in C
+and has no anyio layer: `python -m bench.http_client` measures both on the same requests. PTB keeps
+everything above the transport: the parameters, the answer's parsing and its errors (429 as
+RetryAfter, 403 as Forbidden, ...). Here: the connection pool, the timeouts and what a
+transport failure raises (TimedOut, NetworkError), as HTTPXRequest does.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+from telegram._utils.defaultvalue import DefaultValue
+from telegram._utils.types import ODVInput
+from telegram.error import NetworkError, TimedOut
+from telegram.request import BaseRequest, RequestData
+
+# HTTPXRequest's defaults (PTB 22): seconds.
+READ_TIMEOUT_S = 5.0
+WRITE_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 5.0
+POOL_TIMEOUT_S = 1.0
+
+
+class AiohttpRequest(BaseRequest):
+    """BaseRequest on an aiohttp ClientSession with `connection_pool_size` connections."""
+
+    def __init__(
+        self,
+        connection_pool_size: int = 8,
+        *,
+        read_timeout: float | None = READ_TIMEOUT_S,
+        write_timeout: float | None = WRITE_TIMEOUT_S,
+        connect_timeout: float | None = CONNECT_TIMEOUT_S,
+        pool_timeout: float | None = POOL_TIMEOUT_S,
+    ) -> None:
+        self.connection_pool_size = connection_pool_size
+        self._read_timeout = read_timeout
+        self._write_timeout = write_timeout
+        self._connect_timeout = connect_timeout
+        self._pool_timeout = pool_timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def read_timeout(self) -> float | None:
+        """The default read timeout (seconds)."""
+        return self._read_timeout
+
+    async def initialize(self) -> None:
+        """Open the session (on the running event loop)."""
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.connection_pool_size),
+                headers={"User-Agent": self.USER_AGENT},
+                # HTTPS_PROXY and friends, as httpx (PTB's default client) reads them
+                trust_env=True,
+            )
+
+    async def shutdown(self) -> None:
+        """Close the session and its connections."""
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+    async def do_request(
+        self,
+        url: str,
+        method: str,
+        request_data: RequestData | None = None,
+        read_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
+        write_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
+        connect_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
+        pool_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
+    ) -> tuple[int, bytes]:
+        """One request: its status code and body (PTB reads the rest)."""
+        if self._session is None or self._session.closed:
+            raise RuntimeError("This AiohttpRequest is not initialized!")
+        read = self._read_timeout if isinstance(read_timeout, DefaultValue) else read_timeout
+        write = self._write_timeout if isinstance(write_timeout, DefaultValue) else write_timeout
+        connect = (
+            self._connect_timeout if isinstance(connect_timeout, DefaultValue) else connect_timeout
+        )
+        pool = self._pool_timeout if isinstance(pool_timeout, DefaultValue) else pool_timeout
+        # aiohttp has no write timeout of its own: a request whose sending stalls ends at the
+        # sum of all four (`total`), which no request that keeps moving reaches.
+        parts = (connect, pool, write, read)
+        timeout = aiohttp.ClientTimeout(
+            total=None if None in parts else sum(p for p in parts if p is not None),
+            connect=None if connect is None or pool is None else connect + pool,
+            sock_connect=connect,
+            sock_read=read,
+        )
+        data: aiohttp.FormData | dict[str, str] | None = None
+        if request_data is not None:
+            files = request_data.multipart_data
+            if files:
+                form = aiohttp.FormData()
+                for name, value in request_data.json_parameters.items():
+                    form.add_field(name, value)
+                for name, (filename, content, mimetype) in files.items():
+                    form.add_field(name, content, filename=filename, content_type=mimetype)
+                data = form
+            else:
+                data = request_data.json_parameters
+        try:
+            async with self._session.request(
+                method,
+                url,
+                data=data,
+                timeout=timeout,
+                allow_redirects=False,  # as httpx
+            ) as res:
+                return res.status, await res.read()
+        except TimeoutError as err:
+            raise TimedOut from err
+        except aiohttp.ClientError as err:
+            raise NetworkError(f"aiohttp.{err.__class__.__name__}: {err}") from err
