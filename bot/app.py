@@ -76,7 +76,8 @@ def build_application(
     send budget (which the drafts share), and no Updater.
 
     `timeout_s` bounds each Bot API request (getUpdates adds its long-poll time to it). The
-    HTTP clients are PTB's own, with PTB's pool sizes, reading answers with a depth bound.
+    HTTP clients are PTB's request interface on aiohttp (bot/tg/aiohttp_request.py), with PTB's
+    pool sizes, reading answers with a depth bound.
     """
 
     def request(pool_size: int) -> BoundedJsonRequest:
