@@ -30,6 +30,7 @@ from telegram.request import BaseRequest, HTTPXRequest
 
 from bench import common
 from bot.tg.aiohttp_request import AiohttpRequest
+from tests.support.botprocess import free_port
 
 TOKEN = "123456:bench"
 
@@ -54,13 +55,6 @@ app = web.Application()
 app.router.add_post("/bot{token}/{method}", handle)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _wait_for(port: int, within_s: float = 30.0) -> None:
@@ -128,7 +122,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400, help="per client, case and round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(port)])
     try:
         _wait_for(port)

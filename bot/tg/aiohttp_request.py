@@ -77,12 +77,10 @@ class AiohttpRequest(BaseRequest):
         """One request: its status code and body (PTB reads the rest)."""
         if self._session is None or self._session.closed:
             raise RuntimeError("This AiohttpRequest is not initialized!")
-        read = self._read_timeout if isinstance(read_timeout, DefaultValue) else read_timeout
-        write = self._write_timeout if isinstance(write_timeout, DefaultValue) else write_timeout
-        connect = (
-            self._connect_timeout if isinstance(connect_timeout, DefaultValue) else connect_timeout
-        )
-        pool = self._pool_timeout if isinstance(pool_timeout, DefaultValue) else pool_timeout
+        read = _given(read_timeout, self._read_timeout)
+        write = _given(write_timeout, self._write_timeout)
+        connect = _given(connect_timeout, self._connect_timeout)
+        pool = _given(pool_timeout, self._pool_timeout)
         # aiohttp has no write timeout of its own: a request whose sending stalls ends at the
         # sum of all four (`total`), which no request that keeps moving reaches.
         parts = (connect, pool, write, read)
@@ -117,3 +115,8 @@ class AiohttpRequest(BaseRequest):
             raise TimedOut from err
         except aiohttp.ClientError as err:
             raise NetworkError(f"aiohttp.{err.__class__.__name__}: {err}") from err
+
+
+def _given(value: ODVInput[float], default: float | None) -> float | None:
+    """A timeout as the caller gave it, or this client's default where PTB passed none."""
+    return default if isinstance(value, DefaultValue) else value
