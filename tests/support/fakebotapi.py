@@ -35,7 +35,10 @@ SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 BOT_ID = 7000001
 BOT_USERNAME = "loopback_test_bot"
 MAX_TEXT_UTF16 = 4096
-POLL_S = 0.01  # how often a waiting long poll or the webhook pusher looks for new updates
+# A waiting long poll or the webhook pusher wakes when an update is queued, as Telegram's
+# answers at once; and looks again this often (for a close, a conflicting poll, an update
+# queued from another thread).
+POLL_S = 0.01
 
 
 def utf16_len(text: str) -> int:
@@ -219,6 +222,8 @@ class FakeBotAPI:
         self.edits: list[tuple[int, int, str, str]] = []  # chat, message, old text, new text
         self.drafts: list[Draft] = []  # every sendMessageDraft that succeeded
         self._poll_generation = 0
+        # Set (and replaced) when an update is queued: wakes the waiting long poll and pusher.
+        self._queued = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._pusher: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -272,7 +277,22 @@ class FakeBotAPI:
         self.history.append(update)
         self.updates.append(update)
         self.updates.sort(key=lambda u: u["update_id"])
+        self._wake_pollers()
         return int(update["update_id"])
+
+    def _wake_pollers(self) -> None:
+        """An update was queued: a waiting getUpdates answers now, not at its next look."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return  # queued from outside the loop (before the start): found by the next look
+        queued, self._queued = self._queued, asyncio.Event()
+        queued.set()
+
+    async def _until_queued(self) -> None:
+        """Until an update is queued, or POLL_S at most."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._queued.wait(), POLL_S)
 
     def redeliver(self, update_id: int) -> None:
         """Hand an update out once more, even if an offset confirmed it already.
@@ -282,6 +302,7 @@ class FakeBotAPI:
         for update in self.history:
             if update["update_id"] == update_id:
                 self.duplicates.append(json.loads(json.dumps(update)))
+                self._wake_pollers()
                 return
         raise KeyError(update_id)
 
@@ -556,8 +577,7 @@ class FakeBotAPI:
                 )
             if time.monotonic() >= deadline or self._closing:
                 return []
-            # Polling keeps this simple and robust (no condition variables to cancel).
-            await asyncio.sleep(POLL_S)
+            await self._until_queued()
 
     async def _m_sendmessage(self, p: Params) -> Any:
         chat_id = p.int("chat_id")
@@ -765,7 +785,7 @@ class FakeBotAPI:
                 if not allowed or any(k in allowed for k in u if k != "update_id")
             ]
             if not batch:
-                await asyncio.sleep(POLL_S)
+                await self._until_queued()
                 continue
             update = batch[0]
             headers = {SECRET_HEADER: self.webhook.secret} if self.webhook.secret else {}
