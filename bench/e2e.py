@@ -1,15 +1,17 @@
 """End to end: the real `python -m bot run` process, many users talking at once.
 
     python -m bench.e2e --users 50 --messages 5 [--quick] [--set STREAM_REPLIES=off ...]
-        [--before DIR] [--loop-trace]
+        [--before DIR] [--loop-trace] [--updates-tick-ms MS]
 
-A loopback Bot API server (tests/support/fakebotapi.py) plays Telegram; the bot polls it
-with its real
-settings, an SQLite database of its own and the BlenderBot-90M-architecture model (20-token
+A loopback Bot API server (tests/support/fakebotapi.py) plays Telegram; the bot polls it with
+its real settings, an SQLite database of its own and the BlenderBot-90M-architecture model (20-token
 replies; greedy by default so that the run stays short: the service's own overhead is the point
 here, `--decoding beam` for Blender's beam settings). Every user sets a persona, then sends
 `--messages` messages, each after the reply to the previous one arrived (people wait for
-answers), all users at once.
+answers), all users at once. The server answers a waiting getUpdates as soon as a message
+comes, as Telegram does; on a real network the messages that come during the bot's round trip
+to Telegram go out together, in bursts, which `--updates-tick-ms` imitates (the server answers
+only that often; it looked every 10 ms until 2026-12-04, docs/benchmarks.md, "seventh pass").
 
 Latency = from queuing the update on the server to the server receiving the bot's sendMessage.
 Model time = messages.model_ms of the bot's row (the batch that produced the reply).
@@ -317,7 +319,10 @@ class Replies:
 
 @contextlib.asynccontextmanager
 async def loopback_bot(
-    env: Mapping[str, str], tmp: Path, root: Path = common.ROOT
+    env: Mapping[str, str],
+    tmp: Path,
+    root: Path = common.ROOT,
+    updates_tick_s: float | None = None,
 ) -> AsyncIterator[Replies]:
     """`python -m bot run` with `env` against a fresh loopback Bot API server, until it polls.
 
@@ -326,7 +331,7 @@ async def loopback_bot(
     """
     from tests.support.fakebotapi import FakeBotAPI
 
-    async with FakeBotAPI(TOKEN) as api:
+    async with FakeBotAPI(TOKEN, updates_tick_s=updates_tick_s) as api:
         replies = Replies(api)
         log_path = tmp / "bot.log"
         with log_path.open("wb") as log:
@@ -480,12 +485,13 @@ async def session(
     messages: int,
     wait_s: float,
     root: Path = common.ROOT,
+    updates_tick_s: float | None = None,
 ) -> Run:
     """Start the server and the bot (`env`, see bot_env), warm it up, run `users` users x
     `messages` messages, stop the bot, read its database."""
     run = Run()
     common.corpus()  # load the message texts before anything is timed
-    async with loopback_bot(env, tmp, root) as replies:
+    async with loopback_bot(env, tmp, root, updates_tick_s) as replies:
         await warm_up(replies, [FIRST_CHAT - 1], wait_s)
         chats = [FIRST_CHAT + u for u in range(users)]
         await talk(replies, chats, run, wait_s, messages=messages)
@@ -525,6 +531,15 @@ def main() -> None:
         help="time the bot's event-loop callbacks and print how busy the loop was (see above)",
     )
     parser.add_argument(
+        "--updates-tick-ms",
+        type=float,
+        default=None,
+        help="the Bot API answers a waiting getUpdates only every this many ms, so updates "
+        "that come meanwhile go out together, as a round trip to Telegram lets them pile up "
+        "(default: at once, as Telegram answers; 10 was the loopback server's way until "
+        "2026-12-04)",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="3 users, 2 messages, greedy, 1 torch thread"
     )
     args = parser.parse_args()
@@ -540,7 +555,12 @@ def main() -> None:
     model_file = common.build_bench_model()
     print(
         f"e2e: `python -m bot run` against the loopback Bot API, {args.users} users x "
-        f"{args.messages} messages, decoding {args.decoding}, {common.REPLY_TOKENS}-token replies",
+        f"{args.messages} messages, decoding {args.decoding}, {common.REPLY_TOKENS}-token replies"
+        + (
+            ""
+            if args.updates_tick_ms is None
+            else f", getUpdates answered every {args.updates_tick_ms:g} ms"
+        ),
         flush=True,
     )
     before = None
@@ -658,6 +678,9 @@ def _measure(args: argparse.Namespace, model_file: str, root: Path) -> tuple[Run
                     messages=args.messages,
                     wait_s=args.timeout,
                     root=root,
+                    updates_tick_s=(
+                        None if args.updates_tick_ms is None else args.updates_tick_ms / 1000.0
+                    ),
                 )
             )
             if args.loop_trace:

@@ -191,11 +191,17 @@ class FakeBotAPI:
         host: str = "127.0.0.1",
         port: int = 0,
         webhook_retry_s: float = 0.2,
+        updates_tick_s: float | None = None,
     ) -> None:
         self.token = token
         self.host = host
         self.port = port
         self.webhook_retry_s = webhook_retry_s
+        # A waiting getUpdates answers at once when an update is queued (None), as Telegram's
+        # does; or only at its next look, this often: updates that come meanwhile go out
+        # together, like those a bot's round trip to Telegram lets pile up (bench.e2e
+        # --updates-tick-ms; this server's way until 2026-12-04, every 10 ms).
+        self.updates_tick_s = updates_tick_s
         self.updates: list[dict[str, Any]] = []  # not yet confirmed, in update_id order
         self.history: list[dict[str, Any]] = []  # every update ever queued
         self.duplicates: list[dict[str, Any]] = []  # handed out once more, whatever the offset
@@ -290,7 +296,10 @@ class FakeBotAPI:
         queued.set()
 
     async def _until_queued(self) -> None:
-        """Until an update is queued, or POLL_S at most."""
+        """Until an update is queued, or POLL_S at most (with `updates_tick_s`: that long)."""
+        if self.updates_tick_s is not None:
+            await asyncio.sleep(self.updates_tick_s)
+            return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._queued.wait(), POLL_S)
 
