@@ -21,7 +21,9 @@ process of its own, for a before/after in one run. RESULT lines: `db_checkouts_t
 and all of them again with `_before`. `db_delivery_bookkeeping_ms` (median of 480) is the
 Python one delivery's database steps cost, each in its own session as delivery takes them (the
 lease, the read, the "sent" mark, the read that finds none left, the lease given back): the
-held times above move by 15% from run to run, this by a few percent.
+held times above move by 15% from run to run, this by a few percent. `db_turn_store_ms`
+(median of 480) is the same for a text turn's store calls: the chat's conversation, then the
+turn's one transaction (user message, reply, outbox row, the update closed).
 """
 
 from __future__ import annotations
@@ -95,7 +97,12 @@ async def count(turns: int) -> dict[str, list[dict[str, float]]]:
                     await settled(service, api)
                     await asyncio.sleep(1.2)  # the leases are released after LINGER_S (1 s)
                     whole.append({k: counts[k] - start[k] for k in KINDS})
-    return {"to_reply": to_reply, "whole": whole, "bookkeeping_ms": await bookkeeping()}
+    return {
+        "to_reply": to_reply,
+        "whole": whole,
+        "bookkeeping_ms": await bookkeeping(),
+        "turn_store_ms": await turn_store(),
+    }
 
 
 async def bookkeeping(rounds: int = 600) -> list[float]:
@@ -135,6 +142,46 @@ async def bookkeeping(rounds: int = 600) -> list[float]:
     return times[rounds // 5 :]  # the first fifth warms the caches up
 
 
+async def turn_store(rounds: int = 600) -> list[float]:
+    """ms of a text turn's database steps as the inbox worker takes them (bot/conversations/
+    chat.py): the chat's active conversation, then the user's message, the reply, the outbox
+    row and the update closed in one transaction (ConversationStore.record_turn), on an SQLite
+    file of their own; every round in a chat with a conversation and an update waiting."""
+    from bot.conversations.store import ConversationStore
+    from bot.db import inbox, migrate
+    from bot.db.engine import make_engine, make_sessionmaker
+    from bot.db.inbox import UpdateRef
+
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite+aiosqlite:///{Path(tmp) / 'turns.sqlite3'}"
+        await asyncio.to_thread(migrate.upgrade, url)
+        engine = make_engine(url)
+        sm = make_sessionmaker(engine)
+        store = ConversationStore(sm)
+        times = []
+        try:
+            for i in range(rounds):
+                chat = 1000 + i % 50
+                async with sm.begin() as db:
+                    await inbox.insert(
+                        db, update_id=i, chat_id=chat, user_id=chat, kind="message", payload="{}"
+                    )
+                started = time.perf_counter()
+                session = await store.active_session(chat, chat)
+                await store.record_turn(
+                    session.id,
+                    chat,
+                    f"hello {i}",
+                    f"hi there {i}",
+                    update=UpdateRef(i, None),
+                    telegram_message_id=i,
+                )
+                times.append((time.perf_counter() - started) * 1000)
+        finally:
+            await engine.dispose()
+    return times[rounds // 5 :]
+
+
 def median(values: Sequence[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
@@ -147,6 +194,8 @@ def summary(raw: dict[str, list[dict[str, float]]]) -> dict[str, float]:
     out.update({f"{k}_per_turn": median([t[k] for t in raw["whole"]]) for k in KINDS})
     rounded = {k: round(v, 1) for k, v in out.items()}
     rounded["delivery_bookkeeping_ms"] = round(median(raw["bookkeeping_ms"]), 2)
+    if "turn_store_ms" in raw:  # older trees (--before) do not measure it
+        rounded["turn_store_ms"] = round(median(raw["turn_store_ms"]), 2)
     return rounded
 
 
@@ -189,9 +238,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         label = key.replace("_to_reply", " until the reply is sent").replace("_", " ")
         label = label.replace("held ms", "ms the connection was held")
         label = label.replace("delivery bookkeeping ms", "ms of a delivery's bookkeeping")
+        label = label.replace("turn store ms", "ms of a turn's store calls")
         row = f"{label:<34}"
         if before:
-            row += f"{before[key]:>8g}"
+            row += f"{before.get(key, float('nan')):>8g}"
         print(row + f"{after[key]:>8g}")
     for key, value in after.items():
         print(f"RESULT db_{key}={value:g}")

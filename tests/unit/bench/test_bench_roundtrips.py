@@ -22,12 +22,12 @@ async def test_a_turn_is_counted_until_its_reply_and_until_the_service_is_idle()
         # the connection is held while it works: some time, and no more than the whole turn's
         assert 0 < to_reply["held_ms"] <= whole["held_ms"]
     assert len(raw["bookkeeping_ms"]) == 480 and min(raw["bookkeeping_ms"]) > 0
+    assert len(raw["turn_store_ms"]) == 480 and min(raw["turn_store_ms"]) > 0
     summary = roundtrips.summary(raw)
     kinds = {f"{k}_{w}" for k in roundtrips.KINDS for w in ("to_reply", "per_turn")}
-    assert set(summary) == kinds | {"delivery_bookkeeping_ms"}
-    assert summary["delivery_bookkeeping_ms"] == pytest.approx(
-        roundtrips.median(raw["bookkeeping_ms"]), abs=0.01
-    )
+    assert set(summary) == kinds | {"delivery_bookkeeping_ms", "turn_store_ms"}
+    for key, times in (("delivery_bookkeeping_ms", "bookkeeping_ms"), ("turn_store_ms",) * 2):
+        assert summary[key] == pytest.approx(roundtrips.median(raw[times]), abs=0.01)
 
 
 def test_medians_and_a_bad_before_tree(tmp_path: Path) -> None:
