@@ -7,9 +7,9 @@ The tables themselves are bot.db.models (and bot.db.models_ops), which re-export
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, cast
 
-from sqlalchemy import BigInteger, DateTime, ForeignKey, Integer, MetaData
+from sqlalchemy import BigInteger, DateTime, ForeignKey, Integer, MetaData, Table
 from sqlalchemy.orm import DeclarativeBase, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -64,3 +64,8 @@ class Base(DeclarativeBase):
     """Declarative base with the naming convention."""
 
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def table_of(model: type[Base]) -> Table:
+    """A mapped class's table, for Core statements built once (bot.db.engine.Prepared)."""
+    return cast(Table, model.__table__)

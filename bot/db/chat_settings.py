@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.dialect import insert_unless_present
+from bot.db.engine import Prepared, core
 from bot.db.models import ChatSetting, utcnow
 
 
 async def language_of(db: AsyncSession, chat_id: int) -> str | None:
     """The language a chat chose with /lang; None: it follows each sender's."""
-    return await db.scalar(select(ChatSetting.language).where(ChatSetting.chat_id == chat_id))
+    conn = await core(db)
+    return await conn.scalar(_LANGUAGE_OF(conn), {"p_chat_id": chat_id})
+
+
+# Built once, on the session's connection (bot.db.engine): read for every update.
+_LANGUAGE_OF = Prepared(
+    lambda dialect: select(ChatSetting.language).where(
+        ChatSetting.chat_id == bindparam("p_chat_id")
+    )
+)
 
 
 async def set_language(db: AsyncSession, chat_id: int, language: str | None) -> None:

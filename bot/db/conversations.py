@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import ClauseElement, Select, bindparam, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db import variants
+from bot.db.base import table_of
+from bot.db.engine import Prepared, core
 from bot.db.models import (
     AccessRefusal,
     ArenaMatch,
@@ -88,6 +90,13 @@ def _session_row(
 async def get_active_session(db: AsyncSession, chat_id: int) -> SessionRow | None:
     """The chat's active conversation, if any, with its newest message id, its variant and any
     waiting /arena request (one statement: this runs on every turn)."""
+    conn = await core(db)
+    row = (await conn.execute(_ACTIVE_SESSION(conn), {"p_chat_id": chat_id})).first()
+    return None if row is None else SessionRow(*row)
+
+
+def _active_session() -> Select[Any]:
+    """get_active_session's one statement: columns, not an ORM object."""
     newest = select(func.max(Message.id)).where(Message.session_id == Session.id).scalar_subquery()
     variant = (
         select(Assignment.variant).where(Assignment.chat_id == Session.chat_id).scalar_subquery()
@@ -98,14 +107,16 @@ async def get_active_session(db: AsyncSession, chat_id: int) -> SessionRow | Non
         .limit(1)
         .scalar_subquery()
     )
-    row = (
-        await db.execute(
-            select(Session, newest, variant, arena).where(
-                Session.chat_id == chat_id, Session.status == SessionStatus.ACTIVE
-            )
-        )
-    ).first()
-    return None if row is None else _session_row(row[0], row[1], row[2], row[3])
+    s = Session.__table__.c
+    return (
+        select(s.id, s.chat_id, s.user_id, s.persona, s.status, s.created_at, s.ended_at)
+        .add_columns(newest, variant, arena)
+        .where(s.chat_id == bindparam("p_chat_id"), s.status == SessionStatus.ACTIVE)
+    )
+
+
+# Built once (bot.db.engine.Prepared): every turn reads it.
+_ACTIVE_SESSION = Prepared(lambda dialect: _active_session())
 
 
 async def latest_persona(db: AsyncSession, chat_id: int) -> str:
@@ -152,7 +163,13 @@ async def end_session(db: AsyncSession, session_id: int) -> None:
 
 async def touch_session(db: AsyncSession, session_id: int) -> None:
     """Record activity on a conversation."""
-    await db.execute(update(Session).where(Session.id == session_id).values(updated_at=utcnow()))
+    conn = await core(db)
+    await conn.execute(_TOUCH_SESSION(conn), {"p_id": session_id, "updated_at": utcnow()})
+
+
+_TOUCH_SESSION = Prepared(
+    lambda dialect: update(table_of(Session)).where(Session.id == bindparam("p_id"))
+)
 
 
 # --- messages ------------------------------------------------------------------------------
@@ -206,25 +223,35 @@ async def add_message(
         persona = facts.persona
         if persona is None:
             persona = select(Session.persona).where(Session.id == session_id).scalar_subquery()
-    m = Message(
-        session_id=session_id,
-        chat_id=chat_id,
-        role=role,
-        text=text,
-        update_id=update_id,
-        telegram_message_id=telegram_message_id,
-        latency_ms=facts.latency_ms,
-        variant=facts.variant,
-        variant_version=version,
-        model_ms=facts.model_ms,
-        safety=facts.safety,
-        unsafe_text=facts.unsafe_text,
-        persona=persona,
-        model_text=facts.model_text if role == Role.BOT else None,
-    )
-    db.add(m)
-    await db.flush()
-    return m.id
+    values = {
+        "session_id": session_id,
+        "chat_id": chat_id,
+        "role": role,
+        "text": text,
+        "update_id": update_id,
+        "telegram_message_id": telegram_message_id,
+        "latency_ms": facts.latency_ms,
+        "variant": facts.variant,
+        "variant_version": version,
+        "model_ms": facts.model_ms,
+        "safety": facts.safety,
+        "unsafe_text": facts.unsafe_text,
+        "persona": persona,
+        "model_text": facts.model_text if role == Role.BOT else None,
+    }
+    # On the session's connection, not through the ORM's unit of work (bot.db.engine.core),
+    # and built once where no value is an expression: two of these a turn.
+    conn = await core(db)
+    if isinstance(persona, ClauseElement) or isinstance(version, ClauseElement):
+        result = await conn.execute(insert(table_of(Message)).values(values))
+    else:
+        result = await conn.execute(_INSERT_MESSAGE(conn), values)
+    key = result.inserted_primary_key
+    assert key is not None
+    return int(key[0])
+
+
+_INSERT_MESSAGE = Prepared(lambda dialect: insert(table_of(Message)))
 
 
 async def tail_messages(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, literal, type_coerce
+from sqlalchemy import ColumnElement, Interval, String, bindparam, func, literal, type_coerce
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -40,3 +40,26 @@ def db_now(db: AsyncSession, offset_s: float = 0.0) -> ColumnElement[datetime]:
         shift = f"{offset_s:+.6f} seconds"
         now = func.strftime("%Y-%m-%d %H:%M:%f", "now", shift).concat("000")
     return type_coerce(now, UtcDateTime)
+
+
+def db_now_plus(dialect: str, name: str) -> ColumnElement[datetime]:
+    """db_now with its offset a bound parameter `name` (its value: db_offset), for a statement
+    built once (bot.db.engine.Prepared)."""
+    if dialect == "postgresql":
+        now: ColumnElement[Any] = func.now() + bindparam(name, type_=Interval())
+    else:
+        now = func.strftime("%Y-%m-%d %H:%M:%f", "now", bindparam(name, type_=String())).concat(
+            "000"
+        )
+    return type_coerce(now, UtcDateTime)
+
+
+def db_offset(dialect: str, offset_s: float) -> timedelta | str:
+    """The value of db_now_plus's parameter for `offset_s` seconds."""
+    return timedelta(seconds=offset_s) if dialect == "postgresql" else f"{offset_s:+.6f} seconds"
+
+
+def insert_of(dialect: str, table: Any):  # type: ignore[no-untyped-def]
+    """dialect_insert by the dialect's name (of a table or a mapped class), for a statement
+    built once."""
+    return pg_insert(table) if dialect == "postgresql" else sqlite_insert(table)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
-from sqlalchemy import event
+from sqlalchemy import Executable, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
@@ -23,6 +23,7 @@ SQLITE_BUSY_TIMEOUT_MS = 15_000
 
 P = ParamSpec("P")
 T = TypeVar("T")
+S = TypeVar("S", bound=Executable)
 
 
 def safe_url(url: str | URL) -> str:
@@ -219,6 +220,28 @@ async def core(db: AsyncSession) -> AsyncConnection:
     reads and marks), in sessions of their own or after their caller's last flush (the status
     read in bot.db.inbox.finish follows that function's own UPDATE)."""
     return await db.connection()
+
+
+class Prepared(Generic[S]):
+    """A statement built once per database dialect, its values bound when it is executed
+    (`await conn.execute(STMT(conn), {"name": value})`, the names those of its bindparams).
+
+    Building a statement anew costs more than running it on the loop's SQLite: SQLAlchemy
+    coerces every value into a bound parameter and keys the statement for its compiled cache
+    each time. An INSERT of a message: 0.26 ms built with `.values()` through the ORM entity,
+    0.19 on the table, 0.06 built once (bench.roundtrips: `db_turn_store_ms`). For the
+    statements every turn runs (docs/benchmarks.md, "seventh pass")."""
+
+    def __init__(self, build: Callable[[str], S]) -> None:
+        self._build = build
+        self._by_dialect: dict[str, S] = {}
+
+    def __call__(self, conn: AsyncConnection) -> S:
+        name = conn.dialect.name
+        statement = self._by_dialect.get(name)
+        if statement is None:
+            statement = self._by_dialect[name] = self._build(name)
+        return statement
 
 
 def on_commit(db: AsyncSession, callback: Callable[[], object]) -> None:

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, exists, func, select, update
+from sqlalchemy import Row, Update, bindparam, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bot.db.dialect import insert_unless_present
-from bot.db.engine import core, on_commit
+from bot.db.base import table_of
+from bot.db.dialect import insert_of
+from bot.db.engine import Prepared, core, on_commit
 from bot.db.leases import LeaseLost
 from bot.db.models import ChatLease, Inbox, InboxStatus, utcnow
 
@@ -75,7 +76,16 @@ async def insert(
         "received_at": now,
         "processed_at": now if status != InboxStatus.PENDING else None,
     }
-    return await insert_unless_present(db, Inbox, values, ["update_id"])
+    conn = await core(db)
+    return bool((await conn.execute(_INSERT(conn), values)).rowcount)
+
+
+# Built once (bot.db.engine.Prepared): one for every update that comes.
+_INSERT = Prepared(
+    lambda dialect: insert_of(dialect, Inbox.__table__).on_conflict_do_nothing(
+        index_elements=["update_id"]
+    )
+)
 
 
 async def pending_chats(db: AsyncSession, limit: int = 1000) -> list[int]:
@@ -93,12 +103,17 @@ async def pending_chats(db: AsyncSession, limit: int = 1000) -> list[int]:
 
 async def pending_of_chat(db: AsyncSession, chat_id: int) -> list[InboxRow]:
     """One chat's waiting updates, in update_id order."""
-    rows = await (await core(db)).execute(
+    conn = await core(db)
+    return [_row(r) for r in await conn.execute(_PENDING_OF_CHAT(conn), {"p_chat_id": chat_id})]
+
+
+_PENDING_OF_CHAT = Prepared(
+    lambda dialect: (
         select(Inbox.__table__)
-        .where(Inbox.status == InboxStatus.PENDING, Inbox.chat_id == chat_id)
+        .where(Inbox.status == InboxStatus.PENDING, Inbox.chat_id == bindparam("p_chat_id"))
         .order_by(Inbox.update_id)
     )
-    return [_row(r) for r in rows]
+)
 
 
 async def status_of(db: AsyncSession, update_id: int) -> str | None:
@@ -119,24 +134,41 @@ async def finish(
     longer `ref.owner`'s (taken over by another replica), raising rolls back the whole turn.
     """
     update_id, owner = ref.update_id, ref.owner
-    fence = [Inbox.update_id == update_id, Inbox.status == InboxStatus.PENDING]
+    conn = await core(db)
+    values: dict[str, Any] = {
+        "p_update_id": update_id,
+        "status": status,
+        "error": error,
+        "processed_at": utcnow(),
+    }
     if owner is not None:
-        ours = exists().where(
-            ChatLease.chat_id == Inbox.chat_id,
-            ChatLease.kind == "inbox",
-            ChatLease.owner == owner,
-        )
-        fence.append(Inbox.chat_id.is_(None) | ours)
-    result = await db.execute(
-        update(Inbox).where(*fence).values(status=status, error=error, processed_at=utcnow())
-    )
-    if not getattr(result, "rowcount", 0):
+        values["p_owner"] = owner
+    result = await conn.execute((_FINISH if owner is None else _FINISH_FENCED)(conn), values)
+    if not result.rowcount:
         if owner is not None and await status_of(db, update_id) == InboxStatus.PENDING:
             raise LeaseLost(f"the lease of update {update_id}'s chat was taken over")
         raise StaleUpdate(f"update {update_id} is no longer pending")
     watch = _WATCH.get()
     if watch is not None and watch.update_id == update_id:
         on_commit(db, watch.close)  # closed once (and only if) this transaction commits
+
+
+def _finish(fenced: bool) -> Update:
+    """finish's UPDATE (the values are the columns named in its parameters)."""
+    fence = [Inbox.update_id == bindparam("p_update_id"), Inbox.status == InboxStatus.PENDING]
+    if fenced:
+        ours = exists().where(
+            ChatLease.chat_id == Inbox.chat_id,
+            ChatLease.kind == "inbox",
+            ChatLease.owner == bindparam("p_owner"),
+        )
+        fence.append(Inbox.chat_id.is_(None) | ours)
+    return update(table_of(Inbox)).where(*fence)
+
+
+# Built once (bot.db.engine.Prepared): every turn closes its update.
+_FINISH = Prepared(lambda dialect: _finish(False))
+_FINISH_FENCED = Prepared(lambda dialect: _finish(True))
 
 
 @dataclass(slots=True)

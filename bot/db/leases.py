@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, delete, select, tuple_, update
+from sqlalchemy import ColumnElement, Executable, bindparam, delete, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bot.db.dialect import db_now, dialect_insert
-from bot.db.engine import core
+from bot.db.dialect import db_now, db_now_plus, db_offset, insert_of
+from bot.db.engine import Prepared, core
 from bot.db.models import ChatLease
 
 
@@ -37,18 +37,42 @@ async def take(
     release of that chat waits that long), and every take draws an id from the table's
     sequence (64 bits).
     """
-    ins = dialect_insert(db, ChatLease)
-    taken = await (await core(db)).execute(
-        ins.values(chat_id=chat_id, kind=kind, owner=owner, lease_until=db_now(db, ttl_s))
+    conn = await core(db)
+    taken = await conn.execute(
+        _TAKE(conn),
+        {
+            "p_chat_id": chat_id,
+            "p_kind": kind,
+            "p_owner": owner,
+            "p_ttl": db_offset(conn.dialect.name, ttl_s),
+            "p_zero": db_offset(conn.dialect.name, 0.0),
+        },
+    )
+    return taken.scalar_one_or_none()
+
+
+def _take(dialect: str) -> Executable:
+    ins = insert_of(dialect, ChatLease)
+    statement: Executable = (
+        ins.values(
+            chat_id=bindparam("p_chat_id"),
+            kind=bindparam("p_kind"),
+            owner=bindparam("p_owner"),
+            lease_until=db_now_plus(dialect, "p_ttl"),
+        )
         .on_conflict_do_update(
             index_elements=["chat_id", "kind"],
             set_={"owner": ins.excluded.owner, "lease_until": ins.excluded.lease_until},
-            where=(ChatLease.owner == owner) | (ChatLease.lease_until < db_now(db)),
+            where=(ChatLease.owner == bindparam("p_owner"))
+            | (ChatLease.lease_until < db_now_plus(dialect, "p_zero")),
         )
         .returning(ChatLease.lease_until)
-        .execution_options(synchronize_session=False)
     )
-    return taken.scalar_one_or_none()
+    return statement
+
+
+# Every turn takes two leases (the inbox's, the outbox's): built once (bot.db.engine.Prepared).
+_TAKE = Prepared(_take)
 
 
 async def holder(db: AsyncSession, chat_id: int, kind: str) -> str | None:

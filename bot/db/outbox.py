@@ -9,10 +9,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bot.db.engine import core, on_commit
+from bot.db.base import table_of
+from bot.db.engine import Prepared, core, on_commit
 from bot.db.models import Message, Outbox, OutboxKind, utcnow
 
 
@@ -53,22 +54,30 @@ async def enqueue(
     edit_message_id: int | None = None,
 ) -> int:
     """Queue a text for sending; returns the outbox id."""
-    o = Outbox(
-        chat_id=chat_id,
-        kind=kind,
-        text=text,
-        message_id=message_id,
-        update_id=update_id,
-        reply_to_message_id=reply_to_message_id,
-        markup=markup,
-        edit_message_id=edit_message_id,
+    # On the session's connection (bot.db.engine.core), built once: one of these a turn.
+    conn = await core(db)
+    result = await conn.execute(
+        _ENQUEUE(conn),
+        {
+            "chat_id": chat_id,
+            "kind": kind,
+            "text": text,
+            "message_id": message_id,
+            "update_id": update_id,
+            "reply_to_message_id": reply_to_message_id,
+            "markup": markup,
+            "edit_message_id": edit_message_id,
+        },
     )
-    db.add(o)
-    await db.flush()
     watch = _QUEUED.get()
     if watch is not None:
         on_commit(db, partial(watch.chats.add, chat_id))
-    return o.id
+    key = result.inserted_primary_key
+    assert key is not None
+    return int(key[0])
+
+
+_ENQUEUE = Prepared(lambda dialect: insert(table_of(Outbox)))
 
 
 @dataclass(slots=True)
@@ -96,10 +105,11 @@ def watching_queued() -> Iterator[QueueWatch]:
 
 async def pending(db: AsyncSession, chat_id: int | None = None) -> list[OutboxRow]:
     """Texts not yet sent nor given up on, oldest first (of one chat, or of all)."""
-    stmt = select(Outbox.__table__).where(*_WAITING)
-    if chat_id is not None:
-        stmt = stmt.where(Outbox.chat_id == chat_id)
-    rows = await (await core(db)).execute(stmt.order_by(Outbox.id))
+    conn = await core(db)
+    if chat_id is None:
+        rows = await conn.execute(select(Outbox.__table__).where(*_WAITING).order_by(Outbox.id))
+    else:
+        rows = await conn.execute(_PENDING_OF_CHAT(conn), {"p_chat_id": chat_id})
     return [
         OutboxRow(
             r.id,
@@ -115,6 +125,16 @@ async def pending(db: AsyncSession, chat_id: int | None = None) -> list[OutboxRo
         )
         for r in rows
     ]
+
+
+# Built once (bot.db.engine.Prepared): delivery reads a chat's texts for every reply.
+_PENDING_OF_CHAT = Prepared(
+    lambda dialect: (
+        select(Outbox.__table__)
+        .where(*_WAITING, Outbox.chat_id == bindparam("p_chat_id"))
+        .order_by(Outbox.id)
+    )
+)
 
 
 async def pending_chats(db: AsyncSession, limit: int = 1000) -> list[int]:
@@ -147,23 +167,30 @@ async def sent(db: AsyncSession, outbox_id: int, telegram_message_id: int | None
     by a /forget, or withdrawn by an edit, while it was on its way)."""
     now = utcnow()
     conn = await core(db)
-    row = (
-        await conn.execute(
-            update(Outbox)
-            .where(Outbox.id == outbox_id)
-            .values(sent_at=now)
-            .returning(Outbox.message_id)
-        )
-    ).first()
+    row = (await conn.execute(_SENT(conn), {"p_id": outbox_id, "sent_at": now})).first()
     if row is None:
         return False
     if row.message_id is not None:
         await conn.execute(
-            update(Message)
-            .where(Message.id == row.message_id)
-            .values(delivered_at=now, telegram_message_id=telegram_message_id)
+            _DELIVERED(conn),
+            {
+                "p_id": row.message_id,
+                "delivered_at": now,
+                "telegram_message_id": telegram_message_id,
+            },
         )
     return True
+
+
+# Built once (bot.db.engine.Prepared): every reply is marked sent.
+_SENT = Prepared(
+    lambda dialect: (
+        update(table_of(Outbox)).where(Outbox.id == bindparam("p_id")).returning(Outbox.message_id)
+    )
+)
+_DELIVERED = Prepared(
+    lambda dialect: update(table_of(Message)).where(Message.id == bindparam("p_id"))
+)
 
 
 async def withdraw(db: AsyncSession, message_id: int) -> int | None:
