@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
-from sqlalchemy import ClauseElement, Select, bindparam, delete, func, insert, select, update
+from sqlalchemy import Insert, Select, bindparam, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db import variants
@@ -215,15 +216,7 @@ async def add_message(
     facts: ReplyFacts = NO_FACTS,
 ) -> int:
     """Append an utterance (a bot reply with its `facts`); returns its id."""
-    persona: Any = None
-    version: Any = facts.variant_version
-    if version is None and facts.variant is not None:
-        version = variants.identity_of(facts.variant)
-    if role == Role.BOT:
-        persona = facts.persona
-        if persona is None:
-            persona = select(Session.persona).where(Session.id == session_id).scalar_subquery()
-    values = {
+    values: dict[str, Any] = {
         "session_id": session_id,
         "chat_id": chat_id,
         "role": role,
@@ -232,26 +225,50 @@ async def add_message(
         "telegram_message_id": telegram_message_id,
         "latency_ms": facts.latency_ms,
         "variant": facts.variant,
-        "variant_version": version,
         "model_ms": facts.model_ms,
         "safety": facts.safety,
         "unsafe_text": facts.unsafe_text,
-        "persona": persona,
         "model_text": facts.model_text if role == Role.BOT else None,
     }
-    # On the session's connection, not through the ORM's unit of work (bot.db.engine.core),
-    # and built once where no value is an expression: two of these a turn.
-    conn = await core(db)
-    if isinstance(persona, ClauseElement) or isinstance(version, ClauseElement):
-        result = await conn.execute(insert(table_of(Message)).values(values))
+    # A reply keeps the persona it was made with: the caller's, else the conversation's now.
+    persona_of_session = role == Role.BOT and facts.persona is None
+    if persona_of_session:
+        values["p_session_id"] = session_id
     else:
-        result = await conn.execute(_INSERT_MESSAGE(conn), values)
+        values["persona"] = facts.persona if role == Role.BOT else None
+    # And the variant's identity: the caller's, else the variant's current one.
+    identity_of_variant = facts.variant_version is None and facts.variant is not None
+    if identity_of_variant:
+        values["p_variant"] = facts.variant
+    else:
+        values["variant_version"] = facts.variant_version
+    # On the session's connection, not through the ORM's unit of work (bot.db.engine.core),
+    # built once: two of these a turn.
+    conn = await core(db)
+    insert_message = _INSERT_MESSAGE[persona_of_session, identity_of_variant]
+    result = await conn.execute(insert_message(conn), values)
     key = result.inserted_primary_key
     assert key is not None
     return int(key[0])
 
 
-_INSERT_MESSAGE = Prepared(lambda dialect: insert(table_of(Message)))
+def _insert_message(persona_of_session: bool, identity_of_variant: bool, dialect: str) -> Insert:
+    """add_message's INSERT, its columns those named in its parameters, and the persona and
+    the variant's identity read by the statement itself where the caller did not know them."""
+    statement = insert(table_of(Message))
+    if persona_of_session:
+        persona = select(Session.persona).where(Session.id == bindparam("p_session_id"))
+        statement = statement.values(persona=persona.scalar_subquery())
+    if identity_of_variant:
+        statement = statement.values(variant_version=variants.identity_of(bindparam("p_variant")))
+    return statement
+
+
+_INSERT_MESSAGE = {
+    (persona, identity): Prepared(partial(_insert_message, persona, identity))
+    for persona in (False, True)
+    for identity in (False, True)
+}
 
 
 async def tail_messages(

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, delete, func, or_, select, update
+from sqlalchemy import BindParameter, ColumnElement, case, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.dialect import insert_unless_present
@@ -266,9 +266,10 @@ def current_identity(column: Any, experiment: str | None = None) -> ColumnElemen
     return or_(column.is_(None), column.in_(newest))
 
 
-def identity_of(name: str) -> Any:
+def identity_of(name: str | BindParameter[str]) -> Any:
     """The current identity of the variant called `name` (a scalar subquery; NULL if no
-    experiment has it), for rows stored by a caller that does not know it."""
+    experiment has it), for rows stored by a caller that does not know it (`name` may be a
+    bound parameter, in a statement built once)."""
     return select(func.max(VariantRow.version_id)).where(VariantRow.name == name).scalar_subquery()
 
 
