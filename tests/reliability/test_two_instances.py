@@ -61,9 +61,12 @@ async def test_two_services_in_one_process_share_the_work_without_double_answers
 ) -> None:
     """The same claim, fast: two Service instances (two owners) on one SQLite file."""
     async with FakeBotAPI(IN_PROCESS_TOKEN) as api:
-        engines = (EchoResponder(delay_s=0.05), EchoResponder(delay_s=0.05))
         # Two chats at a time each: the poller cannot take every chat, and a chat waiting for
-        # a slot holds no lease, so the other replica takes it.
+        # a slot holds no lease, so the other replica takes it at its next scan (within a
+        # second). A turn takes long enough that the poller's first two chats keep its slots
+        # past that scan: with quick turns it could answer everything alone, every chat's lease
+        # lingering with it between turns, and there would be nothing to share.
+        engines = (EchoResponder(delay_s=0.3), EchoResponder(delay_s=0.3))
         settings = make_settings(
             sqlite_url, api, tmp_path, log_level="INFO", max_concurrent_chats=2
         )
