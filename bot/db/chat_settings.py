@@ -6,14 +6,13 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.dialect import insert_unless_present
-from bot.db.engine import Prepared, core
+from bot.db.engine import Prepared
 from bot.db.models import ChatSetting, utcnow
 
 
 async def language_of(db: AsyncSession, chat_id: int) -> str | None:
     """The language a chat chose with /lang; None: it follows each sender's."""
-    conn = await core(db)
-    return await conn.scalar(_LANGUAGE_OF(conn), {"p_chat_id": chat_id})
+    return (await _LANGUAGE_OF.execute(db, {"p_chat_id": chat_id})).scalar()
 
 
 # Built once, on the session's connection (bot.db.engine): read for every update.

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db import variants
 from bot.db.base import table_of
-from bot.db.engine import Prepared, core
+from bot.db.engine import Prepared
 from bot.db.models import (
     AccessRefusal,
     ArenaMatch,
@@ -91,9 +91,8 @@ def _session_row(
 async def get_active_session(db: AsyncSession, chat_id: int) -> SessionRow | None:
     """The chat's active conversation, if any, with its newest message id, its variant and any
     waiting /arena request (one statement: this runs on every turn)."""
-    conn = await core(db)
-    row = (await conn.execute(_ACTIVE_SESSION(conn), {"p_chat_id": chat_id})).first()
-    return None if row is None else SessionRow(*row)
+    row = (await _ACTIVE_SESSION.execute(db, {"p_chat_id": chat_id})).first()
+    return None if row is None else SessionRow(**row._mapping)
 
 
 def _active_session() -> Select[Any]:
@@ -111,7 +110,11 @@ def _active_session() -> Select[Any]:
     s = Session.__table__.c
     return (
         select(s.id, s.chat_id, s.user_id, s.persona, s.status, s.created_at, s.ended_at)
-        .add_columns(newest, variant, arena)
+        .add_columns(
+            newest.label("last_message_id"),
+            variant.label("variant"),
+            arena.label("arena_match_id"),
+        )
         .where(s.chat_id == bindparam("p_chat_id"), s.status == SessionStatus.ACTIVE)
     )
 
@@ -164,8 +167,7 @@ async def end_session(db: AsyncSession, session_id: int) -> None:
 
 async def touch_session(db: AsyncSession, session_id: int) -> None:
     """Record activity on a conversation."""
-    conn = await core(db)
-    await conn.execute(_TOUCH_SESSION(conn), {"p_id": session_id, "updated_at": utcnow()})
+    await _TOUCH_SESSION.execute(db, {"p_id": session_id, "updated_at": utcnow()})
 
 
 _TOUCH_SESSION = Prepared(
@@ -244,9 +246,7 @@ async def add_message(
         values["variant_version"] = facts.variant_version
     # On the session's connection, not through the ORM's unit of work (bot.db.engine.core),
     # built once: two of these a turn.
-    conn = await core(db)
-    insert_message = _INSERT_MESSAGE[persona_of_session, identity_of_variant]
-    result = await conn.execute(insert_message(conn), values)
+    result = await _INSERT_MESSAGE[persona_of_session, identity_of_variant].execute(db, values)
     key = result.inserted_primary_key
     assert key is not None
     return int(key[0])

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from sqlalchemy import Executable, event
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL, CursorResult, make_url
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
     AsyncEngine,
@@ -242,6 +242,11 @@ class Prepared(Generic[S]):
         if statement is None:
             statement = self._by_dialect[name] = self._build(name)
         return statement
+
+    async def execute(self, db: AsyncSession, values: dict[str, Any]) -> CursorResult[Any]:
+        """Run it with `values` on the session's connection (`core`)."""
+        conn = await core(db)
+        return await conn.execute(self(conn), values)
 
 
 def on_commit(db: AsyncSession, callback: Callable[[], object]) -> None:

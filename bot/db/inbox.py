@@ -76,8 +76,7 @@ async def insert(
         "received_at": now,
         "processed_at": now if status != InboxStatus.PENDING else None,
     }
-    conn = await core(db)
-    return bool((await conn.execute(_INSERT(conn), values)).rowcount)
+    return bool((await _INSERT.execute(db, values)).rowcount)
 
 
 # Built once (bot.db.engine.Prepared): one for every update that comes.
@@ -103,8 +102,7 @@ async def pending_chats(db: AsyncSession, limit: int = 1000) -> list[int]:
 
 async def pending_of_chat(db: AsyncSession, chat_id: int) -> list[InboxRow]:
     """One chat's waiting updates, in update_id order."""
-    conn = await core(db)
-    return [_row(r) for r in await conn.execute(_PENDING_OF_CHAT(conn), {"p_chat_id": chat_id})]
+    return [_row(r) for r in await _PENDING_OF_CHAT.execute(db, {"p_chat_id": chat_id})]
 
 
 _PENDING_OF_CHAT = Prepared(
@@ -134,7 +132,6 @@ async def finish(
     longer `ref.owner`'s (taken over by another replica), raising rolls back the whole turn.
     """
     update_id, owner = ref.update_id, ref.owner
-    conn = await core(db)
     values: dict[str, Any] = {
         "p_update_id": update_id,
         "status": status,
@@ -143,7 +140,7 @@ async def finish(
     }
     if owner is not None:
         values["p_owner"] = owner
-    result = await conn.execute((_FINISH if owner is None else _FINISH_FENCED)(conn), values)
+    result = await (_FINISH if owner is None else _FINISH_FENCED).execute(db, values)
     if not result.rowcount:
         if owner is not None and await status_of(db, update_id) == InboxStatus.PENDING:
             raise LeaseLost(f"the lease of update {update_id}'s chat was taken over")

@@ -55,9 +55,8 @@ async def enqueue(
 ) -> int:
     """Queue a text for sending; returns the outbox id."""
     # On the session's connection (bot.db.engine.core), built once: one of these a turn.
-    conn = await core(db)
-    result = await conn.execute(
-        _ENQUEUE(conn),
+    result = await _ENQUEUE.execute(
+        db,
         {
             "chat_id": chat_id,
             "kind": kind,
@@ -105,11 +104,11 @@ def watching_queued() -> Iterator[QueueWatch]:
 
 async def pending(db: AsyncSession, chat_id: int | None = None) -> list[OutboxRow]:
     """Texts not yet sent nor given up on, oldest first (of one chat, or of all)."""
-    conn = await core(db)
     if chat_id is None:
+        conn = await core(db)
         rows = await conn.execute(select(Outbox.__table__).where(*_WAITING).order_by(Outbox.id))
     else:
-        rows = await conn.execute(_PENDING_OF_CHAT(conn), {"p_chat_id": chat_id})
+        rows = await _PENDING_OF_CHAT.execute(db, {"p_chat_id": chat_id})
     return [
         OutboxRow(
             r.id,
@@ -166,13 +165,12 @@ async def sent(db: AsyncSession, outbox_id: int, telegram_message_id: int | None
     """Mark a text sent, and its bot message delivered; False when the row is gone (deleted
     by a /forget, or withdrawn by an edit, while it was on its way)."""
     now = utcnow()
-    conn = await core(db)
-    row = (await conn.execute(_SENT(conn), {"p_id": outbox_id, "sent_at": now})).first()
+    row = (await _SENT.execute(db, {"p_id": outbox_id, "sent_at": now})).first()
     if row is None:
         return False
     if row.message_id is not None:
-        await conn.execute(
-            _DELIVERED(conn),
+        await _DELIVERED.execute(
+            db,
             {
                 "p_id": row.message_id,
                 "delivered_at": now,

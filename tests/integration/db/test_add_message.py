@@ -32,37 +32,22 @@ async def test_a_reply_keeps_its_persona_and_variant_identity_known_or_read(
         await variants.seed(db, "main", "weights", [StoredVariant("b", None, 1.0, True)])
         identity = (await variants.load(db, "main")).variants[0].version  # type: ignore[union-attr]
         session = await conversations.create_session(db, 7, 7, "i like tea.")
+
+        async def add(role: Role, text: str, facts: ReplyFacts = NO_FACTS) -> int:
+            return await conversations.add_message(
+                db, session_id=session.id, chat_id=7, role=role, text=text, facts=facts
+            )
+
         written = {
-            "user": await conversations.add_message(
-                db, session_id=session.id, chat_id=7, role=Role.USER, text="hi"
+            "user": await add(Role.USER, "hi"),
+            "read": await add(Role.BOT, "hello", ReplyFacts(variant="b", latency_ms=12.5)),
+            "known": await add(
+                Role.BOT,
+                "hello again",
+                ReplyFacts(variant="b", variant_version=999, persona="i like coffee."),
             ),
-            "read": await conversations.add_message(
-                db,
-                session_id=session.id,
-                chat_id=7,
-                role=Role.BOT,
-                text="hello",
-                facts=ReplyFacts(variant="b", latency_ms=12.5),
-            ),
-            "known": await conversations.add_message(
-                db,
-                session_id=session.id,
-                chat_id=7,
-                role=Role.BOT,
-                text="hello again",
-                facts=ReplyFacts(variant="b", variant_version=999, persona="i like coffee."),
-            ),
-            "no variant": await conversations.add_message(
-                db, session_id=session.id, chat_id=7, role=Role.BOT, text="bye", facts=NO_FACTS
-            ),
-            "unknown variant": await conversations.add_message(
-                db,
-                session_id=session.id,
-                chat_id=7,
-                role=Role.BOT,
-                text="?",
-                facts=ReplyFacts(variant="gone"),
-            ),
+            "no variant": await add(Role.BOT, "bye"),
+            "unknown variant": await add(Role.BOT, "?", ReplyFacts(variant="gone")),
         }
     async with sessionmaker() as db:
         rows = {
