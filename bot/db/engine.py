@@ -223,14 +223,16 @@ async def core(db: AsyncSession) -> AsyncConnection:
 
 
 class Prepared(Generic[S]):
-    """A statement built once per database dialect, its values bound when it is executed
-    (`await conn.execute(STMT(conn), {"name": value})`, the names those of its bindparams).
+    """A statement built once per database dialect, its values given when it runs
+    (`await STMT.execute(db, {"p_name": value, "column": value})`: its bindparams by name, and
+    for an INSERT or UPDATE the columns it writes).
 
     Building a statement anew costs more than running it on the loop's SQLite: SQLAlchemy
     coerces every value into a bound parameter and keys the statement for its compiled cache
-    each time. An INSERT of a message: 0.26 ms built with `.values()` through the ORM entity,
-    0.19 on the table, 0.06 built once (bench.roundtrips: `db_turn_store_ms`). For the
-    statements every turn runs (docs/benchmarks.md, "seventh pass")."""
+    each time. An INSERT of a message, in a probe: 0.26 ms built with `.values()` on the mapped
+    class, 0.19 on the table, 0.06 built once; a turn's store calls 2.33 -> 0.74 ms
+    (bench.roundtrips: `db_turn_store_ms`). For the statements every turn runs
+    (docs/benchmarks.md, "seventh pass")."""
 
     def __init__(self, build: Callable[[str], S]) -> None:
         self._build = build

@@ -81,7 +81,7 @@ async def insert(
 
 # Built once (bot.db.engine.Prepared): one for every update that comes.
 _INSERT = Prepared(
-    lambda dialect: insert_of(dialect, Inbox.__table__).on_conflict_do_nothing(
+    lambda dialect: insert_of(dialect, table_of(Inbox)).on_conflict_do_nothing(
         index_elements=["update_id"]
     )
 )
