@@ -272,4 +272,41 @@ async def test_a_second_edit_before_the_first_regenerated_reply_is_out(
     await api.wait_for(lambda: bool(api.edits), what="the reply edited in place")
     await settled(service, api)  # nothing more goes out after this
     assert api.texts(chat) == [f"echo {chat}: how are you"]
-    assert [new for *_, new in api.edits] == [f"echo {chat}: how are you"]
+    # Every edit went into that one message, the last with the last edit's reply. The first
+    # edit's reply may show in it for a moment: a retried edit already on its way when the
+    # second edit withdrew it goes out (outbox.withdrawn_reply_went_out).
+    assert {message for _, message, *_ in api.edits} == {api.last_sent(chat).message_id}
+    assert [new for *_, new in api.edits] in (
+        [f"echo {chat}: how are you"],
+        [f"echo {chat}: how are yu", f"echo {chat}: how are you"],
+    )
+
+
+async def test_a_regenerated_reply_on_its_way_when_the_next_edit_is_stored(
+    db_url: str, tmp_path: Path, api: FakeBotAPI, start_service: StartService
+) -> None:
+    """Edited twice, the first edit's reply already on its way into the message when the
+    second is stored: it shows for a moment, then the second's reply replaces it, in the one
+    message on the screen."""
+    chat = 755
+    service = await start_service(make_settings(db_url, api, tmp_path), EchoResponder())
+    typo = _send_typo(api, chat)
+    await api.wait_for_texts(chat, 1)
+    on_its_way = asyncio.Event()
+    api.inject(Fault("editMessageText", None, hold=on_its_way, chat_id=chat))
+    api.user_message(chat, "how are yu", kind="edited_message", message_id=typo)
+    await api.wait_for(
+        lambda: bool(api.calls_to("editMessageText")), what="the first edit's reply on its way"
+    )
+    api.user_message(chat, "how are you", kind="edited_message", message_id=typo)
+    await _edit_stored(service, chat, "how are you")
+    on_its_way.set()
+    await api.wait_for(lambda: len(api.edits) == 2, what="both replies edited in")
+    await settled(service, api)  # nothing more goes out after this
+    [shown] = api.sent
+    assert api.edits == [
+        (chat, shown.message_id, f"echo {chat}: how are yuo", f"echo {chat}: how are yu"),
+        (chat, shown.message_id, f"echo {chat}: how are yu", f"echo {chat}: how are you"),
+    ]
+    assert api.texts(chat) == [f"echo {chat}: how are you"]
+    assert await rows(service, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == [(0,)]
