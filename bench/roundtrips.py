@@ -194,8 +194,7 @@ def summary(raw: dict[str, list[dict[str, float]]]) -> dict[str, float]:
     out.update({f"{k}_per_turn": median([t[k] for t in raw["whole"]]) for k in KINDS})
     rounded = {k: round(v, 1) for k, v in out.items()}
     rounded["delivery_bookkeeping_ms"] = round(median(raw["bookkeeping_ms"]), 2)
-    if "turn_store_ms" in raw:  # older trees (--before) do not measure it
-        rounded["turn_store_ms"] = round(median(raw["turn_store_ms"]), 2)
+    rounded["turn_store_ms"] = round(median(raw["turn_store_ms"]), 2)
     return rounded
 
 
@@ -241,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         label = label.replace("turn store ms", "ms of a turn's store calls")
         row = f"{label:<34}"
         if before:
-            row += f"{before.get(key, float('nan')):>8g}"
+            row += f"{before[key]:>8g}"
         print(row + f"{after[key]:>8g}")
     for key, value in after.items():
         print(f"RESULT db_{key}={value:g}")
