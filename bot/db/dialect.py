@@ -15,7 +15,7 @@ from bot.db.models import Base, UtcDateTime
 
 def dialect_insert(db: AsyncSession, table: type[Base]):  # type: ignore[no-untyped-def]
     """The dialect's own INSERT (its ON CONFLICT clauses): PostgreSQL's or SQLite's."""
-    return pg_insert(table) if db.get_bind().dialect.name == "postgresql" else sqlite_insert(table)
+    return insert_of(db.get_bind().dialect.name, table)
 
 
 async def insert_unless_present(
@@ -32,26 +32,27 @@ def db_now(db: AsyncSession, offset_s: float = 0.0) -> ColumnElement[datetime]:
     PostgreSQL's now() (the transaction's start), SQLite's 'now' in UTC, written the way
     SQLAlchemy writes SQLite timestamps (microseconds: six digits) so that they compare as text.
     """
-    if db.get_bind().dialect.name == "postgresql":
+    dialect = db.get_bind().dialect.name
+    if dialect == "postgresql":
         now: ColumnElement[Any] = func.now()
         if offset_s:
-            now = now + literal(timedelta(seconds=offset_s))
-    else:
-        shift = f"{offset_s:+.6f} seconds"
-        now = func.strftime("%Y-%m-%d %H:%M:%f", "now", shift).concat("000")
-    return type_coerce(now, UtcDateTime)
+            now = now + literal(db_offset(dialect, offset_s))
+        return type_coerce(now, UtcDateTime)
+    return _sqlite_now(db_offset(dialect, offset_s))
 
 
 def db_now_plus(dialect: str, name: str) -> ColumnElement[datetime]:
     """db_now with its offset a bound parameter `name` (its value: db_offset), for a statement
     built once (bot.db.engine.Prepared)."""
     if dialect == "postgresql":
-        now: ColumnElement[Any] = func.now() + bindparam(name, type_=Interval())
-    else:
-        now = func.strftime("%Y-%m-%d %H:%M:%f", "now", bindparam(name, type_=String())).concat(
-            "000"
-        )
-    return type_coerce(now, UtcDateTime)
+        return type_coerce(func.now() + bindparam(name, type_=Interval()), UtcDateTime)
+    return _sqlite_now(bindparam(name, type_=String()))
+
+
+def _sqlite_now(shift: Any) -> ColumnElement[datetime]:
+    """SQLite's 'now' in UTC shifted by `shift` ("+60.000000 seconds"), as SQLAlchemy writes
+    SQLite timestamps."""
+    return type_coerce(func.strftime("%Y-%m-%d %H:%M:%f", "now", shift).concat("000"), UtcDateTime)
 
 
 def db_offset(dialect: str, offset_s: float) -> timedelta | str:
