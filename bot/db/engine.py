@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from sqlalchemy import Executable, event
 from sqlalchemy.engine import URL, CursorResult, make_url
+from sqlalchemy.exc import MissingGreenlet, OperationalError
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
     AsyncEngine,
@@ -16,8 +17,11 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.orm import Session, SessionTransaction
+from sqlalchemy.util import greenlet_spawn
 
-from bot.db.sqlite_inline import inline_creator
+from bot.db.sqlite_inline import InlineDBAPI, WouldWait, inline_creator, inline_dbapi
+from bot.tasks import Resumed
 
 SQLITE_BUSY_TIMEOUT_MS = 15_000
 
@@ -72,6 +76,7 @@ def make_engine(url: str, *, on_loop: bool = True, **kwargs: Any) -> AsyncEngine
         ensure_sqlite_dir(u)
         if on_loop:
             kwargs.setdefault("async_creator", inline_creator(u, SQLITE_BUSY_TIMEOUT_MS / 1000))
+            kwargs.setdefault("module", inline_dbapi())
         else:  # SQLite's busy handler waits for other writers, on aiosqlite's thread
             kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         # SQLite has one writer at a time. Several pooled connections of one process only take
@@ -117,7 +122,7 @@ async def run_to_completion(coro: Coroutine[Any, Any, T]) -> T:
     except BaseException:
         coro.close()
         raise
-    task: asyncio.Future[T] = asyncio.ensure_future(_Resumed(coro, waiting))
+    task: asyncio.Future[T] = asyncio.ensure_future(Resumed(coro, waiting))
     cancelled: BaseException | None = None
     while True:
         try:
@@ -133,59 +138,83 @@ async def run_to_completion(coro: Coroutine[Any, Any, T]) -> T:
     return result
 
 
-class _Resumed:
-    """A coroutine that has already taken its first step (and yielded what it waits for), as
-    an awaitable that goes on from there: what a task can run."""
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], waiting: Any) -> None:
-        self.coro = coro
-        self.waiting = waiting
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        waiting = self.waiting
-        while True:
-            try:
-                sent = yield waiting
-            except GeneratorExit:
-                self.coro.close()
-                raise
-            except BaseException as err:  # noqa: BLE001 - thrown in: the coroutine's to handle
-                try:
-                    waiting = self.coro.throw(err)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    waiting = self.coro.send(sent)
-                except StopIteration as done:
-                    return done.value
-
-
 class LoopSession(AsyncSession):
-    """An AsyncSession that closes without a task where closing does not wait."""
+    """An AsyncSession that closes without a task where closing does not wait; on the loop's
+    SQLite, it takes its connection and ends without a greenlet where it can (`direct`)."""
+
+    @property
+    def direct(self) -> bool:
+        """Whether this session is on the loop's SQLite, whose driver calls make no awaits
+        (bot/db/sqlite_inline.py: InlineDBAPI), so SQLAlchemy's synchronous session under it
+        can be called directly. AsyncSession calls each of its methods in a greenlet of its
+        own, switched into and out of: a session's connection, one statement and its commit
+        took 0.25 ms that way and 0.14 ms called directly (docs/benchmarks.md, "eighth
+        pass")."""
+        return _on_loop_sqlite(self.bind)
 
     async def __aexit__(self, type_: Any, value: Any, traceback: Any) -> None:
+        if self.direct and not _flushes(self.sync_session):
+            self.sync_session.close()  # a rollback at most, which never waits in WAL mode
+            return
         await run_to_completion(self.close())
+
+
+def _on_loop_sqlite(bind: Any) -> bool:
+    dialect = getattr(bind, "dialect", None)
+    return dialect is not None and isinstance(dialect.loaded_dbapi, InlineDBAPI)
+
+
+def _flushes(sync: Session) -> bool:
+    """Whether ending `sync`'s transaction would flush ORM changes first: statements that may
+    have to wait for another writer, which only a greenlet can (bot/db/sqlite_inline.py)."""
+    return bool(sync.new or sync.deleted or sync.dirty)
 
 
 class _Begun:
     """`LoopSessionmaker.begin()`: a session and its transaction, committed (or rolled back)
-    and closed at the end, as SQLAlchemy's begin() but through run_to_completion."""
+    and closed at the end, as SQLAlchemy's begin() but through run_to_completion, and on the
+    loop's SQLite without a greenlet where nothing is left to flush (`LoopSession.direct`)."""
 
-    __slots__ = ("session", "trans")
+    __slots__ = ("session", "sync_trans", "trans")
 
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
+        self.sync_trans: SessionTransaction | None = None
 
     async def __aenter__(self) -> AsyncSession:
-        self.trans = self.session.begin()
-        await self.trans.__aenter__()
-        return self.session
+        session = self.session
+        if isinstance(session, LoopSession) and session.direct:
+            # No I/O: the connection is taken by the first statement (`core`).
+            self.sync_trans = session.sync_session.begin()
+        else:
+            self.trans = session.begin()
+            await self.trans.__aenter__()
+        return session
 
     async def __aexit__(self, type_: Any, value: Any, traceback: Any) -> None:
-        async def end() -> None:
-            await self.trans.__aexit__(type_, value, traceback)
-            await self.session.close()
+        session, sync_trans = self.session, self.sync_trans
+        if sync_trans is not None:
+            sync = session.sync_session
+            if not _flushes(sync):
+                # COMMIT never waits for another writer in WAL mode: the write lock was taken
+                # by the transaction's first write (and a read transaction holds none).
+                try:
+                    sync_trans.__exit__(type_, value, traceback)
+                finally:
+                    sync.close()
+                return
+
+            async def end() -> None:
+                try:
+                    await greenlet_spawn(sync_trans.__exit__, type_, value, traceback)
+                finally:
+                    await session.close()
+
+        else:
+
+            async def end() -> None:
+                await self.trans.__aexit__(type_, value, traceback)
+                await session.close()
 
         await run_to_completion(end())
 
@@ -218,7 +247,15 @@ async def core(db: AsyncSession) -> AsyncConnection:
     statement than Session.execute (an update, a select and their commit: 0.37 -> 0.26 ms on
     the event loop's SQLite). For the per-turn bookkeeping (leases, the inbox's and outbox's
     reads and marks), in sessions of their own or after their caller's last flush (the status
-    read in bot.db.inbox.finish follows that function's own UPDATE)."""
+    read in bot.db.inbox.finish follows that function's own UPDATE). On the loop's SQLite it
+    is taken without a greenlet (`LoopSession.direct`), unless the pool has none free now."""
+    if isinstance(db, LoopSession) and db.direct:
+        try:
+            sync = db.sync_session.connection()
+        except MissingGreenlet:
+            pass  # the pool's one connection is in use (or not yet opened): wait for it
+        else:
+            return AsyncConnection._retrieve_proxy_for_target(sync)
     return await db.connection()
 
 
@@ -246,9 +283,30 @@ class Prepared(Generic[S]):
         return statement
 
     async def execute(self, db: AsyncSession, values: dict[str, Any]) -> CursorResult[Any]:
-        """Run it with `values` on the session's connection (`core`)."""
+        """Run it with `values` on the session's connection (`core`), at once where it can
+        (`run_now`)."""
         conn = await core(db)
-        return await conn.execute(self(conn), values)
+        return await run_now(conn, self(conn), values)
+
+
+async def run_now(
+    conn: AsyncConnection, statement: Executable, values: dict[str, Any]
+) -> CursorResult[Any]:
+    """`conn.execute(statement, values)`, on the loop's SQLite made as a plain call.
+
+    SQLAlchemy runs every call of an AsyncConnection in a greenlet of its own, switched into
+    and out of, which on the loop's SQLite costs more than the statement: its cursor makes no
+    awaits (bot/db/sqlite_inline.py: InlineCursor), so the synchronous connection under `conn`
+    runs it directly. A statement that finds the database busy raises WouldWait before it has
+    done anything, and runs again the asynchronous way, which waits for the other writer."""
+    sync = conn.sync_connection
+    if sync is not None and _on_loop_sqlite(conn):
+        try:
+            return sync.execute(statement, values)  # type: ignore[return-value]
+        except OperationalError as err:
+            if not isinstance(err.orig, WouldWait):
+                raise
+    return await conn.execute(statement, values)
 
 
 def on_commit(db: AsyncSession, callback: Callable[[], object]) -> None:

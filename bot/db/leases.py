@@ -9,7 +9,7 @@ from sqlalchemy import ColumnElement, Executable, bindparam, delete, select, tup
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bot.db.dialect import db_now, db_now_plus, db_offset, insert_of
-from bot.db.engine import Prepared, core
+from bot.db.engine import Prepared, core, run_now
 from bot.db.models import ChatLease
 
 
@@ -38,7 +38,8 @@ async def take(
     sequence (64 bits).
     """
     conn = await core(db)
-    taken = await conn.execute(
+    taken = await run_now(
+        conn,
         _TAKE(conn),
         {
             "p_chat_id": chat_id,

@@ -35,14 +35,24 @@ PostgreSQL (asyncpg) is not touched: it is a network client, and its calls are a
 from __future__ import annotations
 
 import asyncio
+import collections
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
+from sqlalchemy.dialects.sqlite.aiosqlite import (
+    AsyncAdapt_aiosqlite_connection,
+    AsyncAdapt_aiosqlite_cursor,
+    AsyncAdapt_aiosqlite_dbapi,
+)
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import URL
+from sqlalchemy.util import EMPTY_DICT
+from sqlalchemy.util.concurrency import await_, in_greenlet
+
+T = TypeVar("T")
 
 # sqlite3's extended result codes (sqlite3.Error.sqlite_errorcode) that waiting can cure.
 SQLITE_BUSY = 5
@@ -118,3 +128,108 @@ def inline_creator(url: URL, busy_timeout_s: float) -> Callable[[], Awaitable[In
         return await InlineConnection(connect, busy_timeout_s)
 
     return create
+
+
+class WouldWait(sqlite3.OperationalError):
+    """A statement made outside SQLAlchemy's greenlet (bot.db.engine.run_now) found SQLite
+    busy: waiting needs the event loop, so the caller makes it again the asynchronous way,
+    which waits. Not caught, it is the "database is locked" error a busy timeout would give."""
+
+
+def _call(connection: InlineConnection, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` on the loop's thread; on SQLITE_BUSY, wait for the other writer as
+    InlineConnection does, through SQLAlchemy's greenlet (outside it: WouldWait)."""
+    try:
+        return fn(*args)
+    except sqlite3.OperationalError as err:
+        if getattr(err, "sqlite_errorcode", None) not in RETRYABLE or _partial(fn):
+            raise
+        if not in_greenlet():
+            busy = WouldWait(*err.args)
+            busy.sqlite_errorcode = err.sqlite_errorcode
+            busy.sqlite_errorname = err.sqlite_errorname
+            raise busy from err
+        return await_(connection._execute(fn, *args))  # type: ignore[no-any-return]
+
+
+def _sqlite3(connection: InlineConnection) -> sqlite3.Connection:
+    """The open sqlite3 connection, or SQLAlchemy's error for a closed one."""
+    try:
+        return connection._conn
+    except ValueError as err:  # "no active connection"
+        raise sqlite3.OperationalError(str(err)) from err
+
+
+class _Ready:
+    """An awaitable that is done at once."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return iter(())  # type: ignore[return-value]
+
+
+_READY = _Ready()
+
+
+class InlineCursor(AsyncAdapt_aiosqlite_cursor):
+    """SQLAlchemy's aiosqlite cursor, its calls made directly on sqlite3's cursor.
+
+    SQLAlchemy's adapter awaits every driver call (the cursor opened, the statement, its rows,
+    the cursor closed) through a greenlet switch and a coroutine each, which cost more than the
+    statement on the loop's SQLite. Here they are plain calls; only a statement that finds the
+    database busy goes through the greenlet, to wait (`_call`). With no awaits, a statement can
+    also be made outside a greenlet (bot.db.engine: run_now, LoopSession.direct)."""
+
+    __slots__ = ()
+    _awaitable_cursor_close = False  # close() calls sqlite3's close
+
+    def __init__(self, adapt_connection: AsyncAdapt_aiosqlite_connection) -> None:
+        self._adapt_connection = adapt_connection
+        self._connection = adapt_connection._connection
+        self._cursor = _sqlite3(self._connection).cursor()  # type: ignore[arg-type,assignment]
+        self._soft_closed_memoized = EMPTY_DICT
+        self._rows = collections.deque()
+
+    def execute(self, operation: Any, parameters: Any = None) -> Any:
+        if in_greenlet():
+            # AsyncConnection.execute insists on one await (AwaitRequired): one that is ready
+            # at once, two greenlet switches instead of the adapter's four awaits.
+            await_(_READY)
+        cursor: Any = self._cursor
+        connection: Any = self._connection
+        _call(connection, cursor.execute, operation, () if parameters is None else parameters)
+        if cursor.description:
+            self._rows = collections.deque(_call(connection, cursor.fetchall))
+
+    def executemany(self, operation: Any, seq_of_parameters: Any) -> Any:
+        cursor: Any = self._cursor
+        _call(self._connection, cursor.executemany, operation, seq_of_parameters)  # type: ignore[arg-type]
+
+
+class InlineAdaptedConnection(AsyncAdapt_aiosqlite_connection):
+    """SQLAlchemy's aiosqlite connection adapter with InlineCursor, and commit and rollback
+    made directly (a busy one waits as a statement does)."""
+
+    __slots__ = ()
+    _cursor_cls = InlineCursor  # type: ignore[assignment]
+
+    def commit(self) -> None:
+        if self._connection._connection is not None:  # type: ignore[attr-defined]
+            _call(self._connection, self._connection._connection.commit)  # type: ignore[arg-type,attr-defined]
+
+    def rollback(self) -> None:
+        if self._connection._connection is not None:  # type: ignore[attr-defined]
+            _call(self._connection, self._connection._connection.rollback)  # type: ignore[arg-type,attr-defined]
+
+
+class InlineDBAPI(AsyncAdapt_aiosqlite_dbapi):
+    """The aiosqlite dialect's DBAPI module (`create_async_engine(..., module=...)`), its
+    connections (from `inline_creator`) adapted by InlineAdaptedConnection."""
+
+    def connect(self, *arg: Any, **kw: Any) -> InlineAdaptedConnection:
+        creator_fn = kw.pop("async_creator_fn")
+        return InlineAdaptedConnection(self, await_(creator_fn(*arg, **kw)))
+
+
+def inline_dbapi() -> InlineDBAPI:
+    """The DBAPI module for an engine whose connections come from `inline_creator`."""
+    return InlineDBAPI(aiosqlite, sqlite3)
