@@ -49,3 +49,28 @@ class Resumed:
                     waiting = self.coro.send(sent)
                 except StopIteration as done:
                     return done.value
+
+
+def started(coro: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
+    """`coro` with its first step taken now, in the caller's task, as Python 3.12's eager tasks
+    take it: a coroutine that goes on from where it waits (or ends at once with its result or
+    its error), for a task to run the rest."""
+    try:
+        waiting = coro.send(None)
+    except StopIteration as done:
+        return _returning(done.value)
+    except Exception as err:  # noqa: BLE001 - raised where the rest runs, as a task would
+        return _raising(err)
+    return _going_on(Resumed(coro, waiting))
+
+
+async def _returning(value: T) -> T:
+    return value
+
+
+async def _raising(err: Exception) -> Any:
+    raise err
+
+
+async def _going_on(rest: Resumed) -> Any:
+    return await rest

@@ -11,17 +11,45 @@ transport failure raises (TimedOut, NetworkError), as HTTPXRequest does.
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
+from typing import Any
+
 import aiohttp
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.connector import Connection
+from aiohttp.helpers import get_env_proxy_for_url
 from telegram._utils.defaultvalue import DefaultValue
 from telegram._utils.types import ODVInput
 from telegram.error import NetworkError, TimedOut
 from telegram.request import BaseRequest, RequestData
+from yarl import URL
+
+from bot.tasks import started
 
 # HTTPXRequest's defaults (PTB 22): seconds.
 READ_TIMEOUT_S = 5.0
 WRITE_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
 POOL_TIMEOUT_S = 1.0
+
+
+class BodyWithHeaders(aiohttp.ClientRequest):  # type: ignore[misc]
+    """aiohttp's request, its body written in the same step as its headers.
+
+    aiohttp holds a request's headers back to send them with its body, which it writes in a
+    task of its own: on Python 3.12 and later one started at once (`eager_start`), on 3.11 one
+    that waits its turn in the event loop, a pass of the loop later, behind everything else
+    ready on it. Here the body writer's first step is taken at once on every Python, as aiohttp
+    does where it can; what is left of it (a body larger than the socket takes at once) goes
+    on in the task."""
+
+    def write_bytes(  # type: ignore[override]
+        self,
+        writer: AbstractStreamWriter,
+        conn: Connection,
+        content_length: int | None = None,
+    ) -> Coroutine[Any, Any, None]:
+        return started(super().write_bytes(writer, conn, content_length))
 
 
 class AiohttpRequest(BaseRequest):
@@ -42,6 +70,24 @@ class AiohttpRequest(BaseRequest):
         self._connect_timeout = connect_timeout
         self._pool_timeout = pool_timeout
         self._session: aiohttp.ClientSession | None = None
+        self._proxies: dict[str, tuple[URL | None, aiohttp.BasicAuth | None]] = {}
+
+    def _proxy(self, url: str) -> tuple[URL | None, aiohttp.BasicAuth | None]:
+        """The proxy for `url` from HTTPS_PROXY and friends (NO_PROXY respected), as httpx (PTB's
+        default client) reads them, looked up once per origin. aiohttp's `trust_env` looks the
+        proxy and ~/.netrc up again for every request, each in a thread: two hops to a thread
+        and back through the event loop, which under load waited behind everything else ready
+        on the loop (docs/benchmarks.md, "eighth pass")."""
+        scheme, _, origin = url.split("/", 3)[:3]
+        key = f"{scheme}//{origin}"
+        found = self._proxies.get(key)
+        if found is None:
+            try:
+                found = get_env_proxy_for_url(URL(url))
+            except LookupError:  # none set, or NO_PROXY names the host
+                found = (None, None)
+            self._proxies[key] = found
+        return found
 
     @property
     def read_timeout(self) -> float | None:
@@ -54,8 +100,9 @@ class AiohttpRequest(BaseRequest):
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.connection_pool_size),
                 headers={"User-Agent": self.USER_AGENT},
-                # HTTPS_PROXY and friends, as httpx (PTB's default client) reads them
-                trust_env=True,
+                request_class=BodyWithHeaders,
+                # The proxy is given with each request (`_proxy`), not looked up by aiohttp.
+                trust_env=False,
             )
 
     async def shutdown(self) -> None:
@@ -102,11 +149,14 @@ class AiohttpRequest(BaseRequest):
                 data = form
             else:
                 data = request_data.json_parameters
+        proxy, proxy_auth = self._proxy(url)
         try:
             async with self._session.request(
                 method,
                 url,
                 data=data,
+                proxy=proxy,
+                proxy_auth=proxy_auth,
                 timeout=timeout,
                 allow_redirects=False,  # as httpx
             ) as res:
