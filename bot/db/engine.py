@@ -147,9 +147,9 @@ class LoopSession(AsyncSession):
         """Whether this session is on the loop's SQLite, whose driver calls make no awaits
         (bot/db/sqlite_inline.py: InlineDBAPI), so SQLAlchemy's synchronous session under it
         can be called directly. AsyncSession calls each of its methods in a greenlet of its
-        own, switched into and out of: a session's connection, one statement and its commit
-        took 0.25 ms that way and 0.14 ms called directly (docs/benchmarks.md, "eighth
-        pass")."""
+        own, switched into and out of: a lease taken in a session of its own (its connection,
+        one statement, its commit) took 0.26 ms that way and 0.16 ms called directly
+        (docs/benchmarks.md, "eighth pass")."""
         return _on_loop_sqlite(self.bind)
 
     async def __aexit__(self, type_: Any, value: Any, traceback: Any) -> None:

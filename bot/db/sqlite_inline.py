@@ -29,6 +29,15 @@ that changes:
   aiosqlite's thread (bot/runtime.py); the dashboard and `admin sql` read through their own
   read-only engine (bot/admin/sql.py).
 
+SQLAlchemy's adapter for aiosqlite still awaited every driver call (the cursor, the statement,
+its rows, the cursor closed, the commit) through a greenlet switch and a coroutine each, none of
+which waits here. `InlineCursor` and `InlineAdaptedConnection` (the engine's DBAPI module:
+`inline_dbapi`) make those calls directly, and only a busy statement goes through SQLAlchemy's
+greenlet to wait; outside a greenlet it raises `WouldWait` instead, and bot/db/engine.py makes it
+again the asynchronous way. So a session's connection, its prepared statements and its end can be
+plain calls (bot/db/engine.py: `LoopSession.direct`, `run_now`): a lease taken in a session of its
+own 0.262 -> 0.156 ms (docs/benchmarks.md, "eighth pass").
+
 PostgreSQL (asyncpg) is not touched: it is a network client, and its calls are asynchronous.
 """
 
