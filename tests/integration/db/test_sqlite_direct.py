@@ -1,12 +1,12 @@
 """On the loop's SQLite a session's connection, its statements on that connection and its end
 are plain calls, not SQLAlchemy's greenlets (bot/db/engine.py: LoopSession.direct, run_now),
-and what must wait for another writer still waits, without blocking the loop."""
+and what must wait for another writer still waits (a busy prepared statement:
+tests/integration/db/test_sqlite_inline.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -90,33 +90,6 @@ async def test_a_prepared_statement_and_its_commit_need_no_greenlet(
     async with sessions() as db:
         assert list((await db.scalars(select(Row.v).order_by(Row.id))).all()) == ["a", "b"]
     assert seen[-1] == ("SELECT", True)
-
-
-async def test_a_busy_prepared_statement_waits_for_the_other_writer_without_blocking_the_loop(
-    engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession], tmp_path: Path
-) -> None:
-    theirs = other_writer(tmp_path)
-    loop = asyncio.get_running_loop()
-    loop.call_later(0.2, theirs.commit)  # from this loop: a blocking wait would never see it
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    ticker = asyncio.create_task(tick())
-    started = time.monotonic()
-    try:
-        async with sessions.begin() as db:
-            await INSERT.execute(db, {"p_v": "ours"})
-    finally:
-        ticker.cancel()
-        theirs.close()
-    assert time.monotonic() - started >= 0.19
-    assert ticks >= 10
-    assert await values(engine) == ["theirs", "ours"]
 
 
 async def test_a_session_ending_with_objects_to_flush_waits_for_the_other_writer(

@@ -7,7 +7,7 @@ import asyncio
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bot.db.engine import make_engine
+from bot.db.engine import Prepared, make_engine, make_sessionmaker
 from bot.db.sqlite_inline import InlineConnection
 
 
@@ -65,8 +65,24 @@ async def test_an_engine_for_long_reads_runs_them_on_aiosqlites_thread(tmp_path:
         await engine.dispose()
 
 
+INSERT_OURS = Prepared(lambda dialect: text("INSERT INTO t (v) VALUES ('ours')"))
+
+
+async def write_on_a_connection(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(text("INSERT INTO t (v) VALUES ('ours')"))
+
+
+async def write_in_a_session(engine: AsyncEngine) -> None:
+    """A prepared statement in a session: outside SQLAlchemy's greenlet until it finds the
+    database busy (bot/db/engine.py: run_now)."""
+    async with make_sessionmaker(engine).begin() as db:
+        await INSERT_OURS.execute(db, {})
+
+
+@pytest.mark.parametrize("write", [write_on_a_connection, write_in_a_session])
 async def test_a_write_waits_for_another_writer_without_blocking_the_loop(
-    engine: AsyncEngine, tmp_path: Path
+    engine: AsyncEngine, tmp_path: Path, write: Callable[[AsyncEngine], Awaitable[None]]
 ) -> None:
     theirs = other_writer(tmp_path)
     loop = asyncio.get_running_loop()
@@ -84,8 +100,7 @@ async def test_a_write_waits_for_another_writer_without_blocking_the_loop(
     ticker = asyncio.create_task(tick())
     started = time.monotonic()
     try:
-        async with engine.begin() as conn:
-            await conn.execute(text("INSERT INTO t (v) VALUES ('ours')"))
+        await write(engine)
     finally:
         ticker.cancel()
         theirs.close()
