@@ -311,7 +311,8 @@ class Replies:
             if remaining <= 0:
                 return False
             try:
-                await asyncio.wait_for(event.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await event.wait()
             except TimeoutError:
                 return False
         return True
@@ -356,7 +357,8 @@ async def loopback_bot(
                     await asyncio.sleep(0.05)
                 yield replies
                 proc.send_signal(signal.SIGTERM)
-                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
+                async with asyncio.timeout(STOP_TIMEOUT_S):
+                    await proc.wait()
             finally:
                 if proc.returncode is None:
                     proc.kill()

@@ -348,7 +348,8 @@ class Run:
                 if self.answers(chat_id) >= n:
                     break
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(arrived.wait(), 1.0)
+                    async with asyncio.timeout(1.0):
+                        await arrived.wait()
             self.books.answered_at[(chat_id, n)] = time.monotonic()
             if self.think:
                 await asyncio.sleep(rng.uniform(1.0, 3.0))

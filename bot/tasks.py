@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Coroutine, Generator
 from typing import Any, TypeVar
 
@@ -13,14 +12,19 @@ T = TypeVar("T")
 async def cancel_and_wait(*tasks: asyncio.Task[Any] | None) -> None:
     """Cancel each task (None: there is none) and wait until it has ended, in order.
 
-    Its CancelledError is swallowed; any other exception it ended with is raised.
+    Its CancelledError is swallowed; any other exception it ended with is raised. A
+    cancellation of the caller itself (a deadline around a stop) ends the wait and goes on up,
+    even for a task that does not end when cancelled.
     """
     for task in tasks:
         if task is None:
             continue
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # Not `await task`: that passes the caller's own cancellation on to the task, and a
+        # task that drops it (Python 3.11's wait_for could) would hold the caller forever.
+        await asyncio.wait([task])
+        if not task.cancelled() and (err := task.exception()) is not None:
+            raise err
 
 
 class Resumed:

@@ -200,7 +200,8 @@ class ServedVariants:
         if self._inflight.get(key, 0) > 0:
             idle = self._idle.setdefault(key, asyncio.Event())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(idle.wait(), DRAIN_S)
+                async with asyncio.timeout(DRAIN_S):
+                    await idle.wait()
         self._idle.pop(key, None)
         left = self._inflight.pop(key, 0)
         if left:
@@ -227,7 +228,8 @@ class ServedVariants:
         loading = self._loading.get(name)
         if loading is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(loading), WAIT_LOAD_S)
+                async with asyncio.timeout(WAIT_LOAD_S):
+                    await asyncio.shield(loading)
             backend = self.backends.get(name)
             if backend is not None:
                 return backend

@@ -155,7 +155,8 @@ class Batcher:
             if remaining <= 0:
                 break
             try:
-                batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                async with asyncio.timeout(remaining):
+                    batch.append(await self._queue.get())
             except TimeoutError:
                 break
         return batch

@@ -326,7 +326,8 @@ class ChatPool(Generic[R]):
             # taking the event: nothing can slip in between on one event loop.
             freed = self._lane_freed
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(freed.wait(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await freed.wait()
         self._lane_busy[lane] = self._lane_busy.get(lane, 0) + 1
 
     def _give_lane_share(self, lane: str) -> None:

@@ -191,7 +191,11 @@ class Heartbeat:
         assert self._info_source is not None
         while True:
             try:
-                status = await asyncio.wait_for(self._info_source(), self._info_every_s)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for returned a result that
+                # came back as the task was cancelled and dropped the cancellation, and stop()
+                # then waited for this loop forever.
+                async with asyncio.timeout(self._info_every_s):
+                    status = await self._info_source()
                 self._info_text = json.dumps(status, default=str)
             except Exception as err:  # noqa: BLE001 - the heartbeat matters more than the report
                 log.warning("collecting this replica's status failed: %s", err)
@@ -203,7 +207,8 @@ class Heartbeat:
             await asyncio.sleep(self.interval_s)
             try:
                 # A database that hangs is as bad as one that is down: fence in time anyway.
-                await asyncio.wait_for(self.beat(), self.fence_after_s)
+                async with asyncio.timeout(self.fence_after_s):
+                    await self.beat()
             except Exception as err:  # noqa: BLE001 - retried at the next interval
                 log.warning("heartbeat failed: %s", err)
                 _ = self.alive  # fences once fence_after_s has passed

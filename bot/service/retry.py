@@ -58,7 +58,8 @@ async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
     if event.is_set():
         return True
     try:
-        await asyncio.wait_for(event.wait(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
     except TimeoutError:
         return False
     return True

@@ -295,3 +295,33 @@ async def test_a_fenced_replica_sends_nothing_more_after_a_failed_send(
             await service.heartbeat.beat()  # heartbeats land again: it sends after all
             await api.wait_for_texts(403, 1, timeout_s=15)
     assert api.texts(403) == ["echo 403: hello"]
+
+
+async def test_a_status_collector_cancelled_as_its_report_comes_back_ends(
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    """stop() cancels the status collector; when its report came back in that same moment,
+    the cancellation must still end it. Python 3.11's `asyncio.wait_for` returned the report
+    and dropped the cancellation, the collector went on, and stop() waited for it forever
+    (three test runs hung in teardown, one a bot process that never exited after SIGTERM).
+    The two are made to meet here directly: the report and the cancellation in one step."""
+    report: asyncio.Future[dict[str, object]] = asyncio.get_running_loop().create_future()
+    asked = asyncio.Event()
+
+    async def status() -> dict[str, object]:
+        asked.set()
+        return await report
+
+    heartbeat = Heartbeat(sessionmaker, new_owner(), info=status, info_every_s=30.0)
+    await heartbeat.start()
+    try:
+        await asked.wait()
+        collector = heartbeat._info_task
+        assert collector is not None
+        report.set_result({"ready": True})
+        collector.cancel()
+        await asyncio.wait([collector], timeout=2.0)
+        assert collector.cancelled()
+    finally:
+        async with asyncio.timeout(5):
+            await heartbeat.stop()
