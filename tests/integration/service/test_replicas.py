@@ -302,9 +302,9 @@ async def test_a_status_collector_cancelled_as_its_report_comes_back_ends(
 ) -> None:
     """stop() cancels the status collector; when its report came back in that same moment,
     the cancellation must still end it. Python 3.11's `asyncio.wait_for` returned the report
-    and dropped the cancellation, the collector went on, and stop() waited for it forever
-    (three test runs hung in teardown, one a bot process that never exited after SIGTERM).
-    The two are made to meet here directly: the report and the cancellation in one step."""
+    and dropped the cancellation, the collector went on, and stop() waited for it forever (a
+    CI run hung in a service's teardown). The two are made to meet here directly: the report
+    and the cancellation in one step."""
     report: asyncio.Future[dict[str, object]] = asyncio.get_running_loop().create_future()
     asked = asyncio.Event()
 
