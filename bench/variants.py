@@ -51,6 +51,7 @@ from typing import Any
 
 from bench import common, e2e
 from bench.e2e import Run
+from bot.tasks import cancel_and_wait
 
 EXPERIMENT = "bench-variants"
 A, B = "A", "B"
@@ -228,9 +229,7 @@ async def talking_meanwhile(
     try:
         yield
     except BaseException:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task, raise_errors=False)
         raise
     stop.set()
     await task

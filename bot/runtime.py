@@ -33,6 +33,7 @@ from bot.service.inbox import InboxWorker
 from bot.service.leases import Leases
 from bot.service.metrics import Metrics
 from bot.service.retry import Backoff, retry
+from bot.tasks import cancel_and_wait
 from bot.tg.handlers import App, Handlers, command_menu
 from bot.tg.ingest import WebhookIngest
 from bot.tg.poller import ElectedPolling
@@ -148,11 +149,9 @@ class Service:
         for leases in self.leases:
             await leases.stop()
         await self.heartbeat.stop()  # after the leases: peers need not wait for anything
-        for task in (self._commands_task, self._retention_task, self._autopilot_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        await cancel_and_wait(
+            self._commands_task, self._retention_task, self._autopilot_task, raise_errors=False
+        )
         if self.ops is not None:
             await self.ops.stop()
 

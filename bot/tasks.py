@@ -3,28 +3,51 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Coroutine, Generator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
 
-async def cancel_and_wait(*tasks: asyncio.Task[Any] | None) -> None:
-    """Cancel each task (None: there is none) and wait until it has ended, in order.
 
-    Its CancelledError is swallowed; any other exception it ended with is raised. A
-    cancellation of the caller itself (a deadline around a stop) ends the wait and goes on up,
-    even for a task that does not end when cancelled.
+async def wait_ended(task: asyncio.Task[Any]) -> None:
+    """Wait until `task` has ended, without cancelling it; raise the exception it ended with,
+    if any (not its CancelledError).
+
+    Not `await task`: that passes a cancellation of the caller on to the task, and a
+    `suppress(CancelledError)` around it would then swallow the caller's own cancellation
+    too. Here a cancellation of the caller (a deadline around a stop) ends the wait and goes
+    on up, and the task goes on.
     """
-    for task in tasks:
-        if task is None:
-            continue
+    await asyncio.wait([task])
+    if not task.cancelled() and (err := task.exception()) is not None:
+        raise err
+
+
+async def cancel_and_wait(*tasks: asyncio.Task[Any] | None, raise_errors: bool = True) -> None:
+    """Cancel every task (None: there is none), then wait until all have ended.
+
+    Their CancelledErrors are swallowed. Any other exception one ended with is raised once all
+    have ended (the first, in the order given), or with `raise_errors=False` logged at debug
+    level and dropped: for a task whose failure was reported where it happened. A cancellation
+    of the caller itself (a deadline around a stop) ends the wait and goes on up, even for a
+    task that does not end when cancelled.
+    """
+    live = [task for task in tasks if task is not None]
+    if not live:
+        return
+    for task in live:
         task.cancel()
-        # Not `await task`: that passes the caller's own cancellation on to the task, and a
-        # task that drops it (Python 3.11's wait_for could) would hold the caller forever.
-        await asyncio.wait([task])
-        if not task.cancelled() and (err := task.exception()) is not None:
-            raise err
+    # Not `await task`: see wait_ended (a task that drops a cancellation, as Python 3.11's
+    # wait_for could, would otherwise hold the caller forever).
+    await asyncio.wait(live)
+    errors = [err for task in live if not task.cancelled() and (err := task.exception())]
+    if errors and raise_errors:
+        raise errors[0]
+    for err in errors:
+        log.debug("a task stopped with %s: %s", type(err).__name__, err)
 
 
 class Resumed:

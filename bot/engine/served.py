@@ -25,6 +25,7 @@ from bot.engine.backends.registry import backend_kind
 from bot.engine.protocol import VariantStore
 from bot.engine.spec import Backend, resolve
 from bot.engine.variants import Experiment, Variant
+from bot.tasks import cancel_and_wait
 
 # The logger keeps the name of the module this code came from (bot/engine/router.py): log
 # filters and dashboards that select it keep working.
@@ -238,16 +239,8 @@ class ServedVariants:
 
     async def close(self) -> None:
         """Stop following, and stop every backend."""
-        tasks = [t for t in (self._watcher, *self._loading.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        for task in list(self._draining):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._watcher, *self._loading.values(), raise_errors=False)
+        await cancel_and_wait(*self._draining, raise_errors=False)
         await asyncio.gather(*(e.close() for e in self.backends.values()), return_exceptions=True)
 
     @property

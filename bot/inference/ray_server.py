@@ -42,6 +42,7 @@ from bot.inference.process import (
     NeedContext,
     rss_bytes,
 )
+from bot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -176,9 +177,7 @@ class ModelServer:
                 if waiter is not None:
                     waiter.cancel()
                 if not task.done():  # the caller went away (cancelled, timed out)
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
+                    await cancel_and_wait(task, raise_errors=False)
 
     def _outcome(self, request: pipe.TurnRequest, task: asyncio.Task[Any]) -> pipe.Message:
         req_id, session = request.req_id, request.session

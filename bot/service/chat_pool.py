@@ -324,10 +324,7 @@ class ChatPool(Generic[R]):
             # Woken when a chat of any lane leaves, or after a second (the number of lanes,
             # hence the share, may have grown meanwhile). No await between the check and
             # taking the event: nothing can slip in between on one event loop.
-            freed = self._lane_freed
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):
-                    await freed.wait()
+            await wait_event(self._lane_freed, 1.0)
         self._lane_busy[lane] = self._lane_busy.get(lane, 0) + 1
 
     def _give_lane_share(self, lane: str) -> None:

@@ -8,7 +8,6 @@ hand-written `attempt += 1; log; sleep` loop in every module).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import warnings
@@ -25,6 +24,8 @@ from tenacity import (
     retry_if_exception_type,
     retry_if_not_exception_type,
 )
+
+from bot.tasks import cancel_and_wait
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -84,9 +85,7 @@ async def unless_stopped(awaitable: Awaitable[T], stop: asyncio.Event | None) ->
     finally:
         stopped.cancel()
         if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await cancel_and_wait(task, raise_errors=False)
     if task.cancelled() or not task.done():
         raise Interrupted
     return task.result()

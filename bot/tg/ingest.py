@@ -10,7 +10,6 @@ retry. The inbox's unique update_id makes every redelivery a no-op.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
 import logging
@@ -46,6 +45,7 @@ from bot.service.retry import (
     retry_after_s,
     wait_event,
 )
+from bot.tasks import wait_ended
 from bot.tg.api_request import loads_json
 
 log = logging.getLogger(__name__)
@@ -278,8 +278,7 @@ class PollingIngest(_Ingest):
         if self._fetch is not None:
             self._fetch.cancel()
         if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await wait_ended(self._task)
 
     @property
     def done(self) -> asyncio.Task[None] | None:

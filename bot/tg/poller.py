@@ -16,12 +16,12 @@ inbox's unique update_id makes a redelivery a no-op.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
 from bot.service.leases import Leases
 from bot.service.retry import Interrupted, wait_event
+from bot.tasks import cancel_and_wait
 from bot.tg.ingest import PollingIngest
 
 log = logging.getLogger(__name__)
@@ -73,12 +73,9 @@ class ElectedPolling:
         """Stop polling and give the poller lease back at once (another replica takes over
         within one election interval)."""
         self._stop.set()
-        if self._task is not None:
-            self._task.cancel()
-            # It may have ended with a fatal error already (reported by Service.wait): the
-            # lease is given back all the same.
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        # It may have ended with a fatal error already (reported by Service.wait): the lease
+        # is given back all the same.
+        await cancel_and_wait(self._task, raise_errors=False)
         try:
             await self._resign("stopping")
         finally:

@@ -61,6 +61,7 @@ from bot.engine.protocol import (
 )
 from bot.engine.spec import Backend, ProcessSpec
 from bot.engine.variants import Variant
+from bot.tasks import cancel_and_wait
 
 # The logger keeps the name of the module this code came from (bot/engine/ray_backend.py):
 # log filters and dashboards that select it keep working.
@@ -180,12 +181,7 @@ class RayBackend:
         if self._closed:
             return
         self._closed = True
-        tasks = [t for t in (self._watcher, *self._calls) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._watcher, *self._calls, raise_errors=False)
         await asyncio.to_thread(cluster._Cluster.release, self.app, self.user)
 
     async def generate(
