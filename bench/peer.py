@@ -50,6 +50,13 @@ Building the model, the HF copy and the checks stay on the CPU. Without a CUDA d
 at once (exit status 2). Its outputs are named `peer-cuda` (`peer-quick-cuda`), its RESULT lines
 `peer_cuda_...`, so a GPU run never overwrites a CPU one.
 
+`--isa avx2` runs every system on its libraries' AVX2 code paths (PyTorch's ATEN_CPU_CAPABILITY,
+FBGEMM_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS, CT2_FORCE_CPU_ISA), so
+an AVX-512 machine runs the kernels an AVX2-only CPU would; its caches, memory and clocks stay
+its own, so the figures stand for the kernels, not for that CPU. The bf16 systems are skipped
+(AVX2 has no bf16); the run stops if PyTorch does not report AVX2. Outputs `peer-avx2`, RESULT
+lines `peer_avx2_...`.
+
 Greedy is ParlAI's beam search with beam 1 for ours (ParlAI's greedy ignores the min length);
 the same search. CTranslate2 has no BlenderBot-Small loader: its BART loader is used, and its
 BART decoder applies the embedding layer norm after adding the positions, where BlenderBot-Small
@@ -119,6 +126,20 @@ LACKS_CUDA_INT8 = "skipped: QUANTIZE=int8 is CPU-only"
 LACKS_CUDA_BF16 = "skipped: GPU lacks bf16"
 LACKS_CT2_CUDA = "skipped: CTranslate2 without CUDA"
 DEVICES = ("cpu", "cuda")
+# --isa avx2: every library's own switch to its AVX2 code paths, set before any worker starts,
+# so an AVX-512 CPU runs the kernels an AVX2-only CPU would (its caches, memory and clocks stay
+# its own). bot/inference/hardware.py reads FBGEMM's to choose the int8 activation range.
+ISA_ENV: dict[str, dict[str, str]] = {
+    "native": {},
+    "avx2": {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        "CT2_FORCE_CPU_ISA": "AVX2",
+    },
+}
+FORCED_AVX2_BF16 = "skipped: --isa avx2 (AVX2 has no bf16)"
 # ParlAI's dictionary starts with these four, and HF's BlenderBot-Small uses the same ids.
 NULL, START, END, UNK = 0, 1, 2, 3
 SPECIALS = ("__null__", "__start__", "__end__", "__unk__")
@@ -149,6 +170,7 @@ class Plan:
     # `systems`.
     skipped: dict[str, str] = field(default_factory=dict)
     device: str = "cpu"  # where the systems run: cpu or cuda (preparing is on the CPU)
+    isa: str = "native"  # "avx2": the libraries' AVX2 code paths (ISA_ENV)
 
     @property
     def decodings(self) -> tuple[tuple[str, int], ...]:
@@ -198,9 +220,19 @@ def plan_from_args(argv: Sequence[str] | None) -> Plan:
     parser.add_argument(
         "--device", choices=DEVICES, default="cpu", help="where the systems run (default cpu)"
     )
+    parser.add_argument(
+        "--isa",
+        choices=tuple(ISA_ENV),
+        default="native",
+        help="avx2: PyTorch, FBGEMM, oneDNN, MKL and CTranslate2 on their AVX2 code paths, as "
+        "on an AVX2-only CPU (default: what this CPU has)",
+    )
     args = parser.parse_args(argv)
     plan = quick_plan() if args.quick else Plan()
     plan.device = args.device
+    plan.isa = args.isa
+    if plan.isa != "native" and plan.device != "cpu":
+        parser.error("--isa is for --device cpu")
     if args.tiny:
         plan.layers, plan.dim, plan.heads, plan.ffn, plan.vocab = 2, 64, 4, 128, 1000
     for name in ("tokens", "beam", "batches", "threads", "rounds", "vocab"):
@@ -234,7 +266,10 @@ def cpu_skips(systems: Sequence[str]) -> dict[str, str]:
 
 def fit_to_cpu(plan: Plan) -> Plan:
     """`plan` less the systems this CPU cannot run (in `plan.skipped`, with why)."""
-    skipped = cpu_skips(plan.systems)
+    if plan.isa == "avx2":
+        skipped = {s: FORCED_AVX2_BF16 for s in plan.systems if s in BF16}
+    else:
+        skipped = cpu_skips(plan.systems)
     plan.skipped = {**plan.skipped, **skipped}
     plan.systems = tuple(s for s in plan.systems if s not in skipped)
     return plan
@@ -418,11 +453,16 @@ def cell_key(decoding: str, batch: int, threads: int) -> str:
     return f"{decoding}_b{batch}_t{threads}"
 
 
-def results(cells: Sequence[dict[str, Any]], device: str = "cpu") -> dict[str, float]:
+def results(
+    cells: Sequence[dict[str, Any]], device: str = "cpu", isa: str = "native"
+) -> dict[str, float]:
     """RESULT lines: every system's replies/s in every cell, and our best over CTranslate2
-    int8 (when both were measured); named `peer_...` on the CPU, `peer_cuda_...` on a GPU."""
+    int8 (when both were measured); named `peer_...` on the CPU, `peer_avx2_...` with --isa
+    avx2, `peer_cuda_...` on a GPU."""
     out: dict[str, float] = {}
     base = "peer" if device == "cpu" else f"peer_{device}"
+    if isa != "native":
+        base = f"peer_{isa}"
     for cell in cells:
         key = cell_key(cell["decoding"], cell["batch"], cell["threads"])
         rps = cell["rps"]
@@ -735,7 +775,10 @@ def prepare(plan: Plan, greedy_contexts: list[list[int]]) -> dict[str, Any]:
     directory = plan.model_dir()
     model_file = build_parlai(plan)
     hf_dir, ct2_dir = directory / "hf", directory / "ct2"
-    report: dict[str, Any] = {"model_dir": str(directory)}
+    report: dict[str, Any] = {
+        "model_dir": str(directory),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
 
     from transformers import BartForConditionalGeneration, BlenderbotSmallForConditionalGeneration
 
@@ -1085,7 +1128,13 @@ def measure(plan: Plan) -> dict[str, Any]:
     process.join()
     if kind == "error":
         raise RuntimeError(f"prepare failed:\n{prep}")
-    print(f"prepared in {time.perf_counter() - started:.0f} s: {prep['model_dir']}", flush=True)
+    print(
+        f"prepared in {time.perf_counter() - started:.0f} s: {prep['model_dir']} (PyTorch's "
+        f"kernels: {prep['cpu_capability']})",
+        flush=True,
+    )
+    if plan.isa != "native" and prep["cpu_capability"].lower() != plan.isa:
+        raise RuntimeError(f"--isa {plan.isa}, but PyTorch runs {prep['cpu_capability']}")
     check = prep["hf_vs_parlai_logits"]
     print(
         f"HF copy vs ParlAI logits: max |diff| {check['max_abs_diff']:.2e} "
@@ -1265,9 +1314,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     plan = fit_to_device(plan)
     notes = skip_notes(plan.skipped)
+    os.environ.update(ISA_ENV[plan.isa])  # before any worker starts (they inherit it)
+    isa = "" if plan.isa == "native" else f", the libraries on their {plan.isa} code paths"
     print(
-        f"peer benchmark: {len(plan.systems)} systems on {plan.device}, {plan.tokens} tokens "
-        f"per reply, greedy and beam {plan.beam}, batches {plan.batches}, threads "
+        f"peer benchmark: {len(plan.systems)} systems on {plan.device}{isa}, {plan.tokens} "
+        f"tokens per reply, greedy and beam {plan.beam}, batches {plan.batches}, threads "
         f"{plan.threads}, {plan.rounds} rounds; machine {common.machine()}",
         flush=True,
     )
@@ -1306,7 +1357,11 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in row.items()
         ]
         print(f"agreement {key}: " + "; ".join(parts))
-    name = ("peer-quick" if plan.quick else "peer") + ("" if plan.device == "cpu" else "-cuda")
+    name = (
+        ("peer-quick" if plan.quick else "peer")
+        + ("" if plan.isa == "native" else f"-{plan.isa}")
+        + ("" if plan.device == "cpu" else "-cuda")
+    )
     common.write_json(
         name,
         {
@@ -1320,7 +1375,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(plan, cells, name)
     except Exception as err:  # noqa: BLE001 - the plot is a nice-to-have
         print(f"no plot: {err}", file=sys.stderr)
-    common.emit_results(results(cells, plan.device))
+    common.emit_results(results(cells, plan.device, plan.isa))
     return 0 if payload["work_equal"] else 1
 
 

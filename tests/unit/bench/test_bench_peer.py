@@ -318,3 +318,20 @@ def test_a_cuda_run_is_named_apart_from_a_cpu_one(
     saved = json.loads((tmp_path / "peer-quick-cuda.json").read_text())
     assert saved["plan"]["device"] == "cuda"
     assert not (tmp_path / "peer-quick.json").exists()
+
+
+def test_isa_avx2_skips_bf16_names_its_results_and_refuses_a_gpu(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(peer, "cpu_has_bf16", lambda: True)
+    plan = peer.fit_to_cpu(peer.plan_from_args(["--isa", "avx2"]))
+    assert plan.isa == "avx2"
+    assert set(plan.skipped) == {"ours_batch_bf16", "ours_cont_bf16"}
+    assert set(plan.skipped.values()) == {peer.FORCED_AVX2_BF16}
+    cell = {"decoding": "greedy", "batch": 1, "threads": 1, "rps": {"ct2_int8": 2.0}}
+    assert peer.results([cell], "cpu", "avx2") == {"peer_avx2_ct2_int8_greedy_b1_t1_rps": 2.0}
+    assert peer.ISA_ENV["avx2"]["FBGEMM_ENABLE_INSTRUCTIONS"] == "AVX2"
+    with pytest.raises(SystemExit) as exit_:
+        peer.plan_from_args(["--isa", "avx2", "--device", "cuda"])
+    assert exit_.value.code == 2
+    assert "--isa is for --device cpu" in capsys.readouterr().err
