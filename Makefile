@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PARLAI := parlai==1.7.2
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (a whole test file per worker); 0 runs in this process
+TEST_WORKERS ?= 2
 
 .PHONY: install run chat train train-shipped test test-all lint format i18n-extract i18n-update bench bench-quick bench-variants bench-loop bench-peer bench-quality bench-modelserver soak scaleout clean
 
@@ -53,7 +55,7 @@ i18n-update: i18n-extract
 	$(PY) -m bot.texts.catalogs update
 
 test: install lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Slow tests too (soak-like end-to-end runs); not part of `make test`.
 test-all: install

@@ -3,6 +3,7 @@ service (tests/support/fixtures.py)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,30 @@ def _fresh_url(backend: str, tmp_path: Path) -> str:
     if backend == "sqlite":
         return f"sqlite+aiosqlite:///{tmp_path / 'test.sqlite3'}"
     return create_pg_database()
+
+
+def _pytests_own(handler: logging.Handler) -> bool:
+    return type(handler).__module__.startswith("_pytest")
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> Iterator[None]:
+    """The root logger's handlers and level as they were before the test.
+
+    A test that runs `bot.__main__.main` in-process gets its `setup_logging`: a handler bound to
+    that test's captured stderr, which pytest closes afterwards. Left on the root logger, it
+    made every later test in the process print "--- Logging error ---" to its own stderr (seen
+    when pytest-xdist put another file after tests/unit/training/test_persona_data.py)."""
+    root = logging.getLogger()
+    saved, level = [h for h in root.handlers if not _pytests_own(h)], root.level
+    yield
+    for handler in list(root.handlers):
+        if not _pytests_own(handler) and handler not in saved:
+            root.removeHandler(handler)
+    for handler in saved:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(params=BACKENDS)
