@@ -128,7 +128,7 @@ async def settled_on_disk(api: FakeBotAPI, tmp_path: Path, *, within_s: float = 
     still generating is woken: that needs its own wait)."""
 
     def quiet() -> bool:
-        if api.updates or api.duplicates:
+        if api.unconfirmed:
             return False
         if any(c.status is None for c in api.calls if c.method != "getUpdates"):
             return False

@@ -205,6 +205,10 @@ class FakeBotAPI:
         self.updates: list[dict[str, Any]] = []  # not yet confirmed, in update_id order
         self.history: list[dict[str, Any]] = []  # every update ever queued
         self.duplicates: list[dict[str, Any]] = []  # handed out once more, whatever the offset
+        # duplicates a getUpdates answer handed out: no offset confirms them (theirs is passed
+        # already), so they count as unconfirmed until the poller asks again, which it does
+        # only once it has stored its batch
+        self.duplicates_in_flight: list[dict[str, Any]] = []
         self.sent: list[Sent] = []
         self.calls: list[Call] = []
         self.faults: list[Fault] = []
@@ -302,6 +306,12 @@ class FakeBotAPI:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._queued.wait(), POLL_S)
+
+    @property
+    def unconfirmed(self) -> bool:
+        """Whether an update is still to be confirmed: queued and not yet passed by an offset,
+        to be redelivered, or redelivered to a poller that has not asked again since."""
+        return bool(self.updates or self.duplicates or self.duplicates_in_flight)
 
     def redeliver(self, update_id: int) -> None:
         """Hand an update out once more, even if an offset confirmed it already.
@@ -556,6 +566,7 @@ class FakeBotAPI:
         timeout = p.int("timeout", 0) or 0
         allowed = p.json("allowed_updates")
         self.offsets.append(offset)
+        self.duplicates_in_flight = []
         if self.on_get_updates is not None:
             self.on_get_updates(offset)
         if offset is not None:
@@ -567,12 +578,15 @@ class FakeBotAPI:
 
         def ready() -> list[dict[str, Any]]:
             out = [u for u in self.updates if offset is None or u["update_id"] >= offset]
-            if self.duplicates:
-                out = sorted([*out, *self.duplicates], key=lambda u: u["update_id"])
-                self.duplicates = []
+            duplicates, self.duplicates = self.duplicates, []
+            if duplicates:
+                out = sorted([*out, *duplicates], key=lambda u: u["update_id"])
             if allowed and self.honours_allowed_updates:
                 out = [u for u in out if any(k in allowed for k in u if k != "update_id")]
-            return out[:limit]
+            out = out[:limit]
+            if duplicates:
+                self.duplicates_in_flight = [d for d in duplicates if any(d is u for u in out)]
+            return out
 
         while True:
             batch = ready()

@@ -162,7 +162,7 @@ async def settled(service: Service, api: FakeBotAPI, *, within_s: float = 10.0) 
     """
 
     async def quiet() -> bool:
-        if api.updates or api.duplicates:
+        if api.unconfirmed:
             return False
         if any(c.status is None for c in api.calls if c.method != "getUpdates"):
             return False

@@ -45,3 +45,22 @@ async def test_a_redelivered_update_wakes_the_waiting_poll_too(
         api.redeliver(update_id)
         updates = await asyncio.wait_for(polling, 10)
     assert [u.update_id for u in updates] == [update_id]
+
+
+async def test_a_redelivered_update_stays_unconfirmed_until_the_poller_asks_again(
+    api: FakeBotAPI,
+) -> None:
+    """settled() must not take a duplicate for done while the bot still handles it: no offset
+    confirms it, so the poller's next getUpdates (made once it has stored the batch) does. A
+    service test once read its duplicate counter before the bot had stored the duplicate."""
+    update_id = api.user_message(5, "hello")
+    async with Bot(TOKEN, base_url=api.base_url, request=AiohttpRequest(2)) as bot:
+        await bot.get_updates()
+        await bot.get_updates(offset=update_id + 1)
+        assert not api.unconfirmed
+        api.redeliver(update_id)
+        assert api.unconfirmed
+        assert [u.update_id for u in await bot.get_updates(offset=update_id + 1)] == [update_id]
+        assert api.unconfirmed  # handed out, not yet stored by the bot
+        assert await bot.get_updates(offset=update_id + 1) == ()
+    assert not api.unconfirmed
