@@ -29,7 +29,11 @@ turns in rotated order, one at a time; the figure is the median over rounds):
                         (as before steppers.slot_products merged a chat's beam slots for
                         quantized and cast models): what that merge adds
   ours_batch_int8prev   QUANTIZE=int8 as it was before that merge, the fused encoder
-                        self-attention (fastgen/encoder.py) and the row blocks below
+                        self-attention (fastgen/encoder.py), the row blocks and the q / k / v
+                        merge below
+  ours_batch/cont_int8qkv3   QUANTIZE=int8 with each self-attention's q / k / v as three
+                        products (as before fastgen/qkv.py merged them): what the merge adds;
+                        the same replies to the bit
   ours_batch/cont_int8whole  QUANTIZE=int8 with the projection, log-softmax and top-k over all
                         rows at once (as before fastgen/projection.py's row blocks): what the
                         blocks add; the same replies to the bit
@@ -96,12 +100,14 @@ SYSTEMS = (
     "ours_batch_int8bucket",
     "ours_batch_int8prev",
     "ours_batch_int8whole",
+    "ours_batch_int8qkv3",
     "ours_batch_bf16",
     "ours_cont_fp32",
     "ours_cont_int8",
     "ours_cont_bf16",
     "ours_cont_int8slots",
     "ours_cont_int8whole",
+    "ours_cont_int8qkv3",
     "hf_fp32",
     "ct2_fp32",
     "ct2_int8",
@@ -115,6 +121,8 @@ BEFORE = (
     "ours_batch_int8prev",
     "ours_batch_int8whole",
     "ours_cont_int8whole",
+    "ours_batch_int8qkv3",
+    "ours_cont_int8qkv3",
 )
 # The default (fp32, bit for bit ParlAI's): what our faster modes' replies are compared with.
 REFERENCE = "ours_batch_fp32"
@@ -870,6 +878,10 @@ def load_ours(
 
     compat.apply()
     set_torch_threads(threads)
+    if precision in ("int8qkv3", "int8prev"):
+        from bot.inference.fastgen import qkv
+
+        qkv.use(False)  # this worker process only
     settings = Settings(  # type: ignore[call-arg]
         _env_file=None,
         bot_model=model_file,

@@ -300,6 +300,10 @@ def _prepared(agent: Any, settings: Settings, device: str, dtype: Any) -> Any:
             # ParlAI's F.linear in its dtype
             fastgen.projection.prepare(agent.model, kind)
         if settings.quantize == "int8":
+            if fastgen.fast_decoder_supported(agent.model):
+                # each self-attention's q / k / v as one int8 product (fastgen/qkv.py); before
+                # the encoder's swap below, which then takes the merged product
+                fastgen.qkv.prepare(agent.model)
             # the encoder's self-attention as one fused kernel (fastgen/encoder.py)
             fastgen.encoder.prepare(agent.model)
         agent.encoder_buckets = settings.encoder_buckets  # opt-in: not ParlAI's exact replies

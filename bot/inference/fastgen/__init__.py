@@ -37,10 +37,11 @@ Modules: `agent` (the fast class, `accelerate`), `policy` (when the batched sear
 (the decoder stepped one token at a time, with its incremental state), `projection` (the
 output projection in the faster modes: int8 or the cast dtype, fused with log-softmax and top-k;
 the default keeps ParlAI's `F.linear`, bit for bit), `encoder` (an int8 model's encoder
-self-attention as one fused kernel).
+self-attention as one fused kernel), `qkv` (an int8 model's self-attention projections as one
+product).
 """
 
-from bot.inference.fastgen import encoder, projection
+from bot.inference.fastgen import encoder, projection, qkv
 from bot.inference.fastgen.agent import FastTransformerGeneratorAgent, accelerate, is_accelerated
 from bot.inference.fastgen.beam import BatchedBeams, batched_generate
 from bot.inference.fastgen.kernels import NEG
@@ -58,4 +59,5 @@ __all__ = [
     "fast_decoder_supported",
     "is_accelerated",
     "projection",
+    "qkv",
 ]

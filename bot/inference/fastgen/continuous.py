@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from parlai.utils.torch import neginf
 
-from bot.inference.fastgen import projection
+from bot.inference.fastgen import projection, qkv
 from bot.inference.fastgen.chat_search import ChatSearch
 from bot.inference.fastgen.kernels import row_topk
 from bot.inference.fastgen.policy import search_reason
@@ -349,10 +349,15 @@ class ContinuousSearch:
         )
 
     def _self_attend(
-        self, attn: Any, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, fill: Any
+        self,
+        attn: Any,
+        x: torch.Tensor,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        fill: Any,
     ) -> torch.Tensor:
-        q = self._heads(attn.q_lin(x))
-        dot = q.div_(self.scale).bmm(keys.transpose(1, 2))
+        dot = self._heads(q).div_(self.scale).bmm(keys.transpose(1, 2))
         if fill is not None:
             dot.masked_fill_(fill, neginf(dot.dtype))
         weights = F.softmax(dot, dim=-1, dtype=torch.float).type_as(x)
@@ -397,12 +402,13 @@ class ContinuousSearch:
             residual = x
             if self.variant == "prelayernorm":
                 x = layer.norm1(x)
-            cache[0, every, :, at] = sa.k_lin(x).view(rows, self.heads, self.dh)
-            cache[1, every, :, at] = sa.v_lin(x).view(rows, self.heads, self.dh)
+            q, k, v = qkv.project(sa, x)
+            cache[0, every, :, at] = k.view(rows, self.heads, self.dh)
+            cache[1, every, :, at] = v.view(rows, self.heads, self.dh)
             # the rows in use are the pool's first `rows` slots: a view, no gather
             keys = cache[0, :rows].view(rows * self.heads, -1, self.dh)[:, :width]
             values = cache[1, :rows].view(rows * self.heads, -1, self.dh)[:, :width]
-            x = self._self_attend(sa, x, keys, values, fill)
+            x = self._self_attend(sa, x, q, keys, values, fill)
             x = after_self_attention(layer, self.variant, x, residual, self._cross_attend, ck, cv)
         if self.variant == "prelayernorm":
             x = self.dec.norm_embeddings(x)

@@ -23,6 +23,8 @@ from parlai.agents.transformer.modules import (
     TransformerEncoderLayer,
 )
 
+from bot.inference.fastgen import qkv
+
 
 class FusedSelfAttention(torch.nn.Module):  # type: ignore[misc]
     """An encoder layer's self-attention through `F.scaled_dot_product_attention`, with the
@@ -34,6 +36,10 @@ class FusedSelfAttention(torch.nn.Module):  # type: ignore[misc]
         self.dim = attn.dim
         self.q_lin, self.k_lin, self.v_lin = attn.q_lin, attn.k_lin, attn.v_lin
         self.out_lin = attn.out_lin
+        # their merged product where fastgen/qkv.py merged them (then the three are its Parts)
+        merged = getattr(attn, qkv.MERGED, None)
+        if merged is not None:
+            setattr(self, qkv.MERGED, merged)
         # the module it stands in for (`restore`), in a tuple so that it is not registered as
         # a submodule: the model's state_dict keeps one key per weight
         self.replaced = (attn,)
@@ -48,13 +54,11 @@ class FusedSelfAttention(torch.nn.Module):  # type: ignore[misc]
         bsz, length, dim = query.shape
         dh = dim // self.n_heads
 
-        def heads(lin: Any) -> torch.Tensor:
-            return lin(query).view(bsz, length, self.n_heads, dh).transpose(1, 2)  # type: ignore[no-any-return]
-
-        keep = (mask != 0).view(bsz, 1, 1, length)
-        out = F.scaled_dot_product_attention(
-            heads(self.q_lin), heads(self.k_lin), heads(self.v_lin), attn_mask=keep
+        q, k, v = (
+            t.view(bsz, length, self.n_heads, dh).transpose(1, 2) for t in qkv.project(self, query)
         )
+        keep = (mask != 0).view(bsz, 1, 1, length)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
         return self.out_lin(out.transpose(1, 2).reshape(bsz, length, dim)), None, None
 
 

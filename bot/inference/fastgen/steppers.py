@@ -20,7 +20,7 @@ from parlai.agents.transformer.modules import (
 from parlai.agents.transformer.modules.generator import TransformerGeneratorModel
 from parlai.utils.torch import neginf
 
-from bot.inference.fastgen import projection
+from bot.inference.fastgen import projection, qkv
 
 # Below this many encoder rows, a matrix kernel may round differently for `batch` and
 # `batch x beam` copies of the same rows, so the cross-attention K/V are then projected from the
@@ -273,10 +273,14 @@ class FastDecoder:
         )
 
     def _self_attend(
-        self, attn: Any, x: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor
+        self,
+        attn: Any,
+        x: torch.Tensor,
+        q: torch.Tensor,
+        keys_t: torch.Tensor,
+        values: torch.Tensor,
     ) -> torch.Tensor:
-        q = self._heads(attn.q_lin(x))
-        dot = q.div_(self.scale).bmm(keys_t)
+        dot = self._heads(q).div_(self.scale).bmm(keys_t)
         # decoder self-attention masks nothing while stepping (ParlAI's mask is all ones)
         weights = F.softmax(dot, dim=-1, dtype=torch.float).type_as(x)
         return attn.out_lin(self._merge(weights.bmm(values), x))  # type: ignore[no-any-return]
@@ -316,11 +320,12 @@ class FastDecoder:
             residual = x
             if self.variant == "prelayernorm":
                 x = layer.norm1(x)
-            cache[0, :, :, t] = sa.k_lin(x).view(self.rows, self.heads, self.dh)
-            cache[1, :, :, t] = sa.v_lin(x).view(self.rows, self.heads, self.dh)
+            q, k, v = qkv.project(sa, x)
+            cache[0, :, :, t] = k.view(self.rows, self.heads, self.dh)
+            cache[1, :, :, t] = v.view(self.rows, self.heads, self.dh)
             keys = cache[0].view(self.rows * self.heads, -1, self.dh)[:, :width]
             values = cache[1].view(self.rows * self.heads, -1, self.dh)[:, :width]
-            x = self._self_attend(sa, x, keys.transpose(1, 2), values)
+            x = self._self_attend(sa, x, q, keys.transpose(1, 2), values)
             x = after_self_attention(layer, self.variant, x, residual, self._cross_attend, ck, cv)
         if self.variant == "prelayernorm":
             x = self.dec.norm_embeddings(x)

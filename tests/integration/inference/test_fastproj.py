@@ -55,6 +55,20 @@ def int8_agent(tiny_model_file: str, tmp_path_factory: pytest.TempPathFactory) -
     return load_shared_agent(settings)
 
 
+@pytest.fixture(scope="module")
+def int8_three(tiny_model_file: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """QUANTIZE=int8 with each self-attention's q / k / v as three products (fastgen/qkv.py
+    off), as before they were merged."""
+    from bot.inference.fastgen import qkv
+
+    settings = _settings(tiny_model_file, tmp_path_factory.mktemp("fastproj8q"), quantize="int8")
+    qkv.use(False)
+    try:
+        return load_shared_agent(settings)
+    finally:
+        qkv.use(True)
+
+
 @pytest.fixture
 def one_thread() -> Iterator[None]:
     import torch
@@ -260,7 +274,8 @@ def test_the_fused_encoder_attention_is_parlais_within_rounding(
         for k in int8_agent.model.state_dict()
         if k.startswith(prefix)
     }
-    assert held == {"q_lin", "k_lin", "v_lin", "out_lin"}
+    # (q / k / v are one merged product's Parts there, fastgen/qkv.py: no weights of their own)
+    assert held == {"qkv_lin", "out_lin"}
 
 
 @contextlib.contextmanager
@@ -330,3 +345,55 @@ def test_int8_row_blocks_give_the_continuous_searchs_replies(
             for size in (1, 12):
                 with row_blocks(model, size):
                     assert replies(case) == ref, (case.gen, size)
+
+
+def test_int8_merged_qkv_gives_the_three_products_replies_to_the_bit(
+    int8_agent: Any, int8_three: Any, one_thread: None
+) -> None:
+    """Each self-attention's q / k / v as one int8 product (fastgen/qkv.py): our batched search,
+    ParlAI's own search (where ours falls back) and the continuous search give the finished
+    hypotheses, scores to the bit, of the model with three products."""
+    import torch
+
+    from bot.inference.fastgen import continuous, qkv
+    from tests.integration.inference.test_continuous import random_case as continuous_case
+    from tests.integration.inference.test_fastgen import generation, observe
+
+    model, three = int8_agent.model, int8_three.model
+    attn = [la.self_attention for la in model.decoder.layers]
+    attn += [la.attention for la in model.encoder.layers]
+    assert all(isinstance(a.q_lin, qkv.Part) for a in attn)
+    assert not any(isinstance(la.self_attention.q_lin, qkv.Part) for la in three.decoder.layers)
+    compared = 0
+    for case in cases(int8_agent, seed=47, per_config=2):
+        for fast in (True, False):
+            _, got, _ = run_search(int8_agent, case, fast=fast)
+            _, ref, _ = run_search(int8_three, case, fast=fast)
+            assert finished_lists(got) == finished_lists(ref), (case, fast)
+            compared += 1
+    assert compared == 24
+
+    def replies(agent: Any, case: Any) -> dict[int, list[tuple[list[int], float]]]:
+        batches = [agent.batchify([observe(agent, c.turns)]) for c in case.chats]
+        search = continuous.ContinuousSearch(agent)
+        got: dict[int, list[tuple[list[int], float]]] = {}
+        step = 0
+        while len(got) < len(batches):
+            for i, chat in enumerate(case.chats):
+                if chat.arrival == step or (chat.arrival > step and len(search) == 0):
+                    chat.arrival = step  # the next run joins it at the same step
+                    search.join(i, batches[i])
+            for done in search.step():
+                [got[done.key]] = finished_lists([done.result()])
+            step += 1
+        return got
+
+    rng = random.Random(53)
+    words = [int8_agent.dict.ind2tok[i] for i in range(4, len(int8_agent.dict))]
+    for _ in range(8):
+        case = continuous_case(rng, words)
+        with torch.no_grad():
+            with generation(int8_three, **case.gen):
+                ref = replies(int8_three, case)
+            with generation(int8_agent, **case.gen):
+                assert replies(int8_agent, case) == ref, case.gen
