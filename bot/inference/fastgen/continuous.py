@@ -47,12 +47,14 @@ import torch
 import torch.nn.functional as F
 from parlai.utils.torch import neginf
 
-from bot.inference.fastgen import projection, qkv
+from bot.inference.fastgen import projection
 from bot.inference.fastgen.chat_search import ChatSearch
 from bot.inference.fastgen.kernels import row_topk
 from bot.inference.fastgen.policy import search_reason
 from bot.inference.fastgen.steppers import (
+    LayerOps,
     after_self_attention,
+    as_dtype,
     bare_model,
     exact_products,
     fast_decoder_supported,
@@ -114,6 +116,9 @@ class ContinuousSearch:
         self.variant = self.dec.variant
         self.exact = exact_products(model)  # False: faster cross-attention (slot_products)
         self.dev = next(model.parameters()).device
+        # the decoder layers' modules as the step calls them, read once: the scheduler's search
+        # lives as long as its model, whose weights never change while it serves
+        self.ops = [LayerOps(layer) for layer in self.dec.layers]
         self.chats: list[ChatSearch] = []
         self.capacity = 0  # positions per slot
         self.cache: list[torch.Tensor] = []  # per layer (2, slots, heads, capacity, dh)
@@ -330,27 +335,15 @@ class ContinuousSearch:
     # --- stepping ---------------------------------------------------------------------------
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        rows = t.size(0)
-        return (
-            t.view(rows, 1, self.heads, self.dh)
-            .transpose(1, 2)
-            .contiguous()
-            .view(rows * self.heads, 1, self.dh)
-        )
+        # ParlAI's prepare_head for one query position, in one reshape (steppers.FastDecoder)
+        return t.reshape(t.size(0) * self.heads, 1, self.dh)
 
     def _merge(self, out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        rows = like.size(0)
-        return (
-            out.type_as(like)
-            .view(rows, self.heads, 1, self.dh)
-            .transpose(1, 2)
-            .contiguous()
-            .view(rows, 1, self.dim)
-        )
+        return as_dtype(out, like).reshape(like.size(0), 1, self.dim)
 
     def _self_attend(
         self,
-        attn: Any,
+        ops: LayerOps,
         x: torch.Tensor,
         q: torch.Tensor,
         keys: torch.Tensor,
@@ -360,22 +353,22 @@ class ContinuousSearch:
         dot = self._heads(q).div_(self.scale).bmm(keys.transpose(1, 2))
         if fill is not None:
             dot.masked_fill_(fill, neginf(dot.dtype))
-        weights = F.softmax(dot, dim=-1, dtype=torch.float).type_as(x)
-        return attn.out_lin(self._merge(weights.bmm(values), x))  # type: ignore[no-any-return]
+        weights = as_dtype(F.softmax(dot, dim=-1, dtype=torch.float), x)
+        return ops.self_out(self._merge(weights.bmm(values), x))
 
     def _cross_attend(
-        self, attn: Any, x: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor
+        self, ops: LayerOps, x: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor
     ) -> torch.Tensor:
         n, beam, length = len(self.chats), self.chats[0].beam, self.length
-        q = self._heads(attn.q_lin(x)).div_(self.scale)
+        q = self._heads(ops.cross_q(x)).div_(self.scale)
         # every beam slot against its chat's own K/V (never copied per hypothesis)
         dot = slot_products(q, keys_t, n, beam, self.heads, length, exact=self.exact).view(
             n * beam * self.heads, 1, length
         )
         dot.masked_fill_(self.cross_fill, neginf(dot.dtype))
-        weights = F.softmax(dot, dim=-1, dtype=torch.float).type_as(x)
+        weights = as_dtype(F.softmax(dot, dim=-1, dtype=torch.float), x)
         out = slot_products(weights, values, n, beam, self.heads, self.dh, exact=self.exact)
-        return attn.out_lin(self._merge(out, x))  # type: ignore[no-any-return]
+        return ops.cross_out(self._merge(out, x))
 
     def _hidden(self) -> torch.Tensor:
         """The decoder's output for every row, (rows, 1, dim), before the output projection."""
@@ -397,19 +390,18 @@ class ContinuousSearch:
                     .expand(rows, self.heads, 1, width)
                     .reshape(rows * self.heads, 1, width)
                 )
-        for layer, cache, (ck, cv) in zip(self.dec.layers, self.cache, self.cross, strict=True):
-            sa = layer.self_attention
+        for ops, cache, (ck, cv) in zip(self.ops, self.cache, self.cross, strict=True):
             residual = x
             if self.variant == "prelayernorm":
-                x = layer.norm1(x)
-            q, k, v = qkv.project(sa, x)
+                x = ops.norm1(x)
+            q, k, v = ops.project(x)
             cache[0, every, :, at] = k.view(rows, self.heads, self.dh)
             cache[1, every, :, at] = v.view(rows, self.heads, self.dh)
             # the rows in use are the pool's first `rows` slots: a view, no gather
             keys = cache[0, :rows].view(rows * self.heads, -1, self.dh)[:, :width]
             values = cache[1, :rows].view(rows * self.heads, -1, self.dh)[:, :width]
-            x = self._self_attend(sa, x, q, keys, values, fill)
-            x = after_self_attention(layer, self.variant, x, residual, self._cross_attend, ck, cv)
+            x = self._self_attend(ops, x, q, keys, values, fill)
+            x = after_self_attention(ops, self.variant, x, residual, self._cross_attend, ck, cv)
         if self.variant == "prelayernorm":
             x = self.dec.norm_embeddings(x)
         return x

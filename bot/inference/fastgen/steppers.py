@@ -16,9 +16,11 @@ from parlai.agents.transformer.modules import (
     MultiHeadAttention,
     TransformerDecoder,
     TransformerDecoderLayer,
+    TransformerFFN,
 )
 from parlai.agents.transformer.modules.generator import TransformerGeneratorModel
 from parlai.utils.torch import neginf
+from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from bot.inference.fastgen import projection, qkv
 
@@ -45,12 +47,69 @@ def use_merged_slots(enabled: bool) -> None:
 POST_NORM = ("aiayn", "xlm", "bart")
 
 
+Op = Callable[[torch.Tensor], torch.Tensor]
+
+
+def direct(module: Any) -> Op:
+    """`module`'s forward without nn.Module's call machinery, for the kinds a decoder step
+    meets: the same op with the same arguments, so the same values. Per call this saves the
+    module call and, for a dynamic int8 linear, its no-op `.to(x.dtype)`: a few µs each, 50 or
+    more times a token (docs/benchmarks.md). Any other module is called as it is."""
+    kind = type(module)
+    if kind is torch.nn.Linear:
+        weight, bias = module.weight, module.bias
+        return lambda x: F.linear(x, weight, bias)
+    if kind is DynamicLinear and module._packed_params.dtype == torch.qint8:
+        packed = module._packed_params._packed_params
+        version = module.version
+        if version is None or version < 4:
+            return lambda x: torch.ops.quantized.linear_dynamic(x, packed)
+        return lambda x: torch.ops.quantized.linear_dynamic(x, packed, True)
+    if kind is torch.nn.LayerNorm:
+        shape, weight, bias, eps = module.normalized_shape, module.weight, module.bias, module.eps
+        return lambda x: F.layer_norm(x, shape, weight, bias, eps)
+    if kind is TransformerFFN and not module.training:
+        # lin1, the nonlinearity, lin2: its dropout is the identity outside training
+        lin1, act, lin2 = direct(module.lin1), module.nonlinear, direct(module.lin2)
+        return lambda x: lin2(act(lin1(x)))
+    return module  # type: ignore[no-any-return]
+
+
+class LayerOps:
+    """One decoder layer's modules as the step calls them (`direct`), looked up once per search
+    instead of through nn.Module attributes at every step."""
+
+    def __init__(self, layer: Any) -> None:
+        sa, ea = layer.self_attention, layer.encoder_attention
+        self.norm1, self.norm2, self.norm3 = (
+            direct(layer.norm1),
+            direct(layer.norm2),
+            direct(layer.norm3),
+        )
+        merged = getattr(sa, qkv.MERGED, None)
+        # an int8 model's q / k / v as one product (fastgen/qkv.py), else three
+        self.qkv = direct(merged) if merged is not None else None
+        self.parts = [(p.lo, p.hi) for p in (sa.q_lin, sa.k_lin, sa.v_lin)] if merged else []
+        self.q_lin, self.k_lin, self.v_lin = direct(sa.q_lin), direct(sa.k_lin), direct(sa.v_lin)
+        self.self_out = direct(sa.out_lin)
+        self.cross_q, self.cross_out = direct(ea.q_lin), direct(ea.out_lin)
+        self.ffn = direct(layer.ffn)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The self-attention's query, key and value of `x` (qkv.project's values)."""
+        if self.qkv is None:
+            return self.q_lin(x), self.k_lin(x), self.v_lin(x)
+        out = self.qkv(x)
+        (a, b), (c, d), (e, f) = self.parts
+        return out[..., a:b], out[..., c:d], out[..., e:f]
+
+
 def after_self_attention(
-    layer: Any,
+    ops: LayerOps,
     variant: str,
     x: torch.Tensor,
     residual: torch.Tensor,
-    cross_attend: Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    cross_attend: Callable[[LayerOps, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
     ck: torch.Tensor,
     cv: torch.Tensor,
 ) -> torch.Tensor:
@@ -60,22 +119,27 @@ def after_self_attention(
     post = variant in POST_NORM
     x = x + residual
     if post:
-        x = layer.norm1(x)
+        x = ops.norm1(x)
     residual = x
     if variant == "prelayernorm":
-        x = layer.norm2(x)
-    x = cross_attend(layer.encoder_attention, x, ck, cv)
+        x = ops.norm2(x)
+    x = cross_attend(ops, x, ck, cv)
     x = residual + x
     if post:
-        x = layer.norm2(x)
+        x = ops.norm2(x)
     residual = x
     if variant == "prelayernorm":
-        x = layer.norm3(x)
-    x = layer.ffn(x)
+        x = ops.norm3(x)
+    x = ops.ffn(x)
     x = residual + x
     if post:
-        x = layer.norm3(x)
+        x = ops.norm3(x)
     return x
+
+
+def as_dtype(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`t.type_as(like)` without the call where the dtypes already agree."""
+    return t if t.dtype == like.dtype else t.to(like.dtype)
 
 
 class GenericDecoder:
@@ -250,31 +314,22 @@ class FastDecoder:
             for _ in self.dec.layers
         ]
         self.spare = [torch.empty_like(c) for c in self.cache]
+        self.ops = [LayerOps(layer) for layer in self.dec.layers]
         self.tokens = torch.full((rows, 1), model.start_idx, dtype=torch.long, device=dev)
         self.step = 0
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        # ParlAI's prepare_head for one query position
-        return (
-            t.view(self.rows, 1, self.heads, self.dh)
-            .transpose(1, 2)
-            .contiguous()
-            .view(self.rows * self.heads, 1, self.dh)
-        )
+        # ParlAI's prepare_head for one query position: (rows, 1, dim) -> (rows x heads, 1, dh),
+        # in one reshape (its view-transpose-contiguous-view moves nothing at one position)
+        return t.reshape(self.rows * self.heads, 1, self.dh)
 
     def _merge(self, out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        # ParlAI's reshaping of the attended values back to (rows, 1, dim)
-        return (
-            out.type_as(like)
-            .view(self.rows, self.heads, 1, self.dh)
-            .transpose(1, 2)
-            .contiguous()
-            .view(self.rows, 1, self.dim)
-        )
+        # ParlAI's reshaping of the attended values back to (rows, 1, dim), likewise
+        return as_dtype(out, like).reshape(self.rows, 1, self.dim)
 
     def _self_attend(
         self,
-        attn: Any,
+        ops: LayerOps,
         x: torch.Tensor,
         q: torch.Tensor,
         keys_t: torch.Tensor,
@@ -282,13 +337,13 @@ class FastDecoder:
     ) -> torch.Tensor:
         dot = self._heads(q).div_(self.scale).bmm(keys_t)
         # decoder self-attention masks nothing while stepping (ParlAI's mask is all ones)
-        weights = F.softmax(dot, dim=-1, dtype=torch.float).type_as(x)
-        return attn.out_lin(self._merge(weights.bmm(values), x))  # type: ignore[no-any-return]
+        weights = as_dtype(F.softmax(dot, dim=-1, dtype=torch.float), x)
+        return ops.self_out(self._merge(weights.bmm(values), x))
 
     def _cross_attend(
-        self, attn: Any, x: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor
+        self, ops: LayerOps, x: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor
     ) -> torch.Tensor:
-        q = self._heads(attn.q_lin(x)).div_(self.scale)
+        q = self._heads(ops.cross_q(x)).div_(self.scale)
         if not self.compact:
             dot = q.bmm(keys_t)
         else:
@@ -296,14 +351,14 @@ class FastDecoder:
                 q, keys_t, self.bsz, self.beam, self.heads, self.length, exact=self.exact
             ).view(self.rows * self.heads, 1, self.length)
         dot.masked_fill_(self.cross_fill, neginf(dot.dtype))
-        weights = F.softmax(dot, dim=-1, dtype=torch.float).type_as(x)
+        weights = as_dtype(F.softmax(dot, dim=-1, dtype=torch.float), x)
         if not self.compact:
             out = weights.bmm(values)
         else:
             out = slot_products(
                 weights, values, self.bsz, self.beam, self.heads, self.dh, exact=self.exact
             )
-        return attn.out_lin(self._merge(out, x))  # type: ignore[no-any-return]
+        return ops.cross_out(self._merge(out, x))
 
     def logits(self, step: int) -> torch.Tensor:
         """Scores of the next token for every row, shape (rows, vocab)."""
@@ -315,18 +370,17 @@ class FastDecoder:
         positions = torch.tensor([[t]], dtype=torch.long, device=self.tokens.device)
         x = self.dec.forward_embedding(self.tokens, positions)
         width = t + 1
-        for layer, cache, (ck, cv) in zip(self.dec.layers, self.cache, self.cross, strict=True):
-            sa = layer.self_attention
+        for ops, cache, (ck, cv) in zip(self.ops, self.cache, self.cross, strict=True):
             residual = x
             if self.variant == "prelayernorm":
-                x = layer.norm1(x)
-            q, k, v = qkv.project(sa, x)
+                x = ops.norm1(x)
+            q, k, v = ops.project(x)
             cache[0, :, :, t] = k.view(self.rows, self.heads, self.dh)
             cache[1, :, :, t] = v.view(self.rows, self.heads, self.dh)
             keys = cache[0].view(self.rows * self.heads, -1, self.dh)[:, :width]
             values = cache[1].view(self.rows * self.heads, -1, self.dh)[:, :width]
-            x = self._self_attend(sa, x, q, keys.transpose(1, 2), values)
-            x = after_self_attention(layer, self.variant, x, residual, self._cross_attend, ck, cv)
+            x = self._self_attend(ops, x, q, keys.transpose(1, 2), values)
+            x = after_self_attention(ops, self.variant, x, residual, self._cross_attend, ck, cv)
         if self.variant == "prelayernorm":
             x = self.dec.norm_embeddings(x)
         self.step = t + 1
