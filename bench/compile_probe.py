@@ -168,16 +168,16 @@ def layer_loop(torch: Any) -> Any:
 
     def loop(dec: Any, x: Any, t: int) -> Any:
         width = t + 1
-        for layer, cache, (ck, cv) in zip(dec.dec.layers, dec.cache, dec.cross, strict=True):
-            sa = layer.self_attention
+        for ops, cache, (ck, cv) in zip(dec.ops, dec.cache, dec.cross, strict=True):
             residual = x
+            q, k, v = ops.project(x)
             # a slice, not an index: indexing with `t` would specialise it (a graph per step)
-            cache[0, :, :, t:width] = sa.k_lin(x).view(dec.rows, dec.heads, 1, dec.dh)
-            cache[1, :, :, t:width] = sa.v_lin(x).view(dec.rows, dec.heads, 1, dec.dh)
+            cache[0, :, :, t:width] = k.view(dec.rows, dec.heads, 1, dec.dh)
+            cache[1, :, :, t:width] = v.view(dec.rows, dec.heads, 1, dec.dh)
             keys = cache[0].view(dec.rows * dec.heads, -1, dec.dh)[:, :width]
             values = cache[1].view(dec.rows * dec.heads, -1, dec.dh)[:, :width]
-            x = dec._self_attend(sa, x, keys.transpose(1, 2), values)
-            x = after_self_attention(layer, dec.variant, x, residual, dec._cross_attend, ck, cv)
+            x = dec._self_attend(ops, x, q, keys.transpose(1, 2), values)
+            x = after_self_attention(ops, dec.variant, x, residual, dec._cross_attend, ck, cv)
         return x
 
     compiled = torch.compile(loop, dynamic=True)
