@@ -278,6 +278,28 @@ def test_the_fused_encoder_attention_is_parlais_within_rounding(
     assert held == {"qkv_lin", "out_lin"}
 
 
+def continuous_replies(agent: Any, case: Any) -> dict[int, list[tuple[list[int], float]]]:
+    """The continuous scheduler's search over a test_continuous case, chats joining at their
+    arrival step (or earlier, where the batch ran empty: the case then keeps that step, so the
+    next run joins them alike): each chat's finished hypotheses."""
+    from bot.inference.fastgen import continuous
+    from tests.integration.inference.test_fastgen import observe
+
+    batches = [agent.batchify([observe(agent, c.turns)]) for c in case.chats]
+    search = continuous.ContinuousSearch(agent)
+    got: dict[int, list[tuple[list[int], float]]] = {}
+    step = 0
+    while len(got) < len(batches):
+        for i, chat in enumerate(case.chats):
+            if chat.arrival == step or (chat.arrival > step and len(search) == 0):
+                chat.arrival = step
+                search.join(i, batches[i])
+        for done in search.step():
+            [got[done.key]] = finished_lists([done.result()])
+        step += 1
+    return got
+
+
 @contextlib.contextmanager
 def row_blocks(model: Any, block_rows: int) -> Iterator[None]:
     """The int8 projection's row blocks of `block_rows` rows from the first row on (0: off)."""
@@ -315,24 +337,8 @@ def test_int8_row_blocks_give_the_continuous_searchs_replies(
     """The continuous scheduler's search likewise, chats joining at random steps."""
     import torch
 
-    from bot.inference.fastgen import continuous
     from tests.integration.inference.test_continuous import random_case as continuous_case
-    from tests.integration.inference.test_fastgen import generation, observe
-
-    def replies(case: Any) -> dict[int, list[tuple[list[int], float]]]:
-        batches = [int8_agent.batchify([observe(int8_agent, c.turns)]) for c in case.chats]
-        search = continuous.ContinuousSearch(int8_agent)
-        got: dict[int, list[tuple[list[int], float]]] = {}
-        step = 0
-        while len(got) < len(batches):
-            for i, chat in enumerate(case.chats):
-                if chat.arrival == step or (chat.arrival > step and len(search) == 0):
-                    chat.arrival = step
-                    search.join(i, batches[i])
-            for done in search.step():
-                [got[done.key]] = finished_lists([done.result()])
-            step += 1
-        return got
+    from tests.integration.inference.test_fastgen import generation
 
     rng = random.Random(43)
     words = [int8_agent.dict.ind2tok[i] for i in range(4, len(int8_agent.dict))]
@@ -341,10 +347,10 @@ def test_int8_row_blocks_give_the_continuous_searchs_replies(
         case = continuous_case(rng, words)
         with generation(int8_agent, **case.gen), torch.no_grad():
             with row_blocks(model, 0):
-                ref = replies(case)
+                ref = continuous_replies(int8_agent, case)
             for size in (1, 12):
                 with row_blocks(model, size):
-                    assert replies(case) == ref, (case.gen, size)
+                    assert continuous_replies(int8_agent, case) == ref, (case.gen, size)
 
 
 def test_int8_merged_qkv_gives_the_three_products_replies_to_the_bit(
@@ -355,9 +361,9 @@ def test_int8_merged_qkv_gives_the_three_products_replies_to_the_bit(
     hypotheses, scores to the bit, of the model with three products."""
     import torch
 
-    from bot.inference.fastgen import continuous, qkv
+    from bot.inference.fastgen import qkv
     from tests.integration.inference.test_continuous import random_case as continuous_case
-    from tests.integration.inference.test_fastgen import generation, observe
+    from tests.integration.inference.test_fastgen import generation
 
     model, three = int8_agent.model, int8_three.model
     attn = [la.self_attention for la in model.decoder.layers]
@@ -373,27 +379,12 @@ def test_int8_merged_qkv_gives_the_three_products_replies_to_the_bit(
             compared += 1
     assert compared == 24
 
-    def replies(agent: Any, case: Any) -> dict[int, list[tuple[list[int], float]]]:
-        batches = [agent.batchify([observe(agent, c.turns)]) for c in case.chats]
-        search = continuous.ContinuousSearch(agent)
-        got: dict[int, list[tuple[list[int], float]]] = {}
-        step = 0
-        while len(got) < len(batches):
-            for i, chat in enumerate(case.chats):
-                if chat.arrival == step or (chat.arrival > step and len(search) == 0):
-                    chat.arrival = step  # the next run joins it at the same step
-                    search.join(i, batches[i])
-            for done in search.step():
-                [got[done.key]] = finished_lists([done.result()])
-            step += 1
-        return got
-
     rng = random.Random(53)
     words = [int8_agent.dict.ind2tok[i] for i in range(4, len(int8_agent.dict))]
     for _ in range(8):
         case = continuous_case(rng, words)
         with torch.no_grad():
             with generation(int8_three, **case.gen):
-                ref = replies(int8_three, case)
+                ref = continuous_replies(int8_three, case)
             with generation(int8_agent, **case.gen):
-                assert replies(int8_agent, case) == ref, case.gen
+                assert continuous_replies(int8_agent, case) == ref, case.gen
