@@ -24,6 +24,7 @@ bit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -122,15 +123,33 @@ def merge(attn: Any) -> bool:
     return True
 
 
-def project(attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The query, key and value projections of `x`: one product where `attn` was merged (views
-    into its output), else the three modules' own."""
+Projected = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def projector(
+    attn: Any, call: Callable[[Any], Callable[[torch.Tensor], torch.Tensor]] = lambda m: m
+) -> Callable[[torch.Tensor], Projected]:
+    """A function giving the query, key and value projections of its input: one product where
+    `attn` was merged (views into its output), else the three modules' own. `call(module)`
+    is how a module is called (the decoder step passes `steppers.direct`)."""
     merged = getattr(attn, MERGED, None)
     if merged is None:
-        return attn.q_lin(x), attn.k_lin(x), attn.v_lin(x)
-    out = merged(x)
-    q, k, v = (out[..., part.lo : part.hi] for part in (attn.q_lin, attn.k_lin, attn.v_lin))
-    return q, k, v
+        q_lin, k_lin, v_lin = (call(getattr(attn, name)) for name in PARTS)
+        return lambda x: (q_lin(x), k_lin(x), v_lin(x))
+    product = call(merged)
+    (a, b), (c, d), (e, f) = ((part.lo, part.hi) for part in (attn.q_lin, attn.k_lin, attn.v_lin))
+
+    def project(x: torch.Tensor) -> Projected:
+        out = product(x)
+        return out[..., a:b], out[..., c:d], out[..., e:f]
+
+    return project
+
+
+def project(attn: Any, x: torch.Tensor) -> Projected:
+    """The query, key and value projections of `x` (`projector`'s, with the modules called as
+    they are)."""
+    return projector(attn)(x)
 
 
 def prepare(model: Any) -> int:

@@ -86,22 +86,12 @@ class LayerOps:
             direct(layer.norm2),
             direct(layer.norm3),
         )
-        merged = getattr(sa, qkv.MERGED, None)
-        # an int8 model's q / k / v as one product (fastgen/qkv.py), else three
-        self.qkv = direct(merged) if merged is not None else None
-        self.parts = [(p.lo, p.hi) for p in (sa.q_lin, sa.k_lin, sa.v_lin)] if merged else []
-        self.q_lin, self.k_lin, self.v_lin = direct(sa.q_lin), direct(sa.k_lin), direct(sa.v_lin)
+        # the self-attention's query, key and value: an int8 model's as one product
+        # (fastgen/qkv.py), else three
+        self.project = qkv.projector(sa, direct)
         self.self_out = direct(sa.out_lin)
         self.cross_q, self.cross_out = direct(ea.q_lin), direct(ea.out_lin)
         self.ffn = direct(layer.ffn)
-
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The self-attention's query, key and value of `x` (qkv.project's values)."""
-        if self.qkv is None:
-            return self.q_lin(x), self.k_lin(x), self.v_lin(x)
-        out = self.qkv(x)
-        (a, b), (c, d), (e, f) = self.parts
-        return out[..., a:b], out[..., c:d], out[..., e:f]
 
 
 def after_self_attention(
